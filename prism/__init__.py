@@ -1,0 +1,20 @@
+"""Prism: a symbolic superoptimizer for tensor programs (CPU first).
+
+The public API is deliberately small::
+
+    import prism
+    g = prism.Graph()
+    X = g.input("X", ("B", 1024)); W = g.input("W", (1024, 1024))
+    g.output(g.matmul(g.rms_norm(X), W))
+    g.evaluate({"X": x, "W": w})          # the NumPy reference
+"""
+
+from prism.errors import (DimError, DTypeError, GraphError, InconclusiveDimError, InputError, MapError,
+                          PrismError, ShapeError, UnsupportedError)
+from prism.ir import BlockBuilder, BlockGraph, Dim, Graph, MapVar, Tensor, sym
+
+__version__ = "0.1.0"
+
+__all__ = ["BlockBuilder", "BlockGraph", "DTypeError", "Dim", "DimError", "Graph", "GraphError",
+           "InconclusiveDimError", "InputError", "MapError", "MapVar", "PrismError", "ShapeError", "Tensor",
+           "UnsupportedError", "sym"]

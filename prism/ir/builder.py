@@ -1,0 +1,205 @@
+"""One builder method per operator, shared by kernel graphs (``Graph``) and block graphs
+(``BlockBuilder``). Each method only normalizes its arguments and calls ``_apply``; the shape and
+dtype rules live in ``prism.ir.ops``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from prism.errors import GraphError, ShapeError
+from prism.ir.dims import DimLike, as_dim, format_shape
+from prism.ir.node import Node
+
+if TYPE_CHECKING:
+    pass
+
+
+class Tensor:
+    """A handle to a node inside one graph or block builder. Supports ``+ - * / @`` and unary ``-``."""
+
+    __slots__ = ("owner", "node")
+
+    def __init__(self, owner: OpMethods, node: Node) -> None:
+        self.owner = owner
+        self.node = node
+
+    @property
+    def shape(self) -> tuple[DimLike, ...]:
+        return self.node.shape
+
+    @property
+    def dtype(self) -> Any:
+        return self.node.dtype
+
+    @property
+    def rank(self) -> int:
+        return len(self.node.shape)
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.node.op} {format_shape(self.shape)} {self.dtype})"
+
+    def __add__(self, o: Tensor | float) -> Tensor:
+        return self.owner.add(self, o)
+
+    def __radd__(self, o: float) -> Tensor:
+        return self.owner.add(self, o)
+
+    def __sub__(self, o: Tensor | float) -> Tensor:
+        return self.owner.sub(self, o)
+
+    def __rsub__(self, o: float) -> Tensor:
+        return self.owner.add_scalar(self.owner.neg(self), float(o))
+
+    def __mul__(self, o: Tensor | float) -> Tensor:
+        return self.owner.mul(self, o)
+
+    def __rmul__(self, o: float) -> Tensor:
+        return self.owner.mul(self, o)
+
+    def __truediv__(self, o: Tensor | float) -> Tensor:
+        return self.owner.div(self, o)
+
+    def __matmul__(self, o: Tensor) -> Tensor:
+        return self.owner.matmul(self, o)
+
+    def __neg__(self) -> Tensor:
+        return self.owner.neg(self)
+
+
+def _norm_dim(dim: int, rank: int, what: str) -> int:
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise ShapeError(f"{what}: dim must be an int, got {dim!r}")
+    if not -rank <= dim < rank:
+        raise ShapeError(f"{what}: dim {dim} is out of range for rank {rank}")
+    return dim % rank
+
+
+class OpMethods:
+    """Builder methods, one per operator of DESIGN.md §4.2 (names as there)."""
+
+    def _apply(self, op: str, srcs: Sequence[Tensor], arg: tuple = ()) -> Tensor:
+        raise NotImplementedError
+
+    def _own(self, t: object, op: str) -> Tensor:
+        if not isinstance(t, Tensor):
+            raise GraphError(f"{op}: expected a tensor of this graph, got {type(t).__name__} {t!r}")
+        if t.owner is not self:
+            raise GraphError(f"{op}: operand {t!r} belongs to another graph; tensors cannot be shared "
+                             "between graphs (build the operand in this graph)")
+        return t
+
+    # contraction
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+        return self._apply("matmul", (a, b))
+
+    # unary
+    def exp(self, x: Tensor) -> Tensor:
+        return self._apply("exp", (x,))
+
+    def square(self, x: Tensor) -> Tensor:
+        return self._apply("square", (x,))
+
+    def sqrt(self, x: Tensor) -> Tensor:
+        return self._apply("sqrt", (x,))
+
+    def rsqrt(self, x: Tensor) -> Tensor:
+        return self._apply("rsqrt", (x,))
+
+    def silu(self, x: Tensor) -> Tensor:
+        return self._apply("silu", (x,))
+
+    def gelu(self, x: Tensor, approximate: str = "none") -> Tensor:
+        if approximate not in ("none", "tanh"):
+            raise ShapeError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        return self._apply("gelu", (x,), (approximate,))
+
+    def relu(self, x: Tensor) -> Tensor:
+        return self._apply("relu", (x,))
+
+    def sigmoid(self, x: Tensor) -> Tensor:
+        return self._apply("sigmoid", (x,))
+
+    def tanh(self, x: Tensor) -> Tensor:
+        return self._apply("tanh", (x,))
+
+    def neg(self, x: Tensor) -> Tensor:
+        return self._apply("neg", (x,))
+
+    def mul_scalar(self, x: Tensor, c: float) -> Tensor:
+        return self._apply("mul_scalar", (x,), (float(c),))
+
+    def add_scalar(self, x: Tensor, c: float) -> Tensor:
+        return self._apply("add_scalar", (x,), (float(c),))
+
+    # binary (a Python number as one operand becomes the scalar form)
+    def add(self, a: Tensor, b: Tensor | float) -> Tensor:
+        if isinstance(b, (int, float)):
+            return self.add_scalar(a, b)
+        return self._apply("add", (a, b))
+
+    def sub(self, a: Tensor, b: Tensor | float) -> Tensor:
+        if isinstance(b, (int, float)):
+            return self.add_scalar(a, -float(b))
+        return self._apply("sub", (a, b))
+
+    def mul(self, a: Tensor, b: Tensor | float) -> Tensor:
+        if isinstance(b, (int, float)):
+            return self.mul_scalar(a, b)
+        return self._apply("mul", (a, b))
+
+    def div(self, a: Tensor, b: Tensor | float) -> Tensor:
+        if isinstance(b, (int, float)):
+            if b == 0:
+                raise ShapeError("div: division by the constant 0")
+            return self.mul_scalar(a, 1.0 / float(b))
+        return self._apply("div", (a, b))
+
+    def maximum(self, a: Tensor, b: Tensor) -> Tensor:
+        return self._apply("maximum", (a, b))
+
+    # reductions (keepdim)
+    def sum(self, x: Tensor, dim: int = -1) -> Tensor:
+        return self._apply("sum", (x,), (_norm_dim(dim, self._own(x, "sum").rank, "sum"),))
+
+    def max(self, x: Tensor, dim: int = -1) -> Tensor:
+        return self._apply("max", (x,), (_norm_dim(dim, self._own(x, "max").rank, "max"),))
+
+    def mean(self, x: Tensor, dim: int = -1) -> Tensor:
+        return self._apply("mean", (x,), (_norm_dim(dim, self._own(x, "mean").rank, "mean"),))
+
+    # composite
+    def rms_norm(self, x: Tensor, eps: float = 1e-6, dim: int = -1) -> Tensor:
+        return self._apply("rms_norm", (x,), (_norm_dim(dim, self._own(x, "rms_norm").rank, "rms_norm"),
+                                              float(eps)))
+
+    def softmax(self, x: Tensor, dim: int = -1) -> Tensor:
+        return self._apply("softmax", (x,), (_norm_dim(dim, self._own(x, "softmax").rank, "softmax"),))
+
+    # layout
+    def permute(self, x: Tensor, perm: Sequence[int]) -> Tensor:
+        r = self._own(x, "permute").rank
+        return self._apply("permute", (x,), (tuple(_norm_dim(p, r, "permute") for p in perm),))
+
+    def transpose(self, x: Tensor, dim0: int = -2, dim1: int = -1) -> Tensor:
+        r = self._own(x, "transpose").rank
+        d0, d1 = _norm_dim(dim0, r, "transpose"), _norm_dim(dim1, r, "transpose")
+        perm = list(range(r))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return self.permute(x, perm)
+
+    def reshape(self, x: Tensor, shape: Sequence[DimLike | str]) -> Tensor:
+        return self._apply("reshape", (x,), (tuple(as_dim(d) for d in shape),))
+
+    def concat(self, xs: Sequence[Tensor], dim: int = 0) -> Tensor:
+        xs = list(xs)
+        if not xs:
+            raise ShapeError("concat: no operands")
+        r = self._own(xs[0], "concat").rank
+        return self._apply("concat", xs, (_norm_dim(dim, r, "concat"),))
+
+    def split(self, x: Tensor, sizes: Sequence[DimLike | str], dim: int = 0) -> tuple[Tensor, ...]:
+        r = self._own(x, "split").rank
+        d = _norm_dim(dim, r, "split")
+        sz = tuple(as_dim(s) for s in sizes)
+        return tuple(self._apply("split", (x,), (d, sz, i)) for i in range(len(sz)))

@@ -1,0 +1,189 @@
+"""Kernel graphs: the program, a DAG of operators over whole (device) tensors."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prism.errors import GraphError, InputError
+from prism.ir import dims as D
+from prism.ir import ops as O
+from prism.ir.block import BlockGraph, _subs_arg
+from prism.ir.builder import OpMethods, Tensor
+from prism.ir.dims import DimLike, format_shape
+from prism.ir.dtypes import as_dtype
+from prism.ir.node import Node, toposort
+
+
+class Graph(OpMethods):
+    """A kernel graph under construction.
+
+    >>> g = Graph()
+    >>> X = g.input("X", ("B", 1024)); W = g.input("W", (1024, 4096))
+    >>> g.output(g.matmul(g.rms_norm(X), W))
+    >>> g.output_shapes
+    {'out0': (B, 4096)}
+    """
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+        self._inputs: dict[str, Node] = {}
+        self._outputs: list[Node] = []
+
+    # --- building -----------------------------------------------------------------------------
+    def input(self, name: str, shape: Sequence[int | str | D.Dim], dtype: Any = "float32") -> Tensor:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise GraphError(f"input name must be a Python identifier, got {name!r}")
+        if name in self._inputs:
+            raise GraphError(f"input {name!r} is declared twice")
+        dims = tuple(D.as_dim(s) for s in shape)
+        for i, d in enumerate(dims):
+            if isinstance(d, D.Dim) and not (len(d.terms) == 1 and len(d.terms[0][0]) == 1):
+                raise GraphError(f"input {name!r}: dim {i} is the expression {d}; input dims must be ints or "
+                                 "single symbols (derive expressions with reshape)")
+        node = Node("input", (), (name, dims, as_dtype(dtype)), dims, as_dtype(dtype))
+        self._inputs[name] = node
+        return Tensor(self, node)
+
+    def output(self, t: Tensor, name: str | None = None) -> None:
+        """Mark ``t`` as an output (named ``out<k>`` unless given)."""
+        t = self._own(t, "output")
+        name = name if name is not None else f"out{len(self._outputs)}"
+        if name in self.output_names:
+            raise GraphError(f"output name {name!r} is used twice")
+        self._outputs.append(Node("output", (t.node,), (name,), t.shape, t.dtype))
+
+    def customized(self, bg: BlockGraph, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """Apply a graph-defined kernel to ``inputs``; returns one tensor per block-graph output."""
+        if not isinstance(bg, BlockGraph):
+            raise GraphError(f"customized: expected a BlockGraph, got {type(bg).__name__}")
+        nodes = tuple(self._own(t, "customized").node for t in inputs)
+        if len(nodes) != len(bg.inputs):
+            raise GraphError(f"customized: the block graph takes {len(bg.inputs)} inputs, got {len(nodes)}")
+        for i, (n, spec) in enumerate(zip(nodes, bg.inputs)):
+            same = len(n.shape) == len(spec.shape) and all(
+                D.structurally_equal(a, b) for a, b in zip(n.shape, spec.shape))
+            if not same or n.dtype != spec.dtype:
+                raise GraphError(f"customized: input {i} is {format_shape(n.shape)} {n.dtype} but the block graph "
+                                 f"expects {format_shape(spec.shape)} {spec.dtype}")
+        c = Node("customized", nodes, (bg,), (), None)
+        return tuple(Tensor(self, Node("result", (c,), (i,), s, dt))
+                     for i, (s, dt) in enumerate(zip(bg.output_shapes, bg.output_dtypes)))
+
+    def _apply(self, op: str, srcs: Sequence[Tensor], arg: tuple = ()) -> Tensor:
+        nodes = tuple(self._own(s, op).node for s in srcs)
+        shape, dtype = O.infer(O.get(op), tuple(n.shape for n in nodes), tuple(n.dtype for n in nodes), arg)
+        return Tensor(self, Node(op, nodes, arg, shape, dtype))
+
+    # --- queries --------------------------------------------------------------------------------
+    @property
+    def inputs(self) -> dict[str, Node]:
+        return dict(self._inputs)
+
+    @property
+    def outputs(self) -> list[Node]:
+        return list(self._outputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return [n.arg[0] for n in self._outputs]
+
+    @property
+    def output_shapes(self) -> dict[str, tuple[DimLike, ...]]:
+        return {n.arg[0]: n.shape for n in self._outputs}
+
+    @property
+    def nodes(self) -> list[Node]:
+        return toposort(self._outputs)
+
+    def symbols(self) -> set[str]:
+        out: set[str] = set()
+        for n in self._inputs.values():
+            for d in n.shape:
+                out |= D.symbols(d)
+        return out
+
+    def customized_ops(self) -> list[BlockGraph]:
+        return [n.arg[0] for n in self.nodes if n.op == "customized"]
+
+    def check(self) -> None:
+        from prism.ir.check import check_graph
+        check_graph(self)
+
+    @property
+    def key(self) -> str:
+        """A structural hash of the program (stable across processes): drives caches and dedup."""
+        from prism.ir.serialize import graph_to_json
+        return hashlib.sha256(graph_to_json(self, indent=None).encode()).hexdigest()[:32]
+
+    def __str__(self) -> str:
+        from prism.ir.printer import format_graph
+        return format_graph(self)
+
+    def __repr__(self) -> str:
+        return f"<prism.Graph {self.name!r}: {len(self._inputs)} inputs, {len(self._outputs)} outputs>"
+
+    # --- semantics ----------------------------------------------------------------------------
+    def evaluate(self, inputs: Mapping[str, Any], dtype: Any = None, params: Mapping[str, object] | None = None
+                 ) -> dict[str, Any]:
+        """Run the program op by op in NumPy (the ground truth). ``dtype=numpy.float64`` computes in
+        float64; ``params`` gives values for block-graph symbols (grid sizes, for-loop range, maps)."""
+        from prism.reference.kernel import evaluate_graph
+        return evaluate_graph(self, inputs, dtype=dtype, params=params)
+
+    def bind(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+        """Values of the graph's symbols implied by concrete input shapes (clear error on conflicts)."""
+        env: dict[str, int] = {}
+        missing = [n for n in self._inputs if n not in shapes]
+        if missing:
+            raise InputError(f"missing input(s) {missing}; the graph takes {list(self._inputs)}")
+        extra = [n for n in shapes if n not in self._inputs]
+        if extra:
+            raise InputError(f"unknown input(s) {extra}; the graph takes {list(self._inputs)}")
+        for name, node in self._inputs.items():
+            got = tuple(int(s) for s in shapes[name])
+            if len(got) != len(node.shape):
+                raise InputError(f"input {name!r}: expected rank {len(node.shape)} {format_shape(node.shape)}, "
+                                 f"got shape {got}")
+            for i, (want, have) in enumerate(zip(node.shape, got)):
+                if isinstance(want, int):
+                    if want != have:
+                        raise InputError(f"input {name!r}: dim {i} must be {want}, got shape {got} "
+                                         f"(expected {format_shape(node.shape)})")
+                else:
+                    (s,) = D.symbols(want)
+                    if s in env and env[s] != have:
+                        raise InputError(f"input {name!r}: dim {i} is symbol {s}, already bound to {env[s]} by "
+                                         f"another input, but got {have}")
+                    env[s] = have
+        return env
+
+    def instantiate(self, env: Mapping[str, object]) -> Graph:
+        """A copy with symbols substituted (kernel dims and block-graph parameters alike)."""
+        g = Graph(self.name)
+        new: dict[Node, Node] = {}
+        for n in self.nodes:
+            if n.op == "input":
+                name, shape, dt = n.arg
+                new[n] = g.input(name, tuple(D.subs(d, env) for d in shape), dt).node
+            elif n.op == "output":
+                g.output(Tensor(g, new[n.src[0]]), n.arg[0])
+            elif n.op == "customized":
+                bg = n.arg[0].instantiate(env)
+                res = g.customized(bg, [Tensor(g, new[s]) for s in n.src])
+                new[n] = Node("customized", tuple(new[s] for s in n.src), (bg,), (), None)
+                _ = res
+            elif n.op == "result":
+                c = new[n.src[0]]
+                bg = c.arg[0]
+                i = n.arg[0]
+                new[n] = Node("result", (c,), (i,), bg.output_shapes[i], bg.output_dtypes[i])
+            else:
+                new[n] = g._apply(n.op, [Tensor(g, new[s]) for s in n.src], _subs_arg(n.arg, env)).node
+        # keep declared-but-unused inputs, in declaration order
+        for name, node in self._inputs.items():
+            if name not in g._inputs:
+                g.input(name, tuple(D.subs(d, env) for d in node.shape), node.dtype)
+        g._inputs = {k: g._inputs[k] for k in self._inputs}
+        return g

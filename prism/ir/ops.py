@@ -1,0 +1,265 @@
+"""The operator registry: each operator is defined once here with its shape and dtype rules.
+
+Other stages attach their own rules to the same names (the NumPy reference in
+``prism.reference.numpy_ops``; later the e-graph term, abstract expression and lowering), and a test
+checks that every registered operator has each of them. Attributes live in ``Node.arg`` as a tuple in
+the order of ``OpDef.attrs``.
+
+Block-graph-only operators (input iterators, accumulators, savers) are defined in ``prism.ir.block``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prism.errors import DTypeError, InconclusiveDimError, ShapeError
+from prism.ir.dims import Dim, DimLike, Divisible, dims_equal, format_shape, product
+from prism.ir.dtypes import DType
+
+Shape = tuple[DimLike, ...]
+
+
+@dataclass
+class ShapeCtx:
+    """Collects divisibility constraints that shape rules cannot check while dims are symbolic."""
+
+    constraints: list[Divisible] = field(default_factory=list)
+
+
+ShapeRule = Callable[[ShapeCtx, tuple[Shape, ...], tuple], Shape]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    group: str          # io | contraction | unary | binary | reduction | composite | layout | custom
+    arity: int | None   # None: variadic
+    attrs: tuple[str, ...]
+    shape_rule: ShapeRule
+    doc: str
+    elementwise: bool = False
+
+    def dtype_rule(self, dtypes: tuple[DType, ...], arg: tuple) -> DType:
+        if not dtypes:
+            raise DTypeError(f"{self.name}: no operands")
+        first = dtypes[0]
+        for d in dtypes[1:]:
+            if d != first:
+                raise DTypeError(f"{self.name}: operands have different dtypes {[str(x) for x in dtypes]}; "
+                                 "cast them to one dtype first")
+        return first
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def register(name: str, group: str, arity: int | None, attrs: tuple[str, ...], rule: ShapeRule, doc: str,
+             elementwise: bool = False) -> OpDef:
+    if name in OPS:
+        raise ValueError(f"operator {name!r} registered twice")
+    op = OpDef(name, group, arity, attrs, rule, doc, elementwise)
+    OPS[name] = op
+    return op
+
+
+def get(name: str) -> OpDef:
+    try:
+        return OPS[name]
+    except KeyError:
+        from prism.errors import UnsupportedError
+        raise UnsupportedError(f"unknown operator {name!r}; supported: {sorted(OPS)}") from None
+
+
+# --- shape rules -------------------------------------------------------------------------------
+
+def _same(a: DimLike, b: DimLike) -> bool:
+    return dims_equal(a, b)
+
+
+def broadcast_shapes(a: Shape, b: Shape) -> Shape:
+    """NumPy broadcasting, right-aligned. A symbolic dim is never assumed to be 1."""
+    n = max(len(a), len(b))
+    pa = (1,) * (n - len(a)) + tuple(a)
+    pb = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for i, (x, y) in enumerate(zip(pa, pb)):
+        if isinstance(x, int) and x == 1:
+            out.append(y)
+        elif isinstance(y, int) and y == 1:
+            out.append(x)
+        elif _same(x, y):
+            out.append(x)
+        else:
+            raise ShapeError(f"cannot broadcast {format_shape(a)} with {format_shape(b)}: "
+                             f"dim {i - n} is {x} vs {y} (broadcasting needs equal sizes or a 1)")
+    return tuple(out)
+
+
+def _unary(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    return shapes[0]
+
+
+def _binary(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    return broadcast_shapes(shapes[0], shapes[1])
+
+
+def _matmul(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    a, b = shapes
+    if len(a) < 2 or len(b) < 2:
+        raise ShapeError(f"matmul needs operands of rank >= 2, got {format_shape(a)} @ {format_shape(b)}; "
+                         "reshape a vector to [1, n] or [n, 1]")
+    if not _same(a[-1], b[-2]):
+        raise ShapeError(f"inner dims differ: {format_shape(a)} @ {format_shape(b)} "
+                         f"(a.shape[-1] = {a[-1]}, b.shape[-2] = {b[-2]})")
+    try:
+        batch = broadcast_shapes(a[:-2], b[:-2])
+    except ShapeError as e:
+        raise ShapeError(f"batch dims do not broadcast: {e}") from None
+    return batch + (a[-2], b[-1])
+
+
+def _check_dim(shape: Shape, dim: int, op: str) -> None:
+    if not 0 <= dim < len(shape):
+        raise ShapeError(f"dim {dim} is out of range for a tensor of rank {len(shape)} {format_shape(shape)}")
+
+
+def _reduce(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    (dim,) = arg
+    s = shapes[0]
+    _check_dim(s, dim, "reduce")
+    return s[:dim] + (1,) + s[dim + 1:]
+
+
+def _rowwise(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    _check_dim(shapes[0], arg[0], "rowwise")
+    return shapes[0]
+
+
+def _permute(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    (perm,) = arg
+    s = shapes[0]
+    if sorted(perm) != list(range(len(s))):
+        raise ShapeError(f"permutation {perm} is not a permutation of the {len(s)} dims of {format_shape(s)}")
+    return tuple(s[p] for p in perm)
+
+
+def _reshape(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    (new,) = arg
+    s = shapes[0]
+    try:
+        ok = _same(product(s), product(new))
+    except InconclusiveDimError as e:
+        raise ShapeError(f"cannot prove reshape {format_shape(s)} -> {format_shape(new)} keeps the number "
+                         f"of elements ({e})") from None
+    if not ok:
+        raise ShapeError(f"cannot reshape {format_shape(s)} ({product(s)} elements) to "
+                         f"{format_shape(new)} ({product(new)} elements)")
+    return tuple(new)
+
+
+def _concat(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    (dim,) = arg
+    if len(shapes) < 2:
+        raise ShapeError(f"concat needs at least 2 operands, got {len(shapes)}")
+    first = shapes[0]
+    for s in shapes:
+        _check_dim(s, dim, "concat")
+        if len(s) != len(first):
+            raise ShapeError(f"operands have different ranks: {[format_shape(x) for x in shapes]}")
+        for i, (x, y) in enumerate(zip(first, s)):
+            if i != dim and not _same(x, y):
+                raise ShapeError(f"operands differ in dim {i} (only dim {dim} may differ): "
+                                 f"{[format_shape(x) for x in shapes]}")
+    total: DimLike = 0
+    for s in shapes:
+        total = total + s[dim]
+    return first[:dim] + (total,) + first[dim + 1:]
+
+
+def _split(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    dim, sizes, index = arg
+    s = shapes[0]
+    _check_dim(s, dim, "split")
+    total: DimLike = 0
+    for x in sizes:
+        total = total + x
+    if not _same(total, s[dim]):
+        raise ShapeError(f"split sizes {list(sizes)} add up to {total}, but dim {dim} of {format_shape(s)} "
+                         f"is {s[dim]}")
+    if not 0 <= index < len(sizes):
+        raise ShapeError(f"split part {index} out of range for {len(sizes)} parts")
+    return s[:dim] + (sizes[index],) + s[dim + 1:]
+
+
+def _input(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    return arg[1]
+
+
+def _customized(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    return ()  # a tuple-valued node; its results are `result` nodes
+
+
+def _result(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    raise AssertionError("result shapes come from the block graph")  # handled in graph.py
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+register("input", "io", 0, ("name", "shape", "dtype"), _input, "A device tensor given by the caller.")
+register("output", "io", 1, ("name",), _unary, "Marks a tensor as a program output.")
+register("matmul", "contraction", 2, (), _matmul,
+         "Matrix product over the last two dims; leading dims broadcast as batch.")
+UNARY_DOCS = {
+    "exp": "e**x", "square": "x*x", "sqrt": "sqrt(x)", "rsqrt": "1/sqrt(x)", "silu": "x*sigmoid(x)",
+    "gelu": "x*Phi(x) (exact, erf-based; arg approximate='tanh' uses the tanh form)",
+    "relu": "max(x, 0)", "sigmoid": "1/(1+exp(-x))", "tanh": "tanh(x)", "neg": "-x",
+}
+for _n, _d in UNARY_DOCS.items():
+    register(_n, "unary", 1, ("approximate",) if _n == "gelu" else (), _unary, _d, elementwise=True)
+register("mul_scalar", "unary", 1, ("c",), _unary, "x * c for a Python float c", elementwise=True)
+register("add_scalar", "unary", 1, ("c",), _unary, "x + c for a Python float c", elementwise=True)
+for _n, _d in {"add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b",
+               "maximum": "max(a, b)"}.items():
+    register(_n, "binary", 2, (), _binary, _d + " with NumPy broadcasting", elementwise=True)
+for _n in ("sum", "max", "mean"):
+    register(_n, "reduction", 1, ("dim",), _reduce, f"{_n} over one dim, keepdim")
+register("rms_norm", "composite", 1, ("dim", "eps"), _rowwise, "x / sqrt(mean(x*x, dim) + eps)")
+register("softmax", "composite", 1, ("dim",), _rowwise, "exp(x - max) / sum(exp(x - max)) over dim")
+register("permute", "layout", 1, ("perm",), _permute, "Reorders dims (transpose is a permute).")
+register("reshape", "layout", 1, ("shape",), _reshape, "Row-major reshape; the element count must match.")
+register("concat", "layout", None, ("dim",), _concat, "Concatenation along dim.")
+register("split", "layout", 1, ("dim", "sizes", "index"), _split, "Part `index` of a split along dim.")
+register("customized", "custom", None, ("block_graph",), _customized,
+         "A graph-defined kernel: a block graph run over a grid (its results are `result` nodes).")
+register("result", "custom", 1, ("index",), _result, "Result `index` of a customized operator.")
+
+# Operators a block graph may use on tiles (everything but I/O and customized).
+TILE_OPS = frozenset(n for n, o in OPS.items() if o.group not in ("io", "custom"))
+
+
+def infer(op: OpDef, src_shapes: tuple[Shape, ...], src_dtypes: tuple[DType, ...], arg: tuple,
+          ctx: ShapeCtx | None = None) -> tuple[Shape, DType]:
+    """Run the op's shape and dtype rules, wrapping failures with the operator and its operands."""
+    ctx = ctx or ShapeCtx()
+    if op.arity is not None and len(src_shapes) != op.arity:
+        raise ShapeError(f"{op.name} takes {op.arity} operand(s), got {len(src_shapes)}")
+    operands = ", ".join(f"{format_shape(s)} {d}" for s, d in zip(src_shapes, src_dtypes))
+    try:
+        shape = op.shape_rule(ctx, src_shapes, arg)
+        dtype = op.dtype_rule(src_dtypes, arg) if src_dtypes else arg[2]
+    except InconclusiveDimError as e:
+        raise InconclusiveDimError(f"{op.name}({operands}): {e}") from None
+    except ShapeError as e:
+        raise ShapeError(f"{op.name}({operands}): {e}") from None
+    except DTypeError as e:
+        raise DTypeError(f"{op.name}({operands}): {e}") from None
+    return shape, dtype
+
+
+def attrs_dict(op: OpDef, arg: Any) -> dict[str, Any]:
+    return dict(zip(op.attrs, arg)) if arg is not None else {}
+
+
+__all__ = ["OPS", "TILE_OPS", "OpDef", "ShapeCtx", "broadcast_shapes", "get", "infer", "register", "Dim"]

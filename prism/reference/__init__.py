@@ -1,0 +1,7 @@
+"""NumPy interpreters: the ground truth for the verifier, the code generator and the search."""
+
+from prism.reference.block import simulate
+from prism.reference.kernel import evaluate_graph
+from prism.reference.numpy_ops import IMPL
+
+__all__ = ["IMPL", "evaluate_graph", "simulate"]
