@@ -9,8 +9,17 @@ The public API is deliberately small::
     g.evaluate({"X": x, "W": w})          # the NumPy reference
 """
 
-from prism.errors import (DimError, DTypeError, GraphError, InconclusiveDimError, InputError, MapError,
-                          PrismError, ShapeError, UnsupportedError)
+from prism.errors import (
+    DimError,
+    DTypeError,
+    GraphError,
+    InconclusiveDimError,
+    InputError,
+    MapError,
+    PrismError,
+    ShapeError,
+    UnsupportedError,
+)
 from prism.ir import BlockBuilder, BlockGraph, Dim, Graph, MapVar, Tensor, sym
 
 __version__ = "0.1.0"

@@ -119,8 +119,17 @@ def _factor(entry: MapEntry, d: int, size: DimLike) -> DimLike:
 class BlockGraph:
     """An immutable block graph. Build with :class:`BlockBuilder`; instantiate with :meth:`instantiate`."""
 
-    __slots__ = ("grid", "forloop", "inputs", "outputs", "output_shapes", "constraints", "phase", "_key",
-                 "_hash")
+    __slots__ = (
+        "_hash",
+        "_key",
+        "constraints",
+        "forloop",
+        "grid",
+        "inputs",
+        "output_shapes",
+        "outputs",
+        "phase",
+    )
 
     def __init__(self, grid: tuple[DimLike, ...], forloop: DimLike, inputs: tuple[InputSpec, ...],
                  outputs: tuple[Node, ...], output_shapes: tuple[tuple[DimLike, ...], ...],

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 class Tensor:
     """A handle to a node inside one graph or block builder. Supports ``+ - * / @`` and unary ``-``."""
 
-    __slots__ = ("owner", "node")
+    __slots__ = ("node", "owner")
 
     def __init__(self, owner: OpMethods, node: Node) -> None:
         self.owner = owner

@@ -17,7 +17,7 @@ _INTERN: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 class Node:
-    __slots__ = ("op", "src", "arg", "shape", "dtype", "__weakref__")
+    __slots__ = ("__weakref__", "arg", "dtype", "op", "shape", "src")
     op: str
     src: tuple[Node, ...]
     arg: Any

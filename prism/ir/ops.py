@@ -262,4 +262,4 @@ def attrs_dict(op: OpDef, arg: Any) -> dict[str, Any]:
     return dict(zip(op.attrs, arg)) if arg is not None else {}
 
 
-__all__ = ["OPS", "TILE_OPS", "OpDef", "ShapeCtx", "broadcast_shapes", "get", "infer", "register", "Dim"]
+__all__ = ["OPS", "TILE_OPS", "Dim", "OpDef", "ShapeCtx", "broadcast_shapes", "get", "infer", "register"]
