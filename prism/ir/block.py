@@ -249,7 +249,7 @@ class BlockBuilder(OpMethods):
                                   for i, (e, g) in enumerate(parts) if _factor(e, d, g) != 1)
             raise MapError(f"{what}: dim {d} of size {size} is split by {splitters}, but {den} does not "
                            f"divide {size}; choose sizes whose product divides {size}") from None
-        if not (isinstance(size, int) and isinstance(den, int)):
+        if not _always_integral(q):
             self.ctx.constraints.append(Divisible(size, den, f"{what} dim {d}"))
         return q
 
@@ -329,6 +329,13 @@ class BlockBuilder(OpMethods):
         node = Node(op, nodes, arg, shape, dtype)
         self.phase[node] = "post" if "post" in phases else "loop" if "loop" in phases else "inv"
         return Tensor(self, node)
+
+
+def _always_integral(q: DimLike) -> bool:
+    """True if ``q`` is an integer for every value of its symbols (integer coefficients, no division)."""
+    if isinstance(q, int):
+        return True
+    return all(isinstance(c, int) and all(k > 0 for _a, k in m) for m, c in q.terms)
 
 
 def _pos_dim(x: DimLike | str, what: str) -> DimLike:

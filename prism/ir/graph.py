@@ -39,7 +39,8 @@ class Graph(OpMethods):
             raise GraphError(f"input {name!r} is declared twice")
         dims = tuple(D.as_dim(s) for s in shape)
         for i, d in enumerate(dims):
-            if isinstance(d, D.Dim) and not (len(d.terms) == 1 and len(d.terms[0][0]) == 1):
+            # a lone symbol with coefficient and exponent 1 (2*n, n^2 or a selector would bind wrongly)
+            if isinstance(d, D.Dim) and not (len(D.symbols(d)) == 1 and d is D.sym(min(D.symbols(d)))):
                 raise GraphError(f"input {name!r}: dim {i} is the expression {d}; input dims must be ints or "
                                  "single symbols (derive expressions with reshape)")
         node = Node("input", (), (name, dims, as_dtype(dtype)), dims, as_dtype(dtype))
@@ -163,6 +164,7 @@ class Graph(OpMethods):
         """A copy with symbols substituted (kernel dims and block-graph parameters alike)."""
         g = Graph(self.name)
         new: dict[Node, Node] = {}
+        results: dict[Node, tuple[Tensor, ...]] = {}
         for n in self.nodes:
             if n.op == "input":
                 name, shape, dt = n.arg
@@ -170,15 +172,11 @@ class Graph(OpMethods):
             elif n.op == "output":
                 g.output(Tensor(g, new[n.src[0]]), n.arg[0])
             elif n.op == "customized":
-                bg = n.arg[0].instantiate(env)
-                res = g.customized(bg, [Tensor(g, new[s]) for s in n.src])
-                new[n] = Node("customized", tuple(new[s] for s in n.src), (bg,), (), None)
-                _ = res
+                res = g.customized(n.arg[0].instantiate(env), [Tensor(g, new[s]) for s in n.src])
+                new[n] = res[0].node.src[0]
+                results[n] = res
             elif n.op == "result":
-                c = new[n.src[0]]
-                bg = c.arg[0]
-                i = n.arg[0]
-                new[n] = Node("result", (c,), (i,), bg.output_shapes[i], bg.output_dtypes[i])
+                new[n] = results[n.src[0]][n.arg[0]].node
             else:
                 new[n] = g._apply(n.op, [Tensor(g, new[s]) for s in n.src], _subs_arg(n.arg, env)).node
         # keep declared-but-unused inputs, in declaration order

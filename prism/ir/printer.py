@@ -22,7 +22,7 @@ def _fmt_arg(v: object) -> str:
 
 
 def _map(m: tuple) -> str:
-    return "(" + ", ".join("_" if e is None else repr(e) for e in m) + ")"
+    return "(" + ", ".join("_" if e is None else repr(e) for e in m) + ("," if len(m) == 1 else "") + ")"
 
 
 def format_block_graph(bg: BlockGraph, indent: str = "") -> str:
