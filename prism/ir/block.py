@@ -69,20 +69,20 @@ class AccDef:
     name: str
     arity: int
     params: tuple[str, ...]
-    shape_rule: Callable[[tuple[O.Shape, ...]], O.Shape]
+    shape_rule: Callable[[tuple[O.Shape, ...], O.ShapeCtx], O.Shape]
     doc: str
 
 
-def _row(shapes: tuple[O.Shape, ...]) -> O.Shape:
+def _row(shapes: tuple[O.Shape, ...], ctx: O.ShapeCtx) -> O.Shape:
     return shapes[0][:-1] + (1,)
 
 
-def _acc_matmul(shapes: tuple[O.Shape, ...]) -> O.Shape:
-    return O.infer(O.OPS["matmul"], shapes, (None, None), ())[0]  # type: ignore[arg-type]
+def _acc_matmul(shapes: tuple[O.Shape, ...], ctx: O.ShapeCtx) -> O.Shape:
+    return O.infer(O.OPS["matmul"], shapes, (None, None), (), ctx)[0]  # type: ignore[arg-type]
 
 
 ACCUMULATORS: dict[str, AccDef] = {a.name: a for a in (
-    AccDef("sum", 1, (), lambda s: s[0], "sum_i x_i (element-wise over iterations)"),
+    AccDef("sum", 1, (), lambda s, ctx: s[0], "sum_i x_i (element-wise over iterations)"),
     AccDef("sum_last", 1, (), _row, "sum_i sum(x_i, -1)"),
     AccDef("rms", 1, ("eps",), _row,
            "sqrt(sum_i sum(x_i**2, -1) / (x.shape[-1] * F) + eps): the root-mean-square for rms_norm"),
@@ -133,7 +133,7 @@ class BlockGraph:
 
     def __init__(self, grid: tuple[DimLike, ...], forloop: DimLike, inputs: tuple[InputSpec, ...],
                  outputs: tuple[Node, ...], output_shapes: tuple[tuple[DimLike, ...], ...],
-                 constraints: tuple[Divisible, ...], phase: dict[Node, str]) -> None:
+                 constraints: tuple[Divisible | D.DimEq, ...], phase: dict[Node, str]) -> None:
         self.grid, self.forloop, self.inputs, self.outputs = grid, forloop, inputs, outputs
         self.output_shapes, self.constraints, self.phase = output_shapes, constraints, phase
         self._key = (tuple(_skey(g) for g in grid), _skey(forloop),
@@ -269,7 +269,7 @@ class BlockBuilder(OpMethods):
                 raise GraphError(f"accumulate {kind}: operand {n.describe()} is already computed after the loop "
                                  "(it depends on an accumulator); accumulating it again is not allowed")
         try:
-            shape = a.shape_rule(tuple(n.shape for n in nodes))
+            shape = a.shape_rule(tuple(n.shape for n in nodes), self.ctx)
         except ShapeError as e:
             raise ShapeError(f"accumulate {kind}: {e}") from None
         arg = (kind, tuple(float(params[p]) for p in a.params))
@@ -306,9 +306,10 @@ class BlockBuilder(OpMethods):
             out_shapes.append(tuple(D.product([t, *(_factor(e, d, g) for e, g in parts)])
                                     for d, t in enumerate(s.shape)))
         # keep only constraints that are still symbolic, deduplicated
-        seen: dict[tuple, Divisible] = {}
+        seen: dict[tuple, Divisible | D.DimEq] = {}
         for c in self.ctx.constraints:
-            seen.setdefault((_skey(c.num), _skey(c.den)), c)
+            k = (_skey(c.num), _skey(c.den)) if isinstance(c, Divisible) else ("eq", _skey(c.a), _skey(c.b))
+            seen.setdefault(k, c)
         phase = {n: self.phase[n] for n in toposort(tuple(self.saves))}
         return BlockGraph(self.grid, self.forloop, self.inputs, tuple(self.saves), tuple(out_shapes),
                           tuple(seen.values()), phase)

@@ -373,6 +373,11 @@ def symbols(x: DimLike) -> set[str]:
     return out
 
 
+def has_selectors(x: DimLike) -> bool:
+    """True if ``x`` depends on a map symbol (contains a selector atom)."""
+    return isinstance(x, Dim) and any(atom[0] == "s" for m, _ in x.terms for atom, _k in m)
+
+
 def sign(x: DimLike) -> int | str | None:
     """Sign of ``x`` for every value of its symbols (all >= 1): -1, 0, 1, 'ge0', 'le0', or None if unknown."""
     if isinstance(x, (int, Fraction)):
@@ -547,3 +552,24 @@ class Divisible:
 
     def __str__(self) -> str:
         return f"{format_dim(self.den)} | {format_dim(self.num)}" + (f"  ({self.why})" if self.why else "")
+
+
+@dataclass(frozen=True)
+class DimEq:
+    """A recorded constraint: ``a == b`` must hold. Recorded by shape rules when two dims can only be
+    equal for some values of the *map symbols* (symbolic dimension matching, DESIGN.md §4.5)."""
+
+    a: DimLike
+    b: DimLike
+    why: str = ""
+
+    def holds(self, env: Mapping[str, object]) -> bool | None:
+        """True/False once no map symbol is left under ``env`` (False if equality is not guaranteed for
+        every value of the remaining size symbols); None while map symbols remain."""
+        x, y = subs(self.a, env), subs(self.b, env)
+        if has_selectors(x) or has_selectors(y):
+            return None
+        return sign(_add(x, y, -1)) == 0
+
+    def __str__(self) -> str:
+        return f"{format_dim(self.a)} == {format_dim(self.b)}" + (f"  ({self.why})" if self.why else "")

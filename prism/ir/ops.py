@@ -11,11 +11,12 @@ Block-graph-only operators (input iterators, accumulators, savers) are defined i
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from prism.errors import DTypeError, InconclusiveDimError, ShapeError
-from prism.ir.dims import Dim, DimLike, Divisible, dims_equal, format_shape, product
+from prism.ir.dims import Dim, DimEq, DimLike, Divisible, dims_equal, format_shape, has_selectors, product
 from prism.ir.dtypes import DType
 
 Shape = tuple[DimLike, ...]
@@ -23,9 +24,14 @@ Shape = tuple[DimLike, ...]
 
 @dataclass
 class ShapeCtx:
-    """Collects divisibility constraints that shape rules cannot check while dims are symbolic."""
+    """Collects constraints that shape rules cannot check while dims are symbolic: divisibility, and
+    equalities that depend on map symbols (symbolic dimension matching)."""
 
-    constraints: list[Divisible] = field(default_factory=list)
+    constraints: list[Divisible | DimEq] = field(default_factory=list)
+    op: str = ""
+
+
+_CTX: ContextVar[ShapeCtx | None] = ContextVar("prism_shape_ctx", default=None)
 
 
 ShapeRule = Callable[[ShapeCtx, tuple[Shape, ...], tuple], Shape]
@@ -75,7 +81,15 @@ def get(name: str) -> OpDef:
 # --- shape rules -------------------------------------------------------------------------------
 
 def _same(a: DimLike, b: DimLike) -> bool:
-    return dims_equal(a, b)
+    """Sound equality; when only map symbols make it undecidable, record a DimEq and assume it."""
+    try:
+        return dims_equal(a, b)
+    except InconclusiveDimError:
+        ctx = _CTX.get()
+        if ctx is None or not (has_selectors(a) or has_selectors(b)):
+            raise
+        ctx.constraints.append(DimEq(a, b, f"operands of {ctx.op}" if ctx.op else ""))
+        return True
 
 
 def broadcast_shapes(a: Shape, b: Shape) -> Shape:
@@ -246,6 +260,8 @@ def infer(op: OpDef, src_shapes: tuple[Shape, ...], src_dtypes: tuple[DType, ...
     if op.arity is not None and len(src_shapes) != op.arity:
         raise ShapeError(f"{op.name} takes {op.arity} operand(s), got {len(src_shapes)}")
     operands = ", ".join(f"{format_shape(s)} {d}" for s, d in zip(src_shapes, src_dtypes))
+    ctx.op = op.name
+    token = _CTX.set(ctx)
     try:
         shape = op.shape_rule(ctx, src_shapes, arg)
         dtype = op.dtype_rule(src_dtypes, arg) if src_dtypes else arg[2]
@@ -255,6 +271,8 @@ def infer(op: OpDef, src_shapes: tuple[Shape, ...], src_dtypes: tuple[DType, ...
         raise ShapeError(f"{op.name}({operands}): {e}") from None
     except DTypeError as e:
         raise DTypeError(f"{op.name}({operands}): {e}") from None
+    finally:
+        _CTX.reset(token)
     return shape, dtype
 
 
