@@ -1,0 +1,42 @@
+"""``prism.verify``: a candidate is verified only when the e-graph proof and the numeric check both pass."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from prism.ir.graph import Graph
+from prism.verify.egraph import FormalResult, Limits, prove
+from prism.verify.numeric import KINDS, NumericResult, Runner, numeric_check
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    formal: FormalResult
+    numeric: NumericResult
+
+    @property
+    def verified(self) -> bool:
+        return self.formal.proved and self.numeric.passed
+
+    def __str__(self) -> str:
+        verdict = "VERIFIED" if self.verified else "NOT VERIFIED"
+        return f"{verdict}\n  formal: {self.formal}\n  {self.numeric}"
+
+
+def verify(candidate: Graph, reference: Graph, *, limits: Limits | None = None, explain: bool = False,
+           instantiations: Sequence[Mapping[str, int]] | None = None, n_instantiations: int = 3,
+           kinds: Sequence[str] = KINDS,
+           seeds: Sequence[int] = (0,), runners: Sequence[Runner] | None = None,
+           hostile_input: str | None = None) -> VerifyResult:
+    """Check that ``candidate`` computes ``reference``: an e-graph proof for every value of the symbols
+    (grid sizes, for-loop ranges, batch dims) and numeric testing at small instantiations.
+
+    ``explain=True`` also reports the rules the proof needs; ``runners`` adds ways to run the candidate
+    (e.g. ``compiled_runner(prism.compile)``); ``hostile_input`` names the input scaled for hostile runs.
+    Raises :class:`~prism.errors.UnsupportedError` for constructs the formal verifier does not model yet.
+    """
+    formal = prove(candidate, reference, limits, explain=explain)
+    numeric = numeric_check(candidate, reference, instantiations=instantiations, n_instantiations=n_instantiations,
+                            kinds=kinds, seeds=seeds, runners=runners, hostile_input=hostile_input)
+    return VerifyResult(formal, numeric)

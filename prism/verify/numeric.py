@@ -1,0 +1,300 @@
+"""The numeric verifier: run the candidate and the reference on random inputs at a few small
+instantiations of the symbols and compare.
+
+* Reference: the kernel-graph interpreter in float64 (``Graph.evaluate(dtype=numpy.float64)``).
+* Candidate: every *runner* (the block-graph interpreter in float32 by default; a compiled kernel can be
+  plugged in with :func:`compiled_runner`).
+* Inputs: ``normal`` (standard normal), ``hostile`` (one input times 30: a softmax without max
+  subtraction overflows) and ``tiny`` (that input times 1e-3: a dropped epsilon shows).
+* Tolerance (fp32 candidate against a float64 reference), per output element::
+
+      |c - r| <= tol * (|r| + rms(r)),   tol = rtol * sqrt(max(1, K / 64))
+
+  with ``rtol = 1e-4`` and ``K`` the longest reduction (matmul contraction or reduced dim) of the
+  reference at that instantiation: fp32 rounding error of a sum grows like sqrt(K). Non-finite values in
+  the candidate where the reference is finite always fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from prism.errors import PrismError
+from prism.ir import dims as D
+from prism.ir.block import BlockGraph
+from prism.ir.graph import Graph
+
+RTOL = 1e-4
+KINDS = ("normal", "hostile", "tiny")
+_SCALE = {"normal": 1.0, "hostile": 30.0, "tiny": 1e-3}
+
+RunFn = Callable[[Graph, Mapping[str, np.ndarray], Mapping[str, int]], Mapping[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Runner:
+    """A way to run a candidate: ``run(graph, inputs, params) -> {output name: array}``."""
+
+    name: str
+    run: RunFn
+
+
+def interpreter_runner(dtype: object = np.float32) -> Runner:
+    """The reference interpreters (block graphs simulated literally) in ``dtype``."""
+    def run(g: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, int]) -> Mapping[str, np.ndarray]:
+        return g.evaluate({k: v.astype(dtype) for k, v in inputs.items()}, params=params)
+    return Runner(f"interpreter[{np.dtype(dtype).name}]", run)
+
+
+def compiled_runner(compile_fn: Callable[[Graph, Mapping[str, int]], Callable[..., object]], name: str = "compiled"
+                    ) -> Runner:
+    """A runner for generated code, e.g. ``compiled_runner(prism.runtime.kernel.compile)``.
+
+    ``compile_fn(graph, params)`` returns a callable taking the inputs as float32 keyword arrays and
+    returning a dict by output name, a tuple in output order, or the single output array.
+    """
+    def run(g: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, int]) -> Mapping[str, np.ndarray]:
+        kernel = compile_fn(g, dict(params))
+        out = kernel(**{k: np.ascontiguousarray(v, dtype=np.float32) for k, v in inputs.items()})
+        names = g.output_names
+        if isinstance(out, Mapping):
+            return {k: np.asarray(v) for k, v in out.items()}
+        if isinstance(out, (tuple, list)):
+            return {k: np.asarray(v) for k, v in zip(names, out)}
+        return {names[0]: np.asarray(out)}
+    return Runner(name, run)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One comparison: one runner, instantiation, input kind and seed, one output."""
+
+    runner: str
+    params: tuple[tuple[str, int], ...]
+    kind: str
+    seed: int
+    output: str
+    max_error: float      # max |c - r| / (|r| + rms(r)); inf on a shape mismatch or a failure to run
+    tolerance: float
+    ok: bool
+    detail: str = ""
+
+    def __str__(self) -> str:
+        p = ",".join(f"{k}={v}" for k, v in self.params)
+        verdict = "ok" if self.ok else "FAIL"
+        return (f"{verdict:4} {self.runner} [{p}] {self.kind} seed={self.seed} {self.output}: "
+                f"error {self.max_error:.3g} (tolerance {self.tolerance:.3g})"
+                + (f" {self.detail}" if self.detail else ""))
+
+
+@dataclass(frozen=True)
+class NumericResult:
+    passed: bool
+    checks: tuple[Check, ...]
+    instantiations: tuple[dict[str, int], ...]
+    seconds: float
+
+    @property
+    def failures(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.ok)
+
+    def __str__(self) -> str:
+        head = (f"numeric check {'passed' if self.passed else 'FAILED'}: {len(self.checks)} comparisons at "
+                f"{len(self.instantiations)} instantiations in {self.seconds:.2f} s")
+        fails = self.failures
+        more = f"\n  ... {len(fails) - 5} more" if len(fails) > 5 else ""
+        return head + "".join(f"\n  {c}" for c in fails[:5]) + more
+
+
+# --- instantiations ------------------------------------------------------------------------------
+
+def _block_graphs(g: Graph) -> list[BlockGraph]:
+    return g.customized_ops()
+
+
+def _symbols(*graphs: Graph) -> tuple[list[str], list[str]]:
+    """(batch-like symbols of the inputs, block-graph symbols) of the graphs."""
+    batch: set[str] = set()
+    block: set[str] = set()
+    for g in graphs:
+        batch |= g.symbols()
+        for bg in _block_graphs(g):
+            block |= bg.symbols()
+    return sorted(batch), sorted(block - batch)
+
+
+def _valid(env: Mapping[str, int], graphs: Sequence[Graph]) -> bool:
+    for g in graphs:
+        for bg in _block_graphs(g):
+            for c in bg.constraints:
+                try:
+                    num, den = D.evaluate(c.num, env), D.evaluate(c.den, env)
+                except D.DimError:
+                    return False
+                if den <= 0 or num % den:
+                    return False
+        try:
+            g.instantiate(env)
+        except PrismError:
+            return False
+    return True
+
+
+def _work(env: Mapping[str, int], graphs: Sequence[Graph]) -> int:
+    """Number of block iterations the simulator runs (its cost)."""
+    total = 0
+    for g in graphs:
+        for bg in _block_graphs(g):
+            n = D.evaluate(bg.forloop, env)
+            for d in bg.grid:
+                n *= D.evaluate(d, env)
+            total += n
+    return total
+
+
+_BATCH_VALUES = (1, 2, 3, 5)
+_BLOCK_VALUES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)
+
+
+def choose_instantiations(candidate: Graph, reference: Graph, n: int = 3, max_work: int = 256,
+                          seed: int = 0) -> list[dict[str, int]]:
+    """Up to ``n`` small valid instantiations of all symbols, satisfying every Divisible constraint.
+
+    The first keeps every value small but > 1 where the constraints allow (so splits are exercised);
+    the next prefers values that are not powers of two; the rest are random valid choices.
+    """
+    graphs = (candidate, reference)
+    batch, block = _symbols(*graphs)
+    names = batch + block
+    if not names:
+        return [{}]
+    choices = [_BATCH_VALUES if s in batch else _BLOCK_VALUES for s in names]
+    valid: list[dict[str, int]] = []
+    combos = itertools.product(*choices)
+    rng = np.random.default_rng(seed)
+    space = math.prod(len(c) for c in choices)
+    if space > 4096:  # sample instead of enumerating
+        combos = (tuple(int(rng.choice(c)) for c in choices) for _ in range(4096))
+    for values in combos:
+        env = dict(zip(names, values))
+        if _work(env, graphs) <= max_work and _valid(env, graphs):
+            valid.append(env)
+    if not valid:
+        raise PrismError(f"no small instantiation of {names} satisfies the block graphs' constraints "
+                         f"(tried values {_BLOCK_VALUES} for grid/loop symbols, {_BATCH_VALUES} for batch dims); "
+                         "pass instantiations=[{...}] explicitly")
+
+    def small(env: dict[str, int]) -> tuple:
+        return (sum(v == 1 for v in env.values()), _work(env, graphs), sum(env.values()))
+
+    def odd(env: dict[str, int]) -> tuple:
+        return (-sum(v & (v - 1) != 0 for v in env.values()), small(env))
+    picks: list[dict[str, int]] = []
+    for key in (small, odd):
+        for env in sorted(valid, key=key):
+            if env not in picks:
+                picks.append(env)
+                break
+    rest = [e for e in valid if e not in picks]
+    for i in rng.permutation(len(rest))[: max(0, n - len(picks))]:
+        picks.append(rest[int(i)])
+    return picks[:n]
+
+
+# --- inputs and tolerances ----------------------------------------------------------------------
+
+def make_inputs(reference: Graph, env: Mapping[str, int], kind: str, seed: int, hostile_input: str | None = None
+                ) -> dict[str, np.ndarray]:
+    """Random float64 inputs at ``env``: standard normal; ``hostile``/``tiny`` scale one input by 30 / 1e-3."""
+    if kind not in _SCALE:
+        raise PrismError(f"input kind must be one of {list(_SCALE)}, got {kind!r}")
+    rng = np.random.default_rng(seed)
+    names = list(reference.inputs)
+    target = hostile_input or names[0]
+    if target not in names:
+        raise PrismError(f"hostile_input {target!r} is not an input of the reference ({names})")
+    out = {}
+    for name, node in reference.inputs.items():
+        shape = tuple(D.evaluate(d, env) for d in node.shape)
+        a = rng.standard_normal(shape)
+        out[name] = a * _SCALE[kind] if name == target else a
+    return out
+
+
+def reduction_length(reference: Graph, env: Mapping[str, int]) -> int:
+    """The longest reduction (matmul contraction or reduced dim) of the reference at ``env``."""
+    k = 1
+    for n in reference.nodes:
+        if n.op == "matmul":
+            k = max(k, D.evaluate(n.src[0].shape[-1], env))
+        elif n.op in ("sum", "max", "mean", "softmax", "rms_norm"):
+            k = max(k, D.evaluate(n.src[0].shape[n.arg[0]], env))
+    return k
+
+
+def tolerance(k: int, rtol: float = RTOL) -> float:
+    return rtol * math.sqrt(max(1.0, k / 64))
+
+
+def _compare(c: np.ndarray, r: np.ndarray, tol: float) -> tuple[float, str]:
+    if c.shape != r.shape:
+        return math.inf, f"shape {c.shape} != reference shape {r.shape}"
+    c = c.astype(np.float64)
+    finite = np.isfinite(r)
+    if not np.all(np.isfinite(c[finite])):
+        return math.inf, "non-finite values where the reference is finite"
+    if not np.any(finite):
+        return 0.0, ""
+    scale = float(np.sqrt(np.mean(np.square(r[finite])))) or 1.0
+    err = np.abs(c[finite] - r[finite]) / (np.abs(r[finite]) + scale)
+    return float(np.max(err, initial=0.0)), ""
+
+
+def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequence[Mapping[str, int]] | None = None,
+                  n_instantiations: int = 3, kinds: Sequence[str] = KINDS, seeds: Sequence[int] = (0,),
+                  runners: Sequence[Runner] | None = None, hostile_input: str | None = None,
+                  rtol: float = RTOL, stop_on_failure: bool = True) -> NumericResult:
+    """Compare every runner's output of ``candidate`` with the float64 reference on random inputs."""
+    t0 = time.perf_counter()
+    runners = list(runners) if runners is not None else [interpreter_runner()]
+    envs = [dict(e) for e in instantiations] if instantiations is not None else choose_instantiations(
+        candidate, reference, n_instantiations)
+    checks: list[Check] = []
+    for env in envs:
+        k = reduction_length(reference, env)
+        tol = tolerance(k, rtol)
+        key = tuple(sorted(env.items()))
+        for kind, seed in itertools.product(kinds, seeds):
+            x = make_inputs(reference, env, kind, seed, hostile_input)
+            with np.errstate(all="ignore"):  # non-finite results are judged below, not warned about
+                ref = reference.evaluate(x, dtype=np.float64, params=env)
+            for runner in runners:
+                try:
+                    with np.errstate(all="ignore"):
+                        got = runner.run(candidate, x, env)
+                except Exception as e:  # any failure to run the candidate is a failed check
+                    checks += [Check(runner.name, key, kind, seed, o, math.inf, tol, False,
+                                     f"failed to run: {type(e).__name__}: {e}") for o in ref]
+                    continue
+                for o, r in ref.items():
+                    if o not in got:
+                        checks.append(Check(runner.name, key, kind, seed, o, math.inf, tol, False, "output missing"))
+                        continue
+                    err, why = _compare(np.asarray(got[o]), np.asarray(r), tol)
+                    checks.append(Check(runner.name, key, kind, seed, o, err, tol, err <= tol, why))
+            if stop_on_failure and any(not c.ok for c in checks):
+                break
+        if stop_on_failure and any(not c.ok for c in checks):
+            break
+    passed = bool(checks) and all(c.ok for c in checks)
+    return NumericResult(passed, tuple(checks), tuple(envs), time.perf_counter() - t0)
+
+
+__all__ = ["KINDS", "RTOL", "Check", "NumericResult", "Runner", "choose_instantiations", "compiled_runner",
+           "interpreter_runner", "make_inputs", "numeric_check", "reduction_length", "tolerance"]

@@ -1,0 +1,130 @@
+"""prism.verify: both checks reported, verified only when both pass; the numeric verifier's
+instantiations, tolerances and the hook for compiled kernels."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import prism
+from prism.ir import dims as D
+from prism.verify import NumericResult, VerifyResult, compiled_runner, interpreter_runner, numeric_check
+from prism.verify.cases import MUTANTS
+from prism.verify.numeric import choose_instantiations, reduction_length, tolerance
+from prism.workloads import WORKLOADS
+
+pytestmark = pytest.mark.unit
+
+
+def test_verify_accepts_a_symbolic_hand_written_kernel() -> None:
+    w = WORKLOADS["W1"]
+    s = w.shapes[0]
+    r = prism.verify(w.hand_written(s), w.program(s), hostile_input="X")
+    assert isinstance(r, VerifyResult)
+    assert r.verified and r.formal.proved and r.numeric.passed
+    assert "VERIFIED" in str(r)
+
+
+def test_verify_rejects_a_mutant_on_both_counts() -> None:
+    case = next(c for c in MUTANTS if c.name == "W7.lora-in-loop")
+    cand, ref = case.build()
+    r = prism.verify(cand, ref, hostile_input=case.hostile)
+    assert not r.verified
+    assert not r.formal.proved and not r.numeric.passed
+    assert "NOT VERIFIED" in str(r)
+
+
+def test_verified_needs_both_checks() -> None:
+    """A numeric check that passes cannot make up for a missing proof (W7.lora-in-loop is right at F=1)."""
+    case = next(c for c in MUTANTS if c.name == "W7.lora-in-loop")
+    cand, ref = case.build()
+    r = prism.verify(cand, ref, instantiations=[{"n": 3, "G": 4, "F": 1}])
+    assert r.numeric.passed and not r.formal.proved and not r.verified
+
+
+def test_explain_reports_the_rules_the_proof_needs() -> None:
+    w = WORKLOADS["W1"]
+    s = w.shapes[0]
+    r = prism.verify(w.hand_written(s), w.program(s), explain=True, kinds=("normal",))
+    chain = r.formal.chain
+    assert "cancel.combine-partition" in chain and "cancel.reduce-partial-matmul" in chain
+    assert all(any(name == f for _, f, _ in r.formal.fired) for name in chain)
+    # the chain is sufficient: proving with only those rules still succeeds
+    from prism.verify import prove
+    assert prove(w.hand_written(s), w.program(s), active=chain).proved
+
+
+def test_instantiations_satisfy_every_constraint_and_include_odd_sizes() -> None:
+    w = WORKLOADS["W1"]
+    s = w.shapes[0]
+    hand, prog = w.hand_written(s), w.program(s)
+    envs = choose_instantiations(hand, prog, n=3)
+    assert len(envs) == 3 and len({tuple(sorted(e.items())) for e in envs}) == 3
+    for env in envs:
+        assert set(env) == {"n", "G", "F"}
+        for bg in hand.customized_ops():
+            for c in bg.constraints:
+                assert D.evaluate(c.num, env) % D.evaluate(c.den, env) == 0
+    # G and F must divide 1024 (powers of two only) but the batch dim n is free: one choice is odd
+    assert any(e["n"] & (e["n"] - 1) for e in envs)
+    assert all(e["G"] > 1 and e["F"] > 1 for e in envs[:1])  # the first exercises the splits
+
+
+def test_tolerance_scales_with_the_reduction_length() -> None:
+    w = WORKLOADS["W1"]
+    prog = w.program(w.shapes[0])
+    assert reduction_length(prog, {"n": 2}) == w.shapes[0]["d"]
+    assert tolerance(64) == pytest.approx(1e-4)
+    assert tolerance(1024) == pytest.approx(4e-4)
+    assert tolerance(8) == pytest.approx(1e-4)
+
+
+def test_compiled_kernels_plug_in_as_runners() -> None:
+    """A compiled kernel is any callable made by compile_fn(graph, params); here a stand-in."""
+    w = WORKLOADS["W3"]
+    s = w.shapes[0]
+    hand, prog = w.hand_written(s), w.program(s)
+    seen = []
+
+    def fake_compile(g, params):
+        seen.append(dict(params))
+        return lambda **x: g.evaluate(x, params=params)["Y"]  # one array, like a single-output kernel
+
+    runners = [interpreter_runner(), compiled_runner(fake_compile, "fake")]
+    r = numeric_check(hand, prog, runners=runners, n_instantiations=1, kinds=("normal",))
+    assert r.passed and {c.runner for c in r.checks} == {"interpreter[float32]", "fake"}
+    assert seen and set(seen[0]) == {"n", "G", "F"}
+
+    def broken_compile(g, params):
+        def run(**x):
+            return np.zeros((1, 1), np.float32)
+        return run
+    bad = numeric_check(hand, prog, runners=[compiled_runner(broken_compile, "broken")], n_instantiations=1,
+                        kinds=("normal",))
+    assert not bad.passed and math.isinf(bad.failures[0].max_error) and "shape" in bad.failures[0].detail
+
+
+def test_a_runner_that_raises_fails_the_check() -> None:
+    w = WORKLOADS["W3"]
+    s = w.shapes[0]
+
+    def crash(g, params):
+        raise RuntimeError("compiler exploded")
+    r = numeric_check(w.hand_written(s), w.program(s), runners=[compiled_runner(crash)], n_instantiations=1,
+                      kinds=("normal",))
+    assert isinstance(r, NumericResult) and not r.passed
+    assert "compiler exploded" in r.failures[0].detail
+
+
+def test_hostile_inputs_catch_a_softmax_without_max_subtraction() -> None:
+    g = prism.Graph("naive")
+    x = g.mul_scalar(g.input("x", ("m", 64)), 4.0)
+    e = g.exp(x)
+    g.output(g.div(e, g.sum(e, -1)), "out")
+    ref = prism.Graph("ref")
+    ref.output(ref.softmax(ref.mul_scalar(ref.input("x", ("m", 64)), 4.0), -1), "out")
+    assert numeric_check(g, ref, kinds=("normal",)).passed  # mathematically equal ...
+    r = numeric_check(g, ref, kinds=("hostile",))              # ... but overflows in float32
+    assert not r.passed and "non-finite" in r.failures[0].detail
