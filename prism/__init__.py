@@ -21,10 +21,11 @@ from prism.errors import (
     UnsupportedError,
 )
 from prism.ir import BlockBuilder, BlockGraph, Dim, Graph, MapVar, Tensor, sym
+from prism.runtime import compile
 from prism.verify import verify
 
 __version__ = "0.1.0"
 
 __all__ = ["BlockBuilder", "BlockGraph", "DTypeError", "Dim", "DimError", "Graph", "GraphError",
            "InconclusiveDimError", "InputError", "MapError", "MapVar", "PrismError", "ShapeError", "Tensor",
-           "UnsupportedError", "sym", "verify"]
+           "UnsupportedError", "compile", "sym", "verify"]

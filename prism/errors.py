@@ -42,3 +42,8 @@ class UnsupportedError(PrismError):
 
 class InputError(PrismError):
     """Arrays passed to evaluate/call do not match the graph's inputs (name, shape, dtype)."""
+
+
+class CompileError(PrismError):
+    """The C compiler rejected a generated source (or could not be run). The message names the source
+    file, the command and the compiler's output; the source stays on disk for inspection."""

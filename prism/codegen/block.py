@@ -1,0 +1,371 @@
+"""Lowering of one concrete block graph (a customized operator) to a C function.
+
+Shape of the generated function::
+
+    #pragma omp parallel            one thread team; each thread owns a scratch area
+      #pragma omp for               the flattened grid: one iteration = one block
+        <pre>                       loop-invariant tiles, accumulator initialization
+        for (it = 0; it < F; it++)  the for-loop: loop tiles, accumulator updates, in-loop saves
+        <post>                      after the loop: accumulator finalization, epilogue, saves
+    <partial sums>                  outputs whose omap has a None grid dim: add the per-block slots
+
+Tiles read from inputs are strided views (no copies; permutes and splits of them are free). Element-
+wise chains are fused into the loop of their single consumer (an element-wise op of the same shape, a
+reduction, an accumulator or a save), so ``save(div(acc, rms))`` writes the output directly. A matmul
+whose only consumer is a ``sum`` accumulator accumulates in place (micro-kernel beta = 1). Online
+softmax: the accumulators over the same scores share one running max; each iteration computes the new
+row max, the rescale factor alpha = exp(m_old - m_new), p = exp(x - m_new) once, then l = l*alpha +
+rowsum(p) and o = o*alpha + p @ v (the rescale is fused into the micro-kernel, beta = 2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prism.codegen import loops as LP
+from prism.codegen.cwriter import CWriter, Namer
+from prism.codegen.matmul import Support, emit_matmul
+from prism.codegen.prelude import c_float
+from prism.codegen.tiles import ELEMENTWISE, Expr, Operand, View, contiguous_strides
+from prism.errors import UnsupportedError
+from prism.ir.block import BlockGraph
+from prism.ir.node import Node
+
+ALIGN = 16  # floats: scratch tiles start on 64-byte boundaries
+
+_EXPR_ACCS = ("sum", "sum_last", "rms", "max")
+_SOFTMAX = ("softmax_sum", "softmax_matmul")
+
+
+@dataclass
+class BlockFunction:
+    name: str
+    text: str
+    scratch_floats: int                     # per thread
+    partial_ws: list[tuple[int, int]] = field(default_factory=list)  # (output index, floats) slots
+
+
+def _ints(shape: tuple) -> tuple[int, ...]:
+    return tuple(int(d) for d in shape)
+
+
+def consumers(nodes: list[Node]) -> dict[Node, list[Node]]:
+    out: dict[Node, list[Node]] = {n: [] for n in nodes}
+    for n in nodes:
+        for s in n.src:
+            out[s].append(n)
+    return out
+
+
+class BlockLowering:
+    def __init__(self, bg: BlockGraph, name: str, sup: Support, nm: Namer) -> None:
+        if not bg.is_concrete():
+            raise UnsupportedError(f"cannot generate code for a block graph with free symbols {sorted(bg.symbols())}; "
+                                   "instantiate it (pass params=...)")
+        for spec in bg.inputs:
+            if spec.dtype.name != "float32":
+                raise UnsupportedError(f"code generation supports float32 only; block graph input {spec.name!r} "
+                                       f"is {spec.dtype}")
+        self.bg, self.name, self.sup, self.nm = bg, name, sup, nm
+        self.grid = _ints(bg.grid)
+        self.F = int(bg.forloop)
+        self.nodes = bg.nodes
+        self.cons = consumers(self.nodes)
+        self.phase = bg.phase
+        self.w = {"inv": CWriter(3), "loop": CWriter(4), "post": CWriter(3)}
+        self.scratch = 0
+        self.vals: dict[Node, Operand] = {}
+        self.groups: dict[Node, dict] = {}      # softmax groups by score node
+        self.partial: list[tuple[int, int]] = []
+        self.final: list[str] = []              # code after the parallel region (partial sums)
+
+    # --- helpers -----------------------------------------------------------------------------
+    def alloc(self, shape: tuple[int, ...]) -> View:
+        off = self.scratch
+        self.scratch += -(-max(1, math.prod(shape)) // ALIGN) * ALIGN
+        return View.dense(f"(S + {off})", shape)
+
+    def view(self, val: Operand, phase: str) -> View:
+        """A view of ``val``, materializing a fused expression into scratch if needed."""
+        if isinstance(val, View):
+            return val
+        t = self.alloc(val.shape)
+        LP.assign(self.w[phase], self.nm, t, val)
+        return t
+
+    def inline(self, n: Node) -> bool:
+        if n.op not in ELEMENTWISE:
+            return False
+        cs = self.cons[n]
+        if len(cs) != 1:
+            return False
+        c = cs[0]
+        if c.op in ELEMENTWISE or c.op in ("sum", "max", "mean"):
+            return self.phase[c] == self.phase[n] and (c.op not in ELEMENTWISE or _ints(c.shape) == _ints(n.shape))
+        if c.op == "save":
+            return True
+        if c.op == "acc":
+            return c.arg[0] in _EXPR_ACCS and self.phase[n] == "loop" and c.src[0] not in self.groups_src()
+        return False
+
+    def groups_src(self) -> set[Node]:
+        return {n.src[0] for n in self.nodes if n.op == "acc" and n.arg[0] in _SOFTMAX}
+
+    def fused_matmul(self, n: Node) -> bool:
+        cs = self.cons[n]
+        return (n.op == "matmul" and self.phase[n] == "loop" and len(cs) == 1 and cs[0].op == "acc"
+                and cs[0].arg[0] == "sum")
+
+    def region(self, shape: tuple[int, ...], tile: tuple[int, ...], pmap: tuple, fmap: object
+               ) -> tuple[str, int]:
+        """(block offset expr, per-iteration step) of the tile of a dense tensor of ``shape``."""
+        strides = contiguous_strides(shape)
+        terms = []
+        step = 0
+        for d in range(len(shape)):
+            idx = ""
+            for p, e in enumerate(pmap):
+                if e == d and self.grid[p] > 1:
+                    idx = f"({idx} * {self.grid[p]} + b{p})" if idx else f"b{p}"
+            unit = tile[d] * strides[d]
+            if fmap == d:
+                step = unit
+                if idx:
+                    terms.append(f"{idx} * {unit * self.F}")
+            elif idx:
+                terms.append(f"{idx} * {unit}")
+        return (" + ".join(terms) if terms else "0"), step
+
+    # --- lowering ----------------------------------------------------------------------------
+    def lower(self, in_ptrs: list[str], out_ptrs: list[str]) -> BlockFunction:
+        smax_src = self.groups_src()
+        for n in self.nodes:
+            if n.op == "save":
+                self.lower_save(n, out_ptrs)
+            elif n.op == "iter":
+                self.lower_iter(n, in_ptrs)
+            elif n.op == "acc":
+                self.lower_acc(n, smax_src)
+            elif n.op in ELEMENTWISE:
+                e = Expr(n.op, n.arg, tuple(self.vals[s] for s in n.src), _ints(n.shape))
+                self.vals[n] = e if self.inline(n) else self.view(e, self.phase[n])
+            elif n.op == "matmul":
+                if not self.fused_matmul(n):
+                    w = self.w[self.phase[n]]
+                    a, b = (self.view(self.vals[s], self.phase[n]) for s in n.src)
+                    c = self.alloc(_ints(n.shape))
+                    emit_matmul(w, self.nm, self.sup, c, a, b)
+                    self.vals[n] = c
+            else:
+                self.vals[n] = lower_layout_or_reduce(n, self.vals, self.w[self.phase[n]], self.nm, self.alloc,
+                                                      lambda v, n=n: self.view(v, self.phase[n]))
+        return self.assemble(in_ptrs, out_ptrs)
+
+    def lower_iter(self, n: Node, in_ptrs: list[str]) -> None:
+        idx, im, fm = n.arg
+        spec = self.bg.inputs[idx]
+        shape, tile = _ints(spec.shape), _ints(n.shape)
+        off, step = self.region(shape, tile, im, fm)
+        v = self.nm("v")
+        self.w["inv"].line(f"const float* {v} = {in_ptrs[idx]}" + (f" + {off};" if off != "0" else ";"))
+        strides = contiguous_strides(shape)
+        if fm is not None:
+            vi = v + "i"
+            self.w["loop"].line(f"const float* {vi} = {v} + it * {step};")
+            v = vi
+        self.vals[n] = View(v, tile, strides)
+
+    def lower_save(self, n: Node, out_ptrs: list[str]) -> None:
+        k, om, fm = n.arg
+        shape = _ints(self.bg.output_shapes[k])
+        tile = _ints(n.shape)
+        off, step = self.region(shape, tile, om, fm)
+        base = out_ptrs[k]
+        red = [p for p, e in enumerate(om) if e is None and self.grid[p] > 1]
+        if red:  # partial sums: each block writes its own slot, added after the grid
+            slots = math.prod(self.grid[p] for p in red)
+            numel = math.prod(shape)
+            slot = ""
+            for p in red:
+                slot = f"({slot} * {self.grid[p]} + b{p})" if slot else f"b{p}"
+            pw = f"pw{k}"
+            base = f"({pw} + ({slot}) * {numel})"
+            self.partial.append((k, slots * numel))
+            self.final.append(self._partial_sum(k, pw, shape, slots, out_ptrs[k]))
+        phase = "loop" if fm is not None else "post"
+        if fm is not None:
+            off = f"{off} + it * {step}"
+        target = View(f"({base} + {off})", tile, contiguous_strides(shape))
+        LP.assign(self.w[phase], self.nm, target, self.vals[n.src[0]])
+
+    def _partial_sum(self, k: int, pw: str, shape: tuple[int, ...], slots: int, out: str) -> str:
+        w = CWriter(1)
+        numel = math.prod(shape)
+        LP.assign(w, self.nm, View.dense(out, (numel,)), View.dense(pw, (numel,)), par="nth")
+        for s in range(1, slots):
+            LP.assign(w, self.nm, View.dense(out, (numel,)), View.dense(f"({pw} + {s * numel})", (numel,)), "+=",
+                      par="nth")
+        return w.text()
+
+    def lower_acc(self, n: Node, smax_src: set[Node]) -> None:
+        kind, params = n.arg
+        x = n.src[0]
+        body, pre, post = self.w["loop"], self.w["inv"], self.w["post"]
+        nm = self.nm
+        if kind in _SOFTMAX or (kind == "max" and x in smax_src):
+            g = self.softmax_group(x)
+            if kind == "max":
+                self.vals[n] = g["m"]
+            elif kind == "softmax_sum":
+                l_ = self.alloc(_ints(n.shape))
+                LP.assign(pre, nm, l_, _const(l_.shape, 0.0))
+                LP.assign(body, nm, l_, Expr("mul", (), (l_, g["alpha"]), l_.shape))
+                LP.reduce(body, nm, l_, g["p"], len(l_.shape) - 1, "sum", mode="acc")
+                self.vals[n] = l_
+            else:
+                o = self.alloc(_ints(n.shape))
+                v = self.view(self.vals[n.src[1]], "loop")
+                emit_matmul(body, nm, self.sup, o, g["p"], v, beta="(it > 0 ? 2 : 0)", rowscale=g["alpha"])
+                self.vals[n] = o
+            return
+        st = self.alloc(_ints(n.shape))
+        if kind == "sum":
+            if self.fused_matmul(x):
+                a, b = (self.view(self.vals[s], "loop") for s in x.src)
+                emit_matmul(body, nm, self.sup, st, a, b, beta="(it > 0)")
+            else:
+                LP.assign(pre, nm, st, _const(st.shape, 0.0))
+                LP.assign(body, nm, st, self.vals[x], "+=")
+        elif kind in ("sum_last", "rms", "max"):
+            init = -math.inf if kind == "max" else 0.0
+            LP.assign(pre, nm, st, _const(st.shape, init))
+            src = self.vals[x]
+            if kind == "rms":
+                src = Expr("square", (), (src,), _ints(x.shape))
+            LP.reduce(body, nm, st, src, len(st.shape) - 1, "max" if kind == "max" else "sum", mode="acc")
+            if kind == "rms":
+                count = int(x.shape[-1]) * self.F
+                (eps,) = params
+                r = nm("r")
+                post.line(f"for (long {r} = 0; {r} < {st.numel}; {r}++) "
+                          f"{st.ptr}[{r}] = sqrtf({st.ptr}[{r}] / {c_float(count)} + {c_float(eps)});")
+        else:  # pragma: no cover - the builder rejects unknown kinds
+            raise UnsupportedError(f"no lowering for accumulator {kind!r}")
+        self.vals[n] = st
+
+    def softmax_group(self, x: Node) -> dict:
+        """Running max m, rescale alpha and p = exp(x - m) for the accumulators over scores ``x``."""
+        g = self.groups.get(x)
+        if g is not None:
+            return g
+        nm, body, pre = self.nm, self.w["loop"], self.w["inv"]
+        xv = self.view(self.vals[x], "loop")
+        rows = _ints(x.shape)[:-1] + (1,)
+        m = self.alloc(rows)
+        alpha = self.alloc(rows)
+        mx = self.alloc(rows)
+        p = self.alloc(_ints(x.shape))
+        LP.assign(pre, nm, m, _const(rows, -math.inf))
+        LP.reduce(body, nm, mx, xv, len(rows) - 1, "max")
+        r = nm("r")
+        with body.block(f"for (long {r} = 0; {r} < {m.numel}; {r}++)"):
+            body.line(f"const float mn = pr_max({m.ptr}[{r}], {mx.ptr}[{r}]);")
+            body.line(f"{alpha.ptr}[{r}] = it == 0 ? 0.0f : pr_exp({m.ptr}[{r}] - mn);")
+            body.line(f"{m.ptr}[{r}] = mn;")
+        LP.assign(body, nm, p, Expr("exp", (), (Expr("sub", (), (xv, m), xv.shape),), xv.shape))
+        g = {"m": m, "alpha": alpha, "p": p}
+        self.groups[x] = g
+        return g
+
+    # --- assembly ------------------------------------------------------------------------------
+    def assemble(self, in_ptrs: list[str], out_ptrs: list[str]) -> BlockFunction:
+        nblk = math.prod(self.grid)
+        g = self.grid + (1,) * (3 - len(self.grid))
+        w = CWriter()
+        params = [f"const float* restrict {p}" for p in in_ptrs] + [f"float* restrict {p}" for p in out_ptrs]
+        params += [f"float* restrict pw{k}" for k, _ in self.partial]
+        params += ["float* restrict scr", "long scr_stride", "int nth"]
+        w.line(f"/* block graph: grid={self.grid} forloop={self.F} */")
+        with w.block(f"PR_NOINLINE void {self.name}({', '.join(params)})"):
+            w.line(f"const int nt = nth < {nblk} ? nth : {nblk};")
+            w.line("#pragma omp parallel num_threads(nt)")
+            with w.block(""):
+                w.line("float* restrict S = scr + (long)omp_get_thread_num() * scr_stride;")
+                w.line("(void)S;")
+                w.line("#pragma omp for schedule(static)")
+                with w.block(f"for (long blk = 0; blk < {nblk}; blk++)"):
+                    coords = []
+                    if g[0] > 1:
+                        coords.append(f"b0 = blk / {g[1] * g[2]}" if g[1] * g[2] > 1 else "b0 = blk")
+                    if g[1] > 1:
+                        coords.append(f"b1 = (blk / {g[2]}) % {g[1]}" if g[2] > 1 else f"b1 = blk % {g[1]}")
+                    if g[2] > 1:
+                        coords.append(f"b2 = blk % {g[2]}")
+                    if coords:
+                        w.line(f"const long {', '.join(coords)};")
+                    w.extend(_dedent(self.w["inv"]))
+                    with w.block(f"for (long it = 0; it < {self.F}; it++)"):
+                        w.extend(_dedent(self.w["loop"]))
+                    w.extend(_dedent(self.w["post"]))
+            for text in self.final:
+                w.raw(text)
+        return BlockFunction(self.name, w.text(), self.scratch, list(self.partial))
+
+
+def _dedent(w: CWriter) -> CWriter:
+    out = CWriter()
+    out.lines = [ln.strip("\n") for ln in w.lines]
+    base = min((len(ln) - len(ln.lstrip(" ")) for ln in out.lines if ln.strip()), default=0)
+    out.lines = [ln[base:] for ln in out.lines]
+    return out
+
+
+def _const(shape: tuple[int, ...], value: float) -> Expr:
+    """A constant expression (0 * x + c has NaN traps; use a literal leaf instead)."""
+    return Expr("const", (value,), (), shape)
+
+
+def lower_layout_or_reduce(n: Node, vals: dict[Node, Operand], w: CWriter, nm: Namer, alloc: Callable,
+                           as_view: Callable, par: str | None = None) -> Operand:
+    """Tile/kernel operators that are neither element-wise nor matmul: reductions, composites, layout."""
+    op = n.op
+    shape = _ints(n.shape)
+    if op in ("sum", "max", "mean"):
+        (dim,) = n.arg
+        src = vals[n.src[0]]
+        t = alloc(shape)
+        cnt = int(n.src[0].shape[dim])
+        post = (lambda s: f"{s} / {c_float(cnt)}") if op == "mean" else None
+        LP.reduce(w, nm, t, src, dim, "max" if op == "max" else "sum", post=post, par=par)
+        return t
+    if op in ("rms_norm", "softmax"):
+        src = as_view(vals[n.src[0]])
+        t = alloc(shape)
+        LP.rowwise(w, nm, t, src, n.arg[0], op, eps=n.arg[1] if op == "rms_norm" else 0.0, par=par)
+        return t
+    if op == "permute":
+        return as_view(vals[n.src[0]]).permute(n.arg[0])
+    if op == "reshape":
+        src = as_view(vals[n.src[0]])
+        v = src.reshape(shape)
+        if v is None:
+            t = alloc(src.shape)
+            LP.assign(w, nm, t, src, par=par)
+            v = t.reshape(shape)
+        return v
+    if op == "split":
+        dim, sizes, index = n.arg
+        start = sum(int(s) for s in sizes[:index])
+        return as_view(vals[n.src[0]]).slice(dim, start, int(sizes[index]))
+    if op == "concat":
+        (dim,) = n.arg
+        t = alloc(shape)
+        start = 0
+        for s in n.src:
+            size = int(s.shape[dim])
+            LP.assign(w, nm, t.slice(dim, start, size), vals[s], par=par)
+            start += size
+        return t
+    raise UnsupportedError(f"no C lowering for operator {op!r}")

@@ -1,0 +1,92 @@
+"""The machine's SIMD instruction set, as data the code generator reads.
+
+Detection reads the CPU flags (``/proc/cpuinfo``); ``PRISM_ISA=avx512|avx2|portable`` overrides it
+(used by the tests to exercise every path on one machine). A path is only chosen when the machine can
+run it: asking for AVX-512 on an AVX2 machine is an error, not a crash at call time.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+from prism.errors import UnsupportedError
+
+
+@dataclass(frozen=True)
+class ISA:
+    """One SIMD path: ``width`` float32 lanes per vector register, ``nregs`` vector registers."""
+
+    name: str
+    width: int
+    nregs: int
+    vtype: str
+    required_flags: tuple[str, ...]
+
+    @property
+    def vector(self) -> bool:
+        return self.width > 1
+
+
+AVX512 = ISA("avx512", 16, 32, "__m512", ("avx512f",))
+AVX2 = ISA("avx2", 8, 16, "__m256", ("avx2", "fma"))
+PORTABLE = ISA("portable", 1, 16, "float", ())
+ISAS: dict[str, ISA] = {i.name: i for i in (AVX512, AVX2, PORTABLE)}
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags of this machine (empty when /proc/cpuinfo is unavailable)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def machine_fingerprint() -> str:
+    """What a ``-march=native`` binary depends on: the CPU model and its flags (part of the cache key)."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return model + "|" + " ".join(sorted(cpu_flags()))
+
+
+def detect() -> ISA:
+    """The best path this machine supports, or the one named by ``PRISM_ISA``."""
+    flags = cpu_flags()
+    want = os.environ.get("PRISM_ISA", "").strip().lower()
+    if want:
+        isa = ISAS.get(want)
+        if isa is None:
+            raise UnsupportedError(f"PRISM_ISA={want!r} is not a known SIMD path; use one of {sorted(ISAS)}")
+        missing = [f for f in isa.required_flags if f not in flags]
+        if missing:
+            raise UnsupportedError(f"PRISM_ISA={want!r} needs CPU flags {missing} that this machine lacks; "
+                                   f"unset PRISM_ISA or choose 'portable'")
+        return isa
+    for isa in (AVX512, AVX2):
+        if all(f in flags for f in isa.required_flags):
+            return isa
+    return PORTABLE
+
+
+def get(name: str | ISA | None) -> ISA:
+    if isinstance(name, ISA):
+        return name
+    if name is None:
+        return detect()
+    try:
+        return ISAS[name]
+    except KeyError:
+        raise UnsupportedError(f"unknown SIMD path {name!r}; use one of {sorted(ISAS)}") from None

@@ -1,0 +1,237 @@
+"""Loop nests over views: element-wise assignment, reductions along one axis, row-wise composites.
+
+Every nest drops unit dims and merges adjacent dims that are contiguous for all participants, puts
+``#pragma omp simd`` on the innermost loop (reductions use OpenMP's ``reduction`` clause, which is what
+allows vectorizing a float sum without -ffast-math), and, at kernel level (``par`` = the C expression of
+the thread count), parallelizes the outer loops when the nest is big enough to pay for a fork.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from prism.codegen.cwriter import CWriter, Namer
+from prism.codegen.prelude import c_float
+from prism.codegen.tiles import Operand, View, leaves, render
+
+PAR_MIN = 1 << 15      # elements below which a kernel-level loop runs on one thread (a fork costs ~µs)
+CHUNK = 4096           # a 1-D parallel loop is split into chunks of this many elements
+
+
+@dataclass
+class Nest:
+    sizes: list[int]
+    strides: list[list[int]]  # per participant, per dim
+
+
+def make_nest(shape: Sequence[int], participants: Sequence[Sequence[int]]) -> Nest:
+    """Drop unit dims, then merge dim d into d+1 when stride[d] == stride[d+1] * size[d+1] for all."""
+    keep = [d for d, n in enumerate(shape) if n != 1]
+    sizes = [shape[d] for d in keep]
+    strides = [[p[d] for d in keep] for p in participants]
+    d = len(sizes) - 2
+    while d >= 0:
+        if all(s[d] == s[d + 1] * sizes[d + 1] for s in strides):
+            sizes[d] *= sizes[d + 1]
+            del sizes[d + 1]
+            for s in strides:
+                s[d] = s[d + 1]
+                del s[d + 1]
+        d -= 1
+    return Nest(sizes, strides)
+
+
+def offset(vars_: Sequence[str], strides: Sequence[int]) -> str:
+    terms = [v if s == 1 else f"{v} * {s}" for v, s in zip(vars_, strides) if s != 0]
+    return " + ".join(terms) if terms else "0"
+
+
+@contextmanager
+def loops(w: CWriter, vars_: Sequence[str], sizes: Sequence[int], simd: str | None = "",
+          par: str | None = None, total: int = 0) -> Iterator[None]:
+    """Open ``for`` loops; ``simd``: None = no pragma, "" = plain simd, or a clause such as
+    ``reduction(+:s)``. ``par``: parallelize the loops outside the innermost."""
+    n = len(vars_)
+    npar = n - 1 if simd is not None else n
+    opened = 0
+    try:
+        for k, (v, size) in enumerate(zip(vars_, sizes)):
+            if k == 0 and par and npar >= 1 and total >= PAR_MIN:
+                w.line(f"#pragma omp parallel for num_threads({par}) schedule(static)"
+                       + (f" collapse({npar})" if npar > 1 else ""))
+            if k == n - 1 and simd is not None:
+                w.line(f"#pragma omp simd {simd}".rstrip())
+            w.line(f"for (long {v} = 0; {v} < {size}; {v}++) {{")
+            w.level += 1
+            opened += 1
+        yield
+    finally:
+        for _ in range(opened):
+            w.level -= 1
+            w.line("}")
+
+
+def _unique_leaves(x: Operand) -> list[View]:
+    seen: dict[int, View] = {}
+    for lf in leaves(x):
+        seen.setdefault(id(lf), lf)
+    return list(seen.values())
+
+
+def _split_1d(nest: Nest, par: str | None) -> None:
+    """Give a long 1-D nest an outer chunk loop so that it can be parallelized."""
+    if par and len(nest.sizes) == 1 and nest.sizes[0] >= PAR_MIN and nest.sizes[0] % CHUNK == 0:
+        n = nest.sizes[0]
+        nest.sizes[:] = [n // CHUNK, CHUNK]
+        for s in nest.strides:
+            s[:] = [s[0] * CHUNK, s[0]]
+
+
+def assign(w: CWriter, nm: Namer, target: View, src: Operand, op: str = "=", par: str | None = None) -> None:
+    """target (op)= src element-wise; op is ``=``, ``+=`` or ``max``."""
+    shape = target.shape
+    lvs = _unique_leaves(src)
+    nest = make_nest(shape, [list(target.strides)] + [list(v.bstrides(shape)) for v in lvs])
+    if not nest.sizes:
+        nest = Nest([1], [[0] for _ in nest.strides])
+    _split_1d(nest, par)
+    vars_ = [nm("i") for _ in nest.sizes]
+    access = {id(v): f"{v.ptr}[{offset(vars_, s)}]" for v, s in zip(lvs, nest.strides[1:])}
+    t = f"{target.ptr}[{offset(vars_, nest.strides[0])}]"
+    e = render(src, access)
+    with loops(w, vars_, nest.sizes, par=par, total=math.prod(shape)):
+        if op == "max":
+            w.line(f"{t} = pr_max({t}, {e});")
+        else:
+            w.line(f"{t} {op} {e};")
+
+
+REDUCE_INIT = {"sum": "0.0f", "max": "-INFINITY"}
+
+
+def _combine(kind: str, acc: str, x: str) -> str:
+    return f"{acc} + {x}" if kind == "sum" else f"pr_max({acc}, {x})"
+
+
+def reduce(w: CWriter, nm: Namer, target: View, src: Operand, axis: int, kind: str, mode: str = "set",
+           post: Callable[[str], str] | None = None, par: str | None = None) -> None:
+    """Reduce ``src`` along ``axis`` (kind ``sum`` or ``max``) into ``target`` (src shape with axis = 1).
+
+    mode ``set``: target = post(r); mode ``acc``: target = combine(target, post(r)) (for-loop
+    accumulators). The reduction runs in the order of the axis, vectorized (OpenMP reduction clause).
+    """
+    shape = src.shape
+    n = shape[axis]
+    lvs = _unique_leaves(src)
+    tstr = list(target.bstrides(shape[:axis] + (1,) + shape[axis + 1:]))
+    lstr = [list(v.bstrides(shape)) for v in lvs]
+    inner = math.prod(shape[axis + 1:])
+    post = post or (lambda s: s)
+    outer_shape = shape[:axis]
+    if inner == 1:
+        # vectorize the reduction itself
+        oshape = outer_shape + shape[axis + 1:]
+        drop = [d for d in range(len(shape)) if d != axis]
+        nest = make_nest(oshape, [[tstr[d] for d in drop]] + [[s[d] for d in drop] for s in lstr])
+        vars_ = [nm("i") for _ in nest.sizes]
+        j = nm("j")
+        s = nm("s")
+        access = {id(v): f"{v.ptr}[{_join(offset(vars_, ns), j, ls[axis])}]"
+                  for v, ns, ls in zip(lvs, nest.strides[1:], lstr)}
+        t = f"{target.ptr}[{offset(vars_, nest.strides[0])}]"
+        clause = "+" if kind == "sum" else "max"
+        with loops(w, vars_, nest.sizes, simd=None, par=par, total=math.prod(shape)):
+            w.line(f"float {s} = {REDUCE_INIT[kind]};")
+            with loops(w, [j], [n], simd=f"reduction({clause}:{s})"):
+                w.line(f"{s} = {_combine(kind, s, render(src, access))};")
+            if mode == "set":
+                w.line(f"{t} = {post(s)};")
+            else:
+                w.line(f"{t} = {_combine(kind, t, post(s))};")
+        return
+    # the axis is not innermost: sweep it sequentially, vectorize over the inner dims
+    onest = make_nest(outer_shape, [tstr[:axis]] + [s[:axis] for s in lstr])
+    inest = make_nest(shape[axis + 1:], [tstr[axis + 1:]] + [s[axis + 1:] for s in lstr])
+    ov = [nm("i") for _ in onest.sizes]
+    iv = [nm("k") for _ in inest.sizes]
+    j = nm("j")
+    access = {id(v): f"{v.ptr}[{_join(_join(offset(ov, os_), j, ls[axis]), offset(iv, is_), 1)}]"
+              for v, os_, is_, ls in zip(lvs, onest.strides[1:], inest.strides[1:], lstr)}
+    t = f"{target.ptr}[{_join(offset(ov, onest.strides[0]), offset(iv, inest.strides[0]), 1)}]"
+    tmp = target.ptr if mode == "set" else None
+    with loops(w, ov, onest.sizes, simd=None, par=par, total=math.prod(shape)):
+        if mode == "set":
+            with loops(w, iv, inest.sizes):
+                w.line(f"{t} = {REDUCE_INIT[kind]};")
+        else:  # accumulate: reduce into a private row first, then combine once (keeps post() exact)
+            tmp = nm("r")
+            w.line(f"float {tmp}[{math.prod(inest.sizes)}];")
+            with loops(w, iv, inest.sizes):
+                w.line(f"{tmp}[{offset(iv, _dense(inest.sizes))}] = {REDUCE_INIT[kind]};")
+        cell = t if mode == "set" else f"{tmp}[{offset(iv, _dense(inest.sizes))}]"
+        with loops(w, [j], [n], simd=None):
+            with loops(w, iv, inest.sizes):
+                w.line(f"{cell} = {_combine(kind, cell, render(src, access))};")
+        if mode != "set" or post(cell) != cell:
+            with loops(w, iv, inest.sizes):
+                w.line(f"{t} = {post(cell)};" if mode == "set" else f"{t} = {_combine(kind, t, post(cell))};")
+
+
+def _dense(sizes: Sequence[int]) -> list[int]:
+    out = [1] * len(sizes)
+    for d in range(len(sizes) - 2, -1, -1):
+        out[d] = out[d + 1] * sizes[d + 1]
+    return out
+
+
+def _join(base: str, var: str, stride: int) -> str:
+    if stride == 0 or var == "0":
+        return base
+    term = var if stride == 1 else f"{var} * {stride}"
+    return term if base == "0" else f"{base} + {term}"
+
+
+def rowwise(w: CWriter, nm: Namer, target: View, src: View, axis: int, kind: str, eps: float = 0.0,
+            par: str | None = None) -> None:
+    """``rms_norm`` (x / sqrt(mean(x^2) + eps)) or ``softmax`` (exp(x - max) / sum) along ``axis``.
+
+    Per row: the statistics in one vectorized pass, then the normalized row (softmax stores the
+    exponentials first and divides in place, as the NumPy reference does).
+    """
+    shape = src.shape
+    n = shape[axis]
+    drop = [d for d in range(len(shape)) if d != axis]
+    oshape = tuple(shape[d] for d in drop)
+    nest = make_nest(oshape, [[target.strides[d] for d in drop], [src.strides[d] for d in drop]])
+    vars_ = [nm("i") for _ in nest.sizes]
+    j = nm("j")
+    tb = nm("t")
+    sb = nm("x")
+    ts, ss = target.strides[axis], src.strides[axis]
+    with loops(w, vars_, nest.sizes, simd=None, par=par, total=math.prod(shape)):
+        w.line(f"float* {tb} = {target.ptr} + {offset(vars_, nest.strides[0])};")
+        w.line(f"const float* {sb} = {src.ptr} + {offset(vars_, nest.strides[1])};")
+        xj, tj = f"{sb}[{_join('0', j, ss)}]", f"{tb}[{_join('0', j, ts)}]"
+        if kind == "rms_norm":
+            q = nm("q")
+            w.line(f"float {q} = 0.0f;")
+            with loops(w, [j], [n], simd=f"reduction(+:{q})"):
+                w.line(f"{q} += {xj} * {xj};")
+            w.line(f"{q} = sqrtf({q} / {c_float(n)} + {c_float(eps)});")
+            with loops(w, [j], [n]):
+                w.line(f"{tj} = {xj} / {q};")
+        elif kind == "softmax":
+            m, s = nm("m"), nm("s")
+            w.line(f"float {m} = -INFINITY, {s} = 0.0f;")
+            with loops(w, [j], [n], simd=f"reduction(max:{m})"):
+                w.line(f"{m} = pr_max({m}, {xj});")
+            with loops(w, [j], [n], simd=f"reduction(+:{s})"):
+                w.line(f"{tj} = pr_exp({xj} - {m});")
+                w.line(f"{s} += {tj};")
+            with loops(w, [j], [n]):
+                w.line(f"{tj} = {tj} / {s};")
+        else:  # pragma: no cover
+            raise ValueError(kind)

@@ -1,0 +1,262 @@
+"""Lowering of one matmul on views to micro-kernel calls.
+
+``C (beta) A @ B`` with NumPy batch broadcasting over leading dims. Per 2-D product the layout picks
+the kernel: B with unit column stride -> ``nn`` (register-blocked, B streamed row by row); B with unit
+row stride and A with unit column stride (a transposed operand such as K^T) -> ``nt``; anything else
+-> a plain loop nest. ``nn`` splits the rows into groups of at most MR and the columns into panels
+that fit the registers; the loop order is panel -> K chunk -> row group, so each panel of B comes from
+memory once and is reused from L1 by the other row groups.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from prism.codegen import microkernels as mk
+from prism.codegen.cwriter import CWriter, Namer
+from prism.codegen.isa import ISA
+from prism.codegen.loops import PAR_MIN, make_nest, offset
+from prism.codegen.tiles import View
+
+# K chunk = B rows per micro-kernel call (see emit_nn): 4 rows per C row, at least 8. Measured on W1
+# (d=4096, one thread): n=1 best at 4-8 (sgemv-like streaming, C reloads are cheap), n=8/16 at 32
+# (C reloads cost: 16 rows was 8 % slower, 64 rows 10 % slower).
+
+
+@dataclass
+class Support:
+    """Helper C functions (micro-kernels) a source needs, each emitted once, in first-use order."""
+
+    isa: ISA
+    funcs: dict[str, str] = field(default_factory=dict)
+
+    def need(self, name: str, text: str) -> str:
+        self.funcs.setdefault(name, text)
+        return name
+
+    def nn(self, mr: int, nv: int, tail: int) -> str:
+        return self.need(mk.nn_name(self.isa, mr, nv, tail), mk.nn_kernel(self.isa, mr, nv, tail))
+
+    def nt(self, r: int, j: int) -> str:
+        if self.isa.vector and r * j > 1:
+            self.need(*mk.nt_helpers(self.isa))
+        return self.need(mk.nt_name(self.isa, r, j), mk.nt_kernel(self.isa, r, j))
+
+    def text(self) -> str:
+        return "\n".join(self.funcs.values())
+
+
+@dataclass(frozen=True)
+class NNPlan:
+    """How an M x N (x K) product is cut: row groups of ``mr`` (+ a remainder group of ``mr_rem``),
+    full panels of ``pw`` columns (``nv`` vectors) (+ a last panel of ``nv_last`` vectors, ``tail``
+    lanes in its last vector), and K chunks of ``kc``."""
+
+    mr: int
+    nfull: int
+    mr_rem: int
+    nv: int
+    pw: int
+    npanels: int
+    nv_last: int
+    tail: int
+    rc: int
+    kc: int
+
+
+def plan_nn(isa: ISA, M: int, N: int, K: int) -> NNPlan:
+    W = mk.lanes(isa)
+    ngroups = -(-M // mk.MR_MAX[isa.name])
+    mr = -(-M // ngroups)
+    nfull, mr_rem = divmod(M, mr)
+    nvec = -(-N // W)
+    nvmax = mk.nv_max(isa, mr)
+    npan = -(-nvec // nvmax)
+    nv = -(-nvec // npan)
+    pw = nv * W
+    npanels, rc = divmod(N, pw)
+    nv_last, tail = (-(-rc // W), rc % W) if rc else (0, 0)
+    kc = min(K, max(8, 4 * mr))
+    return NNPlan(mr, nfull, mr_rem, nv, pw, npanels, nv_last, tail, rc, kc)
+
+
+def _nn_calls(w: CWriter, sup: Support, p: NNPlan, j0: str, nv: int, tail: int, K: str, a: str, sa0: int,
+              sa1: int, b: str, sb0: int, c: str, sc0: int, beta: str, cs: str, nm: Namer) -> None:
+    """The calls for one panel starting at column ``j0``, over all row groups."""
+    def call(mr: int, r0: str) -> None:
+        fn = sup.nn(mr, nv, tail)
+        csr = "0" if cs == "0" else f"{cs} + {r0}"
+        w.line(f"{fn}({K}, {a} + ({r0}) * {sa0}, {sa0}, {sa1}, {b} + {j0}, {sb0}, {c} + ({r0}) * {sc0} + {j0}, "
+               f"{sc0}, {beta}, {csr});")
+    if p.nfull == 1:
+        call(p.mr, "0")
+    elif p.nfull > 1:
+        g = nm("g")
+        with w.block(f"for (long {g} = 0; {g} < {p.nfull}; {g}++)"):
+            call(p.mr, f"{g} * {p.mr}")
+    if p.mr_rem:
+        call(p.mr_rem, str(p.nfull * p.mr))
+
+
+def emit_nn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str, sa0: int, sa1: int, b: str,
+            sb0: int, c: str, sc0: int, beta: str, cs: str = "0", par: str | None = None) -> None:
+    p = plan_nn(sup.isa, M, N, K)
+    if par and M * N * K >= PAR_MIN * 4 and (p.npanels + (1 if p.rc else 0)) * (p.nfull + bool(p.mr_rem)) > 1:
+        _emit_nn_parallel(w, nm, sup, p, M, N, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, par)
+        return
+    if p.kc >= K:
+        _nn_panels(w, nm, sup, p, str(K), a, sa0, sa1, b, sb0, c, sc0, beta, cs)
+        return
+    # K chunks outermost: every B row of a chunk is read across all panels within a short time, so
+    # the DRAM stream of a weight strip stays sequential per row (and row groups reuse it from L1)
+    kv, kn = nm("kc"), nm("kn")
+    with w.block(f"for (long {kv} = 0; {kv} < {K}; {kv} += {p.kc})"):
+        w.line(f"const long {kn} = pr_minl({p.kc}, {K} - {kv});")
+        _nn_panels(w, nm, sup, p, kn, f"({a} + {kv} * {sa1})", sa0, sa1, f"({b} + {kv} * {sb0})", sb0, c, sc0,
+                   f"({kv} == 0 ? {beta} : 1)", cs)
+
+
+def _nn_panels(w: CWriter, nm: Namer, sup: Support, p: NNPlan, K: str, a: str, sa0: int, sa1: int, b: str,
+               sb0: int, c: str, sc0: int, beta: str, cs: str) -> None:
+    """All panels (a C loop over the full ones, then the last partial one) for one K range."""
+    if p.npanels == 1:
+        _nn_calls(w, sup, p, "0", p.nv, 0, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, nm)
+    elif p.npanels > 1:
+        jv = nm("jp")
+        with w.block(f"for (long {jv} = 0; {jv} < {p.npanels * p.pw}; {jv} += {p.pw})"):
+            _nn_calls(w, sup, p, jv, p.nv, 0, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, nm)
+    if p.rc:
+        _nn_calls(w, sup, p, str(p.npanels * p.pw), p.nv_last, p.tail, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, nm)
+
+
+def _emit_nn_parallel(w: CWriter, nm: Namer, sup: Support, p: NNPlan, M: int, N: int, K: int, a: str, sa0: int,
+                      sa1: int, b: str, sb0: int, c: str, sc0: int, beta: str, cs: str, par: str) -> None:
+    """Kernel-level matmul: one task per (row group, panel), each over the whole K."""
+    nrg = p.nfull + (1 if p.mr_rem else 0)
+    npn = p.npanels + (1 if p.rc else 0)
+    tr, tp = nm("tr"), nm("tp")
+    w.line(f"#pragma omp parallel for num_threads({par}) collapse(2) schedule(static)")
+    with w.block(f"for (long {tr} = 0; {tr} < {nrg}; {tr}++)"):
+        with w.block(f"for (long {tp} = 0; {tp} < {npn}; {tp}++)"):
+            w.line(f"const long r0 = {tr} * {p.mr}, j0 = {tp} * {p.pw};")
+            variants = []
+            for rows_full in (True, False):
+                if (rows_full and not p.nfull) or (not rows_full and not p.mr_rem):
+                    continue
+                for pan_full in (True, False):
+                    if (pan_full and not p.npanels) or (not pan_full and not p.rc):
+                        continue
+                    mr = p.mr if rows_full else p.mr_rem
+                    nv, tail = (p.nv, 0) if pan_full else (p.nv_last, p.tail)
+                    cond = " && ".join([f"{tr} {'<' if rows_full else '=='} {p.nfull}",
+                                        f"{tp} {'<' if pan_full else '=='} {p.npanels}"])
+                    variants.append((cond, mr, nv, tail))
+            for k, (cond, mr, nv, tail) in enumerate(variants):
+                fn = sup.nn(mr, nv, tail)
+                csr = "0" if cs == "0" else f"{cs} + r0"
+                head = ("if" if k == 0 else "else if") + f" ({cond})"
+                with w.block(head):
+                    w.line(f"{fn}({K}, {a} + r0 * {sa0}, {sa0}, {sa1}, {b} + j0, {sb0}, {c} + r0 * {sc0} + j0, "
+                           f"{sc0}, {beta}, {csr});")
+
+
+def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, beta: str = "0",
+                rowscale: View | None = None, par: str | None = None) -> None:
+    """C (beta) A @ B over views (C must have unit column stride). ``rowscale`` (beta 2) has C's rows."""
+    M, N = C.shape[-2], C.shape[-1]
+    K = A.shape[-1]
+    if C.strides[-1] != 1 and N != 1:
+        raise ValueError("matmul target must have unit column stride")
+    batch = C.shape[:-2]
+    parts = [C, A, B] + ([rowscale] if rowscale is not None else [])
+    bstr = [list(View(v.ptr, v.shape[:-2], v.strides[:-2]).bstrides(batch)) for v in parts]
+    nest = make_nest(batch, bstr)
+    vars_ = [nm("bi") for _ in nest.sizes]
+    ptr = [f"{v.ptr} + {offset(vars_, s)}" if vars_ else v.ptr for v, s in zip(parts, nest.strides)]
+    sa0, sa1 = A.strides[-2], A.strides[-1]
+    sb0, sb1 = B.strides[-2], B.strides[-1]
+    sc0 = C.strides[-2]
+    cs = "0"
+    opened = 0
+    if par and vars_ and math.prod(batch) * M * N * K >= PAR_MIN * 4:  # kernel level: a task per product
+        w.line(f"#pragma omp parallel for num_threads({par}) schedule(static)"
+               + (f" collapse({len(vars_)})" if len(vars_) > 1 else ""))
+    for v, n in zip(vars_, nest.sizes):
+        w.line(f"for (long {v} = 0; {v} < {n}; {v}++) {{")
+        w.level += 1
+        opened += 1
+    cp, ap, bp = nm("C"), nm("A"), nm("B")
+    w.line(f"float* {cp} = {ptr[0]};")
+    w.line(f"const float* {ap} = {ptr[1]};")
+    w.line(f"const float* {bp} = {ptr[2]};")
+    if rowscale is not None:
+        cs = nm("cs")
+        w.line(f"const float* {cs} = {ptr[3]};")
+    inner_par = par if not vars_ else None
+    nt_ok = sa1 == 1 and (sb0 == 1 or K == 1)
+    nn_ok = sb1 == 1 or N == 1
+    if nn_ok and not (N == 1 and nt_ok):
+        emit_nn(w, nm, sup, M, N, K, ap, sa0, sa1, bp, sb0, cp, sc0, beta, cs, inner_par)
+    elif nt_ok:
+        emit_nt(w, nm, sup, M, N, K, ap, sa0, bp, sb1, cp, sc0, beta, cs)
+    else:
+        _generic(w, nm, M, N, K, ap, sa0, sa1, bp, sb0, sb1, cp, sc0, beta, cs)
+    for _ in range(opened):
+        w.level -= 1
+        w.line("}")
+
+
+def nt_row_groups(isa: ISA, M: int) -> list[tuple[int, int, int]]:
+    """(first row, rows R, keys J) per row group: the widest R x J kernel first."""
+    out = []
+    r0 = 0
+    for R, J in mk.NT_SHAPES[isa.name]:
+        while M - r0 >= R:
+            out.append((r0, R, J))
+            r0 += R
+    return out
+
+
+def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str, sa0: int, bt: str, sbt: int,
+            c: str, sc0: int, beta: str, cs: str) -> None:
+    """C[M x N] (beta) A @ Bt^T, Bt rows (the keys) contiguous: for each block of J keys, every row group
+    (the key block stays in L1 while the row groups use it); left-over keys one dot product at a time."""
+    groups = nt_row_groups(sup.isa, M)
+    by_j: dict[int, list[tuple[int, int]]] = {}
+    for r0, R, J in groups:
+        by_j.setdefault(J, []).append((r0, R))
+    for J, rows in by_j.items():
+        nfull = N // J * J
+        if nfull:
+            jv = nm("j")
+            with w.block(f"for (long {jv} = 0; {jv} < {nfull}; {jv} += {J})"):
+                for r0, R in rows:
+                    fn = sup.nt(R, J)
+                    csr = "0" if cs == "0" else f"{cs} + {r0}"
+                    w.line(f"{fn}({K}, {a} + {r0 * sa0}, {sa0}, {bt} + {jv} * {sbt}, {sbt}, "
+                           f"{c} + {r0 * sc0} + {jv}, {sc0}, {beta}, {csr});")
+        if nfull < N:
+            fn = sup.nt(1, 1)
+            jv, rv = nm("j"), nm("r")
+            r_lo = min(r0 for r0, _ in rows)
+            r_hi = max(r0 + R for r0, R in rows)
+            with w.block(f"for (long {jv} = {nfull}; {jv} < {N}; {jv}++)"):
+                with w.block(f"for (long {rv} = {r_lo}; {rv} < {r_hi}; {rv}++)"):
+                    csr = "0" if cs == "0" else f"{cs} + {rv}"
+                    w.line(f"{fn}({K}, {a} + {rv} * {sa0}, {sa0}, {bt} + {jv} * {sbt}, {sbt}, "
+                           f"{c} + {rv} * {sc0} + {jv}, {sc0}, {beta}, {csr});")
+
+
+def _generic(w: CWriter, nm: Namer, M: int, N: int, K: int, a: str, sa0: int, sa1: int, b: str, sb0: int, sb1: int,
+             c: str, sc0: int, beta: str, cs: str) -> None:
+    r, j, k, s = nm("r"), nm("j"), nm("k"), nm("s")
+    with w.block(f"for (long {r} = 0; {r} < {M}; {r}++)"):
+        with w.block(f"for (long {j} = 0; {j} < {N}; {j}++)"):
+            w.line(f"float {s} = 0.0f;")
+            w.line(f"#pragma omp simd reduction(+:{s})")
+            w.line(f"for (long {k} = 0; {k} < {K}; {k}++) {s} += {a}[{r} * {sa0} + {k} * {sa1}] * "
+                   f"{b}[{k} * {sb0} + {j} * {sb1}];")
+            cell = f"{c}[{r} * {sc0} + {j}]"
+            csr = "1.0f" if cs == "0" else f"{cs}[{r}]"
+            w.line(f"{cell} = ({beta}) == 0 ? {s} : ({beta}) == 1 ? {cell} + {s} : {cell} * {csr} + {s};")

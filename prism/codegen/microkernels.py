@@ -1,0 +1,338 @@
+"""Register-blocked SIMD micro-kernels for tile matmul (AVX-512, AVX2 and portable C).
+
+``nn`` (B row-major, the weight case): ``C[MR x NV*W] (beta) A[MR x K] @ B[K x NV*W]``. The C block
+lives in MR*NV vector registers for the whole K loop; each step loads NV vectors of one B row (one
+contiguous run of the weight) and broadcasts MR scalars of A. beta: 0 overwrite, 1 accumulate,
+2 scale C's rows by ``cs[r]`` then accumulate (the online-softmax rescale, fused). The last vector of
+a panel may be partial (``tail`` lanes, masked loads/stores).
+
+``nt`` (B given transposed, K contiguous in both operands: Q @ K^T): per C row, W keys at a time, one
+accumulator per key over K, then one transpose-and-add network turns W accumulators into one vector
+of W dot products (instead of W horizontal reductions).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prism.codegen.isa import ISA
+
+# Software prefetch of B, PF_ROWS rows ahead, into L2 (prefetcht1). A weight tile is a column strip of a
+# row-major matrix: every row is a new 4 KiB page, which the hardware prefetchers do not cross. Measured
+# on the 2-core Zen 4 VM (W1 n=8 d=4096, one thread): 7.5 GB/s without, 20 GB/s with (distance 24-48
+# rows all within 2%; prefetcht0 was slower), and no cost when B is cache-resident.
+PF_ROWS = 32
+PF_KEYS = 16  # nt: prefetch the Bt rows (keys) this many rows ahead
+
+# max rows per micro-kernel, and the widest panel (vectors) for a given row count: accumulators
+# MR*NV + NV B vectors + 1 broadcast must fit the register file
+MR_MAX = {"avx512": 8, "avx2": 6, "portable": 8}
+
+
+def nv_max(isa: ISA, mr: int) -> int:
+    if isa.name == "portable":
+        return 4
+    cap = 8 if isa.name == "avx512" else 4
+    return max(1, min(cap, (isa.nregs - 2) // (mr + 1)))
+
+
+def lanes(isa: ISA) -> int:
+    return isa.width if isa.vector else 16  # the portable path thinks in 16-column strips
+
+
+class _V:
+    """Vector intrinsics of one ISA (as C text)."""
+
+    def __init__(self, isa: ISA) -> None:
+        self.isa = isa
+        self.p = "_mm512" if isa.name == "avx512" else "_mm256"
+
+    def mask(self, tail: int) -> str:
+        if self.isa.name == "avx512":
+            return f"(__mmask16)0x{(1 << tail) - 1:x}"
+        return "_mm256_setr_epi32(" + ", ".join("-1" if i < tail else "0" for i in range(8)) + ")"
+
+    def load(self, p: str, tail: int = 0) -> str:
+        if not tail:
+            return f"{self.p}_loadu_ps({p})"
+        if self.isa.name == "avx512":
+            return f"_mm512_maskz_loadu_ps({self.mask(tail)}, {p})"
+        return f"_mm256_maskload_ps({p}, {self.mask(tail)})"
+
+    def store(self, p: str, v: str, tail: int = 0) -> str:
+        if not tail:
+            return f"{self.p}_storeu_ps({p}, {v});"
+        if self.isa.name == "avx512":
+            return f"_mm512_mask_storeu_ps({p}, {self.mask(tail)}, {v});"
+        return f"_mm256_maskstore_ps({p}, {self.mask(tail)}, {v});"
+
+    def zero(self) -> str:
+        return f"{self.p}_setzero_ps()"
+
+    def set1(self, x: str) -> str:
+        return f"{self.p}_set1_ps({x})"
+
+    def fma(self, a: str, b: str, c: str) -> str:
+        return f"{self.p}_fmadd_ps({a}, {b}, {c})"
+
+    def mul(self, a: str, b: str) -> str:
+        return f"{self.p}_mul_ps({a}, {b})"
+
+    def add(self, a: str, b: str) -> str:
+        return f"{self.p}_add_ps({a}, {b})"
+
+
+NN_SIG = ("(long K, const float* restrict A, long sa0, long sa1, const float* restrict B, long sb0, "
+          "float* restrict C, long sc0, int beta, const float* restrict cs)")
+
+
+def nn_name(isa: ISA, mr: int, nv: int, tail: int) -> str:
+    return f"pr_nn_{isa.name}_{mr}x{nv}" + (f"_t{tail}" if tail else "")
+
+
+def nn_kernel(isa: ISA, mr: int, nv: int, tail: int) -> str:
+    """C[mr x cols] (beta) A @ B with cols = nv*W (the last vector has ``tail`` lanes if tail > 0)."""
+    name = nn_name(isa, mr, nv, tail)
+    if not isa.vector:
+        return _nn_portable(name, mr, nv, tail)
+    v, W = _V(isa), isa.width
+    L: list[str] = [f"PR_INLINE void {name}{NN_SIG} {{"]
+    acc = [[f"c{r}_{j}" for j in range(nv)] for r in range(mr)]
+    L.append(f"  {isa.vtype} " + ", ".join(x for row in acc for x in row) + ";")
+
+    def tl(j: int) -> int:
+        return tail if j == nv - 1 else 0
+
+    L.append("  if (beta == 0) {")
+    L += [f"    {acc[r][j]} = {v.zero()};" for r in range(mr) for j in range(nv)]
+    L.append("  } else {")
+    L += [f"    {acc[r][j]} = {v.load(f'C + {r} * sc0 + {j * W}', tl(j))};" for r in range(mr) for j in range(nv)]
+    L.append("    if (beta == 2) {")
+    for r in range(mr):
+        L.append(f"      {{ {isa.vtype} s = {v.set1(f'cs[{r}]')};")
+        L += [f"        {acc[r][j]} = {v.mul(acc[r][j], 's')};" for j in range(nv)]
+        L.append("      }")
+    L.append("    }")
+    L.append("  }")
+    L.append("  for (long k = 0; k < K; k++) {")
+    L.append("    const float* Bk = B + k * sb0;")
+    L.append("    const float* Ak = A + k * sa1;")
+    # one prefetch per 64 bytes of the panel row PF_ROWS ahead, plus its last element: rows of a
+    # weight that is not 64-byte aligned straddle one more cache line
+    cols = (nv - 1) * W + (tail or W)
+    for off in [*range(0, cols, 16), cols - 1]:
+        L.append(f"    __builtin_prefetch(Bk + {PF_ROWS} * sb0 + {off}, 0, 2);")
+    for j in range(nv):
+        L.append(f"    {isa.vtype} b{j} = {v.load(f'Bk + {j * W}', tl(j))};")
+    if mr > 1:  # keep each B vector in a register: gcc otherwise re-reads it as a memory operand per row
+        L.append("    __asm__(\"\" : " + ", ".join(f'\"+v\"(b{j})' for j in range(nv)) + ");")
+    for r in range(mr):
+        L.append(f"    {{ {isa.vtype} a = {v.set1(f'Ak[{r} * sa0]')};")
+        L += [f"      {acc[r][j]} = {v.fma('a', f'b{j}', acc[r][j])};" for j in range(nv)]
+        L.append("    }")
+    L.append("  }")
+    L += [f"  {v.store(f'C + {r} * sc0 + {j * W}', acc[r][j], tl(j))}" for r in range(mr) for j in range(nv)]
+    L.append("}")
+    return "\n".join(L) + "\n"
+
+
+def _nn_portable(name: str, mr: int, nv: int, tail: int) -> str:
+    cols = (nv - 1) * 16 + (tail or 16)
+    pf = (f"    for (int j = 0; j < {cols}; j += 16) __builtin_prefetch(Bk + {PF_ROWS} * sb0 + j, 0, 2);\n"
+          f"    __builtin_prefetch(Bk + {PF_ROWS} * sb0 + {cols - 1}, 0, 2);\n")
+    return f"""PR_INLINE void {name}{NN_SIG} {{
+  float c[{mr}][{cols}];
+  for (int r = 0; r < {mr}; r++) {{
+    const float s = beta == 2 ? cs[r] : 1.0f;
+    #pragma omp simd
+    for (int j = 0; j < {cols}; j++) c[r][j] = beta == 0 ? 0.0f : C[r * sc0 + j] * s;
+  }}
+  for (long k = 0; k < K; k++) {{
+    const float* Bk = B + k * sb0;
+{pf}    for (int r = 0; r < {mr}; r++) {{
+      const float a = A[r * sa0 + k * sa1];
+      #pragma omp simd
+      for (int j = 0; j < {cols}; j++) c[r][j] += a * Bk[j];
+    }}
+  }}
+  for (int r = 0; r < {mr}; r++) {{
+    #pragma omp simd
+    for (int j = 0; j < {cols}; j++) C[r * sc0 + j] = c[r][j];
+  }}
+}}
+"""
+
+
+# --- nt: dot products with a transpose-and-add reduction ------------------------------------------
+
+def _sim_shuffle_f32x4(a: np.ndarray, b: np.ndarray, imm: int) -> np.ndarray:
+    ch = [(a if k < 2 else b)[4 * ((imm >> (2 * k)) & 3):4 * ((imm >> (2 * k)) & 3) + 4] for k in range(4)]
+    return np.concatenate(ch)
+
+
+def _sim_shuffle_ps512(a: np.ndarray, b: np.ndarray, imm: int) -> np.ndarray:
+    out = np.empty_like(a)
+    for lane in range(4):
+        base = 4 * lane
+        for k in range(4):
+            src = a if k < 2 else b
+            out[base + k] = src[base + ((imm >> (2 * k)) & 3)]
+    return out
+
+
+_LEVELS_512 = (("f32x4", 0x44, 0xEE), ("f32x4", 0x88, 0xDD), ("ps", 0x44, 0xEE), ("ps", 0x88, 0xDD))
+
+
+def _hsum16_order() -> list[int]:
+    """Which input vector's sum lands in each lane of the AVX-512 network (found by simulating it)."""
+    vs = [np.zeros((16, 16)) for _ in range(16)]  # track coefficients: vs[i][lane] = one-hot over inputs
+    for i in range(16):
+        vs[i][:, i] = 1.0
+    for kind, lo, hi in _LEVELS_512:
+        shuf = _sim_shuffle_f32x4 if kind == "f32x4" else _sim_shuffle_ps512
+        nxt = []
+        for a, b in zip(vs[0::2], vs[1::2]):
+            nxt.append(np.stack([shuf(a[:, k], b[:, k], lo) + shuf(a[:, k], b[:, k], hi) for k in range(16)], 1))
+        vs = nxt
+    (res,) = vs
+    order = []
+    for lane in range(16):
+        src = np.nonzero(res[lane])[0]
+        assert len(src) == 1 and res[lane, src[0]] == 16.0
+        order.append(int(src[0]))
+    return order
+
+
+def _hsum_avx512() -> str:
+    pos = _hsum16_order()        # lane L holds the sum of network input pos[L]
+    feed = [0] * 16
+    for lane, p in enumerate(pos):
+        feed[p] = lane            # so feed input p with accumulator `lane`
+    L = ["/* lane j of the result = sum of the lanes of v[j] */",
+         "PR_INLINE __m512 pr_hsum16(const __m512* v) {"]
+    L.append("  __m512 x0[16] = {" + ", ".join(f"v[{f}]" for f in feed) + "};")
+    n, src = 16, "x0"
+    for lvl, (kind, lo, hi) in enumerate(_LEVELS_512, 1):
+        n //= 2
+        dst = f"x{lvl}"
+        L.append(f"  __m512 {dst}[{n}];")
+        fn = "_mm512_shuffle_f32x4" if kind == "f32x4" else "_mm512_shuffle_ps"
+        L.append("  #pragma GCC unroll 8")
+        L.append(f"  for (int i = 0; i < {n}; i++) {dst}[i] = _mm512_add_ps({fn}({src}[2 * i], {src}[2 * i + 1], "
+                 f"0x{lo:X}), {fn}({src}[2 * i], {src}[2 * i + 1], 0x{hi:X}));")
+        src = dst
+    L.append(f"  return {src}[0];")
+    L.append("}")
+    return "\n".join(L) + "\n"
+
+
+_HSUM_AVX2 = """/* lane j of the result = sum of the lanes of v[j] */
+PR_INLINE __m256 pr_hsum8(const __m256* v) {
+  __m256 h01 = _mm256_hadd_ps(v[0], v[1]), h23 = _mm256_hadd_ps(v[2], v[3]);
+  __m256 h45 = _mm256_hadd_ps(v[4], v[5]), h67 = _mm256_hadd_ps(v[6], v[7]);
+  __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+"""
+
+NT_SIG = ("(long K, const float* restrict A, long sa0, const float* restrict Bt, long sb0, float* restrict C, "
+          "long sc0, int beta, const float* restrict cs)")
+
+# R x J shapes of the nt micro-kernel: R rows of A times J rows of Bt, R*J = W accumulators reduced by
+# one transpose-and-add network. More rows per kernel = fewer loads per FMA (R + J loads per R*J FMAs).
+NT_SHAPES = {"avx512": ((4, 4), (2, 8), (1, 16)), "avx2": ((2, 4), (1, 8)), "portable": ((1, 1),)}
+
+
+def nt_name(isa: ISA, r: int, j: int) -> str:
+    return f"pr_nt_{isa.name}_{r}x{j}"
+
+
+def nt_helpers(isa: ISA) -> tuple[str, str]:
+    """(name, text) of the reduction network the nt kernels of ``isa`` need."""
+    if isa.name == "avx512":
+        return "pr_hsum16", _hsum_avx512()
+    return "pr_hsum8", _HSUM_AVX2
+
+
+def nt_kernel(isa: ISA, R: int, J: int) -> str:
+    """C[r, j] (beta) sum_k A[r*sa0 + k] * Bt[j*sb0 + k] for r < R, j < J (K contiguous in both)."""
+    name = nt_name(isa, R, J)
+    update = "c[0] = beta == 0 ? s : beta == 1 ? c[0] + s : c[0] * cs[{r}] + s;"
+    if not isa.vector:
+        rows = []
+        for r in range(R):
+            for j in range(J):
+                rows.append(f"""  {{ float s = 0.0f;
+    #pragma omp simd reduction(+:s)
+    for (long k = 0; k < K; k++) s += A[{r} * sa0 + k] * Bt[{j} * sb0 + k];
+    float* c = C + {r} * sc0 + {j};
+    {update.format(r=r)} }}""")
+        return f"PR_INLINE void {name}{NT_SIG} {{\n" + "\n".join(rows) + "\n}\n"
+    v, W = _V(isa), isa.width
+    vt = isa.vtype
+    hs = "pr_hsum16" if W == 16 else "pr_hsum8"
+    if R * J == 1:  # a single dot product (tails): one accumulator, lanes added at the end
+        mload1 = ("_mm512_maskz_loadu_ps(km, {p})" if W == 16 else "_mm256_maskload_ps({p}, km)")
+        mt1 = ("const __mmask16 km = (__mmask16)((1u << (K % 16)) - 1);" if W == 16 else
+               "const __m256i km = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(K % 8)), "
+               "_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));")
+        return f"""PR_INLINE void {name}{NT_SIG} {{
+  const long K0 = K - K % {W};
+  {vt} acc = {v.zero()};
+  for (long k = 0; k < K0; k += {W}) acc = {v.fma(v.load("A + k"), v.load("Bt + k"), "acc")};
+  if (K0 < K) {{
+    {mt1}
+    acc = {v.fma(mload1.format(p="A + K0"), mload1.format(p="Bt + K0"), "acc")};
+  }}
+  float t[{W}] __attribute__((aligned(64)));
+  {v.store("t", "acc")}
+  float s = 0.0f;
+  for (int i = 0; i < {W}; i++) s += t[i];
+  float* c = C;
+  {update.format(r=0)}
+}}
+"""
+    if W == 16:
+        mtail = "(__mmask16)((1u << (K % 16)) - 1)"
+        mload = "_mm512_maskz_loadu_ps(km, {p})"
+        mtype = "__mmask16"
+    else:
+        mtail = "_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(K % 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))"
+        mload = "_mm256_maskload_ps({p}, km)"
+        mtype = "__m256i"
+    assert R * J == W
+    L = [f"PR_INLINE void {name}{NT_SIG} {{",
+         f"  const long K0 = K - K % {W};",
+         f"  {vt} " + ", ".join(f"acc{i} = {v.zero()}" for i in range(W)) + ";"]
+
+    def step(load: str, k: str, prefetch_keys: bool = True) -> None:
+        for r in range(R):
+            L.append(f"    {vt} a{r} = {load.format(p=f'A + {r} * sa0 + {k}')};")
+        if J > 1:  # as for B: keep the A vectors in registers
+            L.append("    __asm__(\"\" : " + ", ".join(f'\"+v\"(a{r})' for r in range(R)) + ");")
+        for j in range(J):
+            if prefetch_keys:
+                L.append(f"    __builtin_prefetch(Bt + {PF_KEYS + j} * sb0 + {k}, 0, 2);")
+            L.append(f"    {{ {vt} b = {load.format(p=f'Bt + {j} * sb0 + {k}')};")
+            if R > 1:
+                L.append('      __asm__("" : "+v"(b));')
+            for r in range(R):
+                a = r * J + j
+                L.append(f"      acc{a} = {v.fma(f'a{r}', 'b', f'acc{a}')};")
+            L.append("    }")
+    L.append(f"  for (long k = 0; k < K0; k += {W}) {{")
+    step("{ld}".replace("{ld}", v.load("{p}")), "k")
+    L.append("  }")
+    L.append("  if (K0 < K) {")
+    L.append(f"    const {mtype} km = {mtail};")
+    step(mload, "K0", False)
+    L.append("  }")
+    L.append(f"  const {vt} v[{W}] = {{" + ", ".join(f"acc{i}" for i in range(W)) + "};")
+    L.append(f"  float t[{W}] __attribute__((aligned(64)));")
+    L.append(f"  {v.store('t', f'{hs}(v)')}")
+    for r in range(R):
+        for j in range(J):
+            L.append(f"  {{ const float s = t[{r * J + j}]; float* c = C + {r} * sc0 + {j}; "
+                     + update.format(r=r) + " }")
+    L.append("}")
+    return "\n".join(L) + "\n"

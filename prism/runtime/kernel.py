@@ -1,0 +1,282 @@
+"""The callable kernel ``prism.compile`` returns.
+
+Symbolic batch dims are bound from the input shapes at call time; each new binding is instantiated,
+generated, compiled (through the disk cache) and kept, so a kernel serves every batch size and pays the
+compile once per size. Every check (names, array type, dtype, device, contiguity, shapes, output
+buffers) happens before native code runs. Inputs are passed zero-copy: numpy arrays by their data
+pointer, CPU torch tensors by ``data_ptr()`` (torch is never imported here; a tensor is recognized by
+its type's module).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from prism.codegen import isa as ISA_
+from prism.codegen.kernel import Generated, generate
+from prism.errors import InputError, UnsupportedError
+from prism.ir.graph import Graph
+from prism.runtime import cache
+
+Params = Union[Mapping[str, object], Callable[[dict[str, int]], Mapping[str, object]], None]
+ALIGN_BYTES = 64
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape)) if shape else 1
+    raw = np.empty(n * dt.itemsize + ALIGN_BYTES, dtype=np.uint8)
+    off = (-raw.ctypes.data) % ALIGN_BYTES
+    return raw[off:off + n * dt.itemsize].view(dt).reshape(shape)
+
+
+def num_threads(default: int) -> int:
+    """``PRISM_NUM_THREADS`` if set (a positive int), else ``default`` (OpenMP's max threads)."""
+    v = os.environ.get("PRISM_NUM_THREADS", "").strip()
+    if not v:
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise InputError(f"PRISM_NUM_THREADS must be a positive integer, got {v!r}")
+    return n
+
+
+def _is_torch(x: object) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+@dataclass
+class _Arg:
+    ptr: int
+    shape: tuple[int, ...]
+    torch: bool
+
+
+def _check_array(name: str, x: object, role: str) -> _Arg:
+    """Validate one buffer; returns its pointer and shape. Never copies."""
+    if isinstance(x, np.ndarray):
+        if x.dtype != np.float32:
+            raise InputError(f"{role} {name!r}: expected dtype float32, got {x.dtype}; convert with "
+                             f"x.astype(numpy.float32)")
+        if not x.flags.c_contiguous:
+            raise InputError(f"{role} {name!r}: the array is not C-contiguous (strides {x.strides} for shape "
+                             f"{x.shape}); pass numpy.ascontiguousarray(x)")
+        if role == "output" and not x.flags.writeable:
+            raise InputError(f"output {name!r}: the array is read-only")
+        return _Arg(x.ctypes.data, tuple(x.shape), False)
+    if _is_torch(x):
+        t: Any = x
+        if t.device.type != "cpu":
+            raise InputError(f"{role} {name!r}: the tensor is on {t.device}; Prism's CPU kernels need CPU tensors "
+                             "(x.cpu())")
+        if str(t.dtype) != "torch.float32":
+            raise InputError(f"{role} {name!r}: expected dtype torch.float32, got {t.dtype}; convert with x.float()")
+        if not t.is_contiguous():
+            raise InputError(f"{role} {name!r}: the tensor is not contiguous (stride {tuple(t.stride())} for shape "
+                             f"{tuple(t.shape)}); pass x.contiguous()")
+        if role == "output" and t.requires_grad:
+            raise InputError(f"output {name!r}: the tensor requires grad; pass a buffer without requires_grad")
+        return _Arg(int(t.data_ptr()), tuple(t.shape), True)
+    raise InputError(f"{role} {name!r}: expected a numpy.ndarray or a torch.Tensor, got {type(x).__name__}; "
+                     "wrap it with numpy.asarray(x, dtype=numpy.float32)")
+
+
+class Variant:
+    """One concrete instantiation: generated source, loaded library, reusable workspace."""
+
+    def __init__(self, gen: Generated, lib: ctypes.CDLL, path: Path, env: dict[str, int]) -> None:
+        self.gen, self.lib, self.path, self.env = gen, lib, path, env
+        self.fn = lib.prism_entry
+        self.fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_int]
+        self.fn.restype = ctypes.c_int
+        self.max_threads = int(lib.prism_max_threads())
+        self._ws: np.ndarray | None = None
+        self._ws_ptr = 0
+        self.lock = threading.Lock()
+        self.nio = len(gen.input_names) + len(gen.output_names)
+        self.ptr_type = ctypes.c_void_p * self.nio
+
+    @property
+    def source(self) -> str:
+        return self.gen.source
+
+    def workspace(self, nth: int) -> int:
+        need = self.gen.ws_floats + nth * self.gen.scratch_floats
+        if self._ws is not None and self._ws.size >= need:
+            return self._ws_ptr
+        if self._ws is None or self._ws.size < need:
+            self._ws = _aligned_empty((max(need, 1),))
+            if os.environ.get("PRISM_POISON_WS") == "1":  # tests: uninitialized reads become NaN
+                self._ws.fill(np.nan)
+            self._ws_ptr = self._ws.ctypes.data
+        return self._ws_ptr
+
+    def run(self, ptrs: list[int]) -> None:
+        nth = num_threads(self.max_threads)
+        arr = self.ptr_type(*ptrs)
+        with self.lock:
+            rc = self.fn(arr, self.workspace(nth), nth)
+        if rc != 0:  # pragma: no cover - generated entries return 0
+            raise RuntimeError(f"prism kernel returned error code {rc}")
+
+
+class Kernel:
+    """A compiled program: ``kernel(X=x, W=w)`` or ``kernel.call({"X": x, "W": w}, out=...)``.
+
+    Returns the array of a single output, or a dict name -> array for several (torch tensors when any
+    input is a torch tensor). ``out`` (an array for a single output, or a dict) reuses caller buffers.
+    """
+
+    def __init__(self, graph: Graph, params: Params = None, isa: str | None = None) -> None:
+        if not isinstance(graph, Graph):
+            raise UnsupportedError(f"prism.compile expects a prism.Graph, got {type(graph).__name__}")
+        graph.check()
+        self.graph = graph
+        self.params = params
+        self.isa = ISA_.get(isa)
+        self.input_names = tuple(graph.inputs)
+        self.output_names = tuple(graph.output_names)
+        self._variants: dict[tuple, Variant] = {}
+        self._by_shapes: dict[tuple, Variant] = {}
+        self._dims = graph.symbols()
+        if not callable(params):
+            self._check_params(dict(params or {}))
+        if not self._dims:
+            self.specialize()
+
+    def _check_params(self, params: dict[str, object]) -> None:
+        needed: set[str] = set()
+        for bg in self.graph.customized_ops():
+            needed |= bg.symbols()
+        missing = sorted(needed - self._dims - set(params))
+        if missing:
+            raise UnsupportedError(f"the graph's customized operators have free parameters {missing} (grid sizes, "
+                                   "for-loop ranges or maps); pass their values: prism.compile(graph, params="
+                                   + "{" + ", ".join(f"{m!r}: ..." for m in missing) + "})")
+        clash = sorted(set(params) & self._dims)
+        if clash:
+            raise UnsupportedError(f"params {clash} are input dims of the graph; they are bound from the input "
+                                   "shapes at call time")
+
+    # --- compilation -----------------------------------------------------------------------------
+    def specialize(self, **dims: int) -> Variant:
+        """The compiled variant for concrete values of the graph's symbolic dims (compiled on first use)."""
+        key = tuple(sorted(dims.items()))
+        v = self._variants.get(key)
+        if v is not None:
+            return v
+        missing = sorted(self._dims - set(dims))
+        if missing:
+            raise InputError(f"specialize: give values for the symbolic dims {missing}")
+        params = self.params(dict(dims)) if callable(self.params) else dict(self.params or {})
+        if callable(self.params):
+            self._check_params(dict(params))
+        g = self.graph.instantiate({**dims, **params})
+        gen = generate(g, self.isa)
+        lib, path = cache.load(gen.source)
+        v = Variant(gen, lib, path, dict(dims))
+        self._variants[key] = v
+        return v
+
+    @property
+    def source(self) -> str:
+        """The generated C of the (only) compiled variant; use ``specialize(n=...).source`` to pick one."""
+        if len(self._variants) == 1:
+            return next(iter(self._variants.values())).source
+        if not self._variants:
+            raise InputError(f"this kernel has symbolic dims {sorted(self._dims)} and has not been compiled yet; "
+                             "call it once or use kernel.specialize(" + ", ".join(f"{d}=..." for d in
+                                                                                sorted(self._dims)) + ").source")
+        raise InputError(f"this kernel has {len(self._variants)} compiled variants "
+                         f"{[dict(k) for k in self._variants]}; pick one with kernel.specialize(...).source")
+
+    # --- calling ---------------------------------------------------------------------------------
+    def __call__(self, **inputs: Any) -> Any:
+        return self.call(inputs)
+
+    def call(self, inputs: Mapping[str, Any], out: Any = None) -> Any:
+        if not isinstance(inputs, Mapping):
+            raise InputError(f"call: inputs must be a mapping name -> array, got {type(inputs).__name__}")
+        unknown = [k for k in inputs if k not in self.input_names]
+        if unknown:
+            raise InputError(f"unknown input(s) {unknown}; this kernel takes {list(self.input_names)}")
+        missing = [k for k in self.input_names if k not in inputs]
+        if missing:
+            raise InputError(f"missing input(s) {missing}; this kernel takes {list(self.input_names)}")
+        args = [_check_array(k, inputs[k], "input") for k in self.input_names]
+        shapes = tuple(a.shape for a in args)
+        v = self._by_shapes.get(shapes)
+        if v is None:  # first call with these shapes: bind the symbols (clear errors on mismatches)
+            v = self.specialize(**self.graph.bind(dict(zip(self.input_names, shapes))))
+            self._by_shapes[shapes] = v
+        use_torch = any(a.torch for a in args)
+        outs = self._outputs(v, out, use_torch, args)
+        v.run([a.ptr for a in args] + [o.ptr for _, o in outs])
+        result = [arr for arr, _ in outs]
+        if use_torch and out is None:
+            torch = sys.modules["torch"]
+            result = [torch.from_numpy(r) for r in result]
+        if out is not None:
+            return out
+        if len(result) == 1:
+            return result[0]
+        return dict(zip(self.output_names, result))
+
+    def _outputs(self, v: Variant, out: Any, use_torch: bool, args: list[_Arg]) -> list[tuple[Any, _Arg]]:
+        shapes = v.gen.output_shapes
+        if out is None:
+            res = []
+            for s in shapes:
+                a = _aligned_empty(s)
+                res.append((a, _Arg(a.ctypes.data, s, False)))
+            return res
+        if not isinstance(out, Mapping):
+            if len(self.output_names) != 1:
+                raise InputError(f"out: this kernel has {len(self.output_names)} outputs "
+                                 f"{list(self.output_names)}; pass a dict name -> buffer")
+            out = {self.output_names[0]: out}
+        unknown = [k for k in out if k not in self.output_names]
+        missing = [k for k in self.output_names if k not in out]
+        if unknown or missing:
+            raise InputError(f"out: expected buffers for {list(self.output_names)}"
+                             + (f"; unknown {unknown}" if unknown else "")
+                             + (f"; missing {missing}" if missing else ""))
+        res = []
+        for name, s in zip(self.output_names, shapes):
+            a = _check_array(name, out[name], "output")
+            if a.shape != s:
+                raise InputError(f"output {name!r}: expected shape {s}, got {a.shape}")
+            nbytes = 4 * math.prod(s)
+            for k, ia in zip(self.input_names, args):
+                ib = 4 * math.prod(ia.shape)
+                if a.ptr < ia.ptr + ib and ia.ptr < a.ptr + nbytes:
+                    raise InputError(f"output {name!r} overlaps input {k!r}; pass a separate buffer")
+            res.append((out[name], a))
+        return res
+
+    def __repr__(self) -> str:
+        return (f"<prism.Kernel {self.graph.name!r} inputs={list(self.input_names)} outputs={list(self.output_names)}"
+                f" variants={len(self._variants)} isa={self.isa.name}>")
+
+
+def compile(graph: Graph, params: Params = None, isa: str | None = None) -> Kernel:
+    """Compile a kernel graph to native code (see :class:`Kernel`).
+
+    ``params``: values of the block-graph symbols (grid sizes, for-loop ranges, maps), as a dict or a
+    function of the bound batch dims. ``isa``: force a SIMD path (default: the machine's best, or
+    ``PRISM_ISA``).
+    """
+    return Kernel(graph, params, isa)

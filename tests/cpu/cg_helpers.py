@@ -1,0 +1,50 @@
+"""Shared helpers of the CPU-tier tests (tolerance, float64 references of the workloads)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from prism.codegen.isa import ISAS, cpu_flags
+from prism.workloads import WORKLOADS
+
+# fp32 kernels against a float64 reference: the largest error, relative to the largest reference value.
+# Reductions here are at most 11008 long; measured errors are 4e-7 .. 2e-5 (hostile attention).
+RTOL = 1e-4
+
+
+def assert_close(out: np.ndarray, ref: np.ndarray, what: str, rtol: float = RTOL) -> float:
+    out = np.asarray(out, dtype=np.float64)
+    assert out.shape == ref.shape, f"{what}: shape {out.shape} != reference {ref.shape}"
+    assert np.all(np.isfinite(out)), f"{what}: non-finite values in the output"
+    scale = float(np.max(np.abs(ref))) or 1.0
+    err = float(np.max(np.abs(out - ref))) / scale
+    assert err <= rtol, f"{what}: max|out - ref| / max|ref| = {err:.3e} > {rtol:g}"
+    return err
+
+
+_CASES: dict[tuple[str, int, str], tuple[dict[str, np.ndarray], np.ndarray]] = {}
+
+
+def workload_case(wid: str, si: int, kind: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Inputs and the float64 reference output of the program (small cases are cached: the reference
+    is the slow part of these tests)."""
+    key = (wid, si, kind)
+    if key in _CASES:
+        return _CASES[key]
+    w = WORKLOADS[wid]
+    s = w.shapes[si]
+    x = w.inputs(s, kind)
+    (ref,) = w.program(s).evaluate(x, dtype=np.float64).values()
+    if input_mib(wid, si) <= 20:
+        _CASES[key] = (x, ref)
+    return x, ref
+
+
+def input_mib(wid: str, si: int) -> float:
+    w = WORKLOADS[wid]
+    return sum(4 * int(np.prod(shape)) for shape in w.input_shapes(w.shapes[si]).values()) / 2 ** 20
+
+
+def supported_isas() -> list[str]:
+    flags = cpu_flags()
+    return [name for name, isa in ISAS.items() if all(f in flags for f in isa.required_flags)]

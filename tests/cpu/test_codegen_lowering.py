@@ -1,0 +1,167 @@
+"""Lowering features one at a time, each against the reference interpreters (float64): partial-sum
+outputs, in-loop saves, every accumulator kind, tile operators and layouts that are views or copies,
+the transposed and generic matmul paths, and the predefined kernel operators."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cg_helpers import assert_close
+
+import prism
+from prism.ir import BlockBuilder, MapVar
+
+pytestmark = pytest.mark.cpu
+
+
+def check(g: prism.Graph, rng: np.random.Generator, params: dict | None = None, isa: str | None = None,
+          **dims: int) -> None:
+    env = {**dims}
+    x = {}
+    for name, n in g.inputs.items():
+        shape = tuple(d if isinstance(d, int) else env[str(d)] for d in n.shape)
+        x[name] = rng.standard_normal(shape).astype(np.float32)
+    ref = g.evaluate(x, dtype=np.float64, params=params)
+    out = prism.compile(g, params=params, isa=isa)(**x)
+    if len(ref) == 1:
+        out = {next(iter(ref)): out}
+    for k, r in ref.items():
+        assert_close(out[k], r, k)
+
+
+def test_split_k_partial_sums(rng: np.random.Generator) -> None:
+    """Grid (column blocks, K splits): blocks of one column range add their partial products."""
+    g = prism.Graph()
+    X, W = g.input("X", (6, 128)), g.input("W", (128, 96))
+    bb = BlockBuilder(grid=(2, "S"), forloop=2, inputs=[X, W])
+    x = bb.iter(0, imap=(None, 1), fmap=1)
+    w = bb.iter(1, imap=(1, 0), fmap=0)
+    bb.save(bb.accumulate("sum", bb.matmul(x, w)), omap=(1, None))
+    (y,) = g.customized(bb.build(), [X, W])
+    g.output(y, "Y")
+    for s in (1, 4):
+        check(g, rng, params={"S": s})
+
+
+def test_in_loop_save_with_fmap_and_partial_sum_over_grid(rng: np.random.Generator) -> None:
+    g = prism.Graph()
+    X = g.input("X", (8, 64))
+    bb = BlockBuilder(grid=(2, 3), forloop=4, inputs=[X])
+    x = bb.iter(0, imap=(0, None), fmap=1)
+    bb.save(bb.exp(bb.mul_scalar(x, 0.5)), omap=(0, None), fmap=1)   # 3 blocks each add exp(x/2)
+    bb.save(bb.accumulate("max", x), omap=(0, None))
+    g_out = g.customized(bb.build(), [X])
+    g.output(g_out[0], "E")
+    g.output(g_out[1], "M")
+    check(g, rng)
+
+
+@pytest.mark.parametrize("kind", ["sum", "sum_last", "rms", "max"])
+def test_accumulators_of_expressions(rng: np.random.Generator, kind: str) -> None:
+    g = prism.Graph()
+    X, Y = g.input("X", (2, 6, 96)), g.input("Y", (2, 6, 96))
+    bb = BlockBuilder(grid=(2,), forloop=3, inputs=[X, Y])
+    x = bb.iter(0, imap=(0,), fmap=2)
+    y = bb.iter(1, imap=(0,), fmap=2)
+    e = bb.sub(bb.tanh(x), bb.sigmoid(y))
+    params = {"eps": 1e-5} if kind == "rms" else {}
+    a = bb.accumulate(kind, e, **params)
+    omap = (0,)
+    if kind == "sum":
+        bb.save(bb.add(a, bb.silu(bb.accumulate("sum", y))), omap=omap, fmap=None)
+    else:
+        bb.save(bb.relu(a), omap=omap)
+    (r,) = g.customized(bb.build(), [X, Y])
+    g.output(r, "R")
+    check(g, rng)
+
+
+def test_online_softmax_shares_one_running_max_and_keeps_max(rng: np.random.Generator) -> None:
+    g = prism.Graph()
+    Q, K, V = g.input("Q", (3, 5, 24)), g.input("K", (3, 40, 24)), g.input("V", (3, 40, 20))
+    bb = BlockBuilder(grid=(3,), forloop=4, inputs=[Q, K, V])
+    q = bb.iter(0, imap=(0,))
+    s = bb.matmul(q, bb.transpose(bb.iter(1, imap=(0,), fmap=1), -1, -2))
+    s = bb.mul_scalar(s, 7.0)  # large scores: the rescaling matters
+    v = bb.iter(2, imap=(0,), fmap=1)
+    bb.save(bb.div(bb.accumulate("softmax_matmul", s, v), bb.accumulate("softmax_sum", s)), omap=(0,))
+    bb.save(bb.accumulate("max", s), omap=(0,))
+    o, m = g.customized(bb.build(), [Q, K, V])
+    g.output(o, "O")
+    g.output(m, "M")
+    for isa in prism.codegen.isa.ISAS:
+        if all(f in prism.codegen.isa.cpu_flags() for f in prism.codegen.isa.ISAS[isa].required_flags):
+            check(g, rng, isa=isa)
+
+
+def test_tile_operators_and_layouts(rng: np.random.Generator) -> None:
+    g = prism.Graph()
+    X, W = g.input("X", (4, 32, 24)), g.input("W", (4, 24, 16))
+    bb = BlockBuilder(grid=(2,), forloop=1, inputs=[X, W])
+    x = bb.iter(0, imap=(0,))                                   # [2, 32, 24]
+    w = bb.iter(1, imap=(0,))                                   # [2, 24, 16]
+    h = bb.softmax(bb.rms_norm(x, eps=1e-5, dim=2), dim=1)     # softmax over a non-last dim
+    a, b2 = bb.split(h, (10, 14), dim=2)
+    h = bb.concat([bb.gelu(b2), bb.gelu(a, approximate="tanh")], dim=2)
+    p = bb.permute(h, (0, 2, 1))                               # [2, 24, 32]: a strided view
+    r = bb.reshape(p, (2, 24 * 32))                            # not contiguous: copied
+    t = bb.reshape(r, (2, 24, 32))
+    mm = bb.matmul(bb.permute(t, (0, 2, 1)), w)                # A with a column stride
+    red = bb.add(bb.mean(mm, 1), bb.max(mm, 2))                # [2, 1, 16] + [2, 32, 1] -> broadcast
+    bb.save(bb.sum(bb.maximum(red, bb.neg(red)), 0), omap=(None,))  # both blocks add: partial sums
+    (y,) = g.customized(bb.build(), [X, W])
+    g.output(y, "Y")
+    check(g, rng)
+
+
+def test_generic_and_transposed_matmul_paths(rng: np.random.Generator) -> None:
+    g = prism.Graph()
+    A, B = g.input("A", (20, 33)), g.input("B", (45, 20))
+    bb = BlockBuilder(grid=(1,), forloop=1, inputs=[A, B])
+    a, b = bb.iter(0), bb.iter(1)
+    at = bb.transpose(a, 0, 1)                                 # [33, 20], column stride 33
+    bt = bb.transpose(b, 0, 1)                                 # [20, 45], B^T: the nt path needs A rows contiguous
+    bb.save(bb.matmul(at, bt), omap=(None,))                   # generic loop
+    bb.save(bb.matmul(bb.transpose(bt, 0, 1), a), omap=(None,))  # [45, 20] @ [20, 33]: nn with a strided A
+    bb.save(bb.matmul(b, bb.transpose(b, 0, 1)), omap=(None,))  # [45, 45]: nt with row and key tails
+    outs = g.customized(bb.build(), [A, B])
+    for i, o in enumerate(outs):
+        g.output(o, f"Y{i}")
+    check(g, rng)
+
+
+def test_map_symbols_as_params(rng: np.random.Generator) -> None:
+    g = prism.Graph()
+    X = g.input("X", (16, 32))
+    bb = BlockBuilder(grid=("G",), forloop=1, inputs=[X])
+    x = bb.iter(0, imap=(MapVar("m"),))
+    bb.save(bb.square(x), omap=(MapVar("m"),))
+    (y,) = g.customized(bb.build(), [X])
+    g.output(y, "Y")
+    check(g, rng, params={"G": 4, "m": 0})
+    check(g, rng, params={"G": 2, "m": 1})
+
+
+def test_predefined_kernel_operators(rng: np.random.Generator) -> None:
+    g = prism.Graph()
+    X, Y, Z = g.input("X", ("B", 6, 64)), g.input("Y", (64, 40)), g.input("Z", (6, 1))
+    p = g.permute(X, (1, 0, 2))                                          # [6, B, 64]
+    s = g.softmax(p, 0)                                                  # over a non-last dim
+    r = g.rms_norm(g.add(s, g.reshape(Z, (6, 1, 1))), eps=1e-4, dim=1)
+    m = g.matmul(r, Y)                                                   # [6, B, 40]: batched, Y broadcast
+    sq = g.square(m)
+    u = g.concat([g.relu(m), g.sqrt(g.add_scalar(sq, 1.0)), g.rsqrt(g.add_scalar(sq, 2.0))], 2)  # [6, B, 120]
+    a, b = g.split(u, (60, 60), dim=2)
+    red = g.sub(g.sum(a, 1), g.mean(g.tanh(b), 1))                      # reductions over a middle dim
+    g.output(g.div(g.max(red, 2), g.add_scalar(g.sigmoid(g.max(red, 0)), 0.5)), "O")
+    g.output(g.maximum(m, g.neg(m)), "M")
+    g.output(g.gelu(u), "U")
+    check(g, rng, B=3)
+
+
+def test_large_elementwise_kernel_runs_in_parallel_chunks(rng: np.random.Generator) -> None:
+    g = prism.Graph()
+    X, Y = g.input("X", (3, 40000)), g.input("Y", (1, 40000))
+    g.output(g.mul(g.exp(g.mul_scalar(X, 0.1)), g.silu(Y)), "O")
+    g.output(g.sum(g.mul(X, Y), 1), "S")
+    check(g, rng)
