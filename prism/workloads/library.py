@@ -35,7 +35,7 @@ def _linear_params(s: Shape) -> dict[str, int]:
 
 
 def _linear_alt(s: Shape) -> list[dict[str, int]]:
-    return [{"G": s["m"] // 128, "F": s["d"] // 128}, {"G": 2, "F": 1}]
+    return [{"G": s["m"] // 128, "F": s["d"] // 128}, {"G": 4, "F": 1}]
 
 
 def _x_w(s: Shape, *weights: str) -> dict[str, tuple[int, ...]]:
