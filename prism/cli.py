@@ -1,4 +1,6 @@
-"""The ``prism`` command line: ``prism workloads``, ``prism bench``, ``prism version``."""
+"""The ``prism`` command line: ``prism workloads | bench | search | optimize | cache | version``.
+
+Subcommands owned by a stage (bench, search, optimize, cache) parse their own arguments."""
 
 from __future__ import annotations
 
@@ -75,9 +77,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="", help="write the check results to this JSON file")
     sub.add_parser("bench", help="benchmark the workloads against PyTorch/JAX/ONNX Runtime (see prism bench -h)",
                    add_help=False)
+    sub.add_parser("search", help="search fused implementations of a workload or a program file "
+                                  "(see prism search -h)", add_help=False)
+    sub.add_parser("optimize", help="superoptimize a PyTorch model defined in FILE.py (see prism optimize -h)",
+                   add_help=False)
+    sub.add_parser("cache", help="list or clear the on-disk caches (prism cache ls|clear)", add_help=False)
     sub.add_parser("version", help="print the version")
     if argv and argv[0] == "bench":
         return _bench(parser.parse_args(["bench"]), argv[1:])
+    if argv and argv[0] == "search":
+        from prism.search.cli import main as search_main
+        return int(search_main(argv[1:]))
+    if argv and argv[0] == "optimize":
+        from prism.frontend.cli import optimize_main
+        return int(optimize_main(argv[1:]))
+    if argv and argv[0] == "cache":
+        from prism.frontend.cli import cache_main
+        return int(cache_main(argv[1:]))
     args = parser.parse_args(argv)
     if args.cmd == "workloads":
         return _workloads(args)

@@ -1,0 +1,5 @@
+import sys
+
+from prism.bench.cli import main
+
+sys.exit(main())

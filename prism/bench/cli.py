@@ -1,0 +1,106 @@
+"""``prism bench``: argument parsing, progress display, and output files."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from prism.errors import PrismError
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="prism bench",
+        description="Benchmark Prism against PyTorch eager/SDPA, torch.compile (default, max-autotune), JAX jit "
+                    "and ONNX Runtime on the WORKLOADS.md suite, with each case's roofline bound. Prism's numbers "
+                    "are the hand-written structures compiled by Prism's code generator (not search results).")
+    p.add_argument("--workloads", default=None, help="comma-separated ids, e.g. W1,W6 (default: all; --quick: W1,W6)")
+    p.add_argument("--systems", default=None,
+                   help="comma-separated: torch (eager + sdpa), sdpa, compile, max-autotune, jax, ort, baselines "
+                        "(default: all; prism is included unless --no-prism)")
+    p.add_argument("--no-prism", action="store_true",
+                   help="leave Prism out (characterize the baselines alone)")
+    p.add_argument("--rounds", type=int, default=None, help="timed rounds per case (default 5; --quick: 3)")
+    p.add_argument("--quick", action="store_true", help="one small shape per workload, few rounds (~2 min)")
+    p.add_argument("--threads", type=int, default=None, help="threads for every system (default: usable cores)")
+    p.add_argument("--block-ms", type=float, default=50.0, help="timed block per system per round (ms)")
+    p.add_argument("--warmup-ms", type=float, default=10.0, help="untimed warm-up at each visit (ms)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--json", metavar="PATH", help="write the full report (raw samples included) as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG chart of each system's fraction of the roofline")
+    p.add_argument("--no-details", action="store_true", help="print only the summary table")
+    return p
+
+
+class _RichProgress:
+    def __init__(self, progress: Progress) -> None:
+        self.p = progress
+        self.task = progress.add_task("starting", total=None)
+        self.label = ""
+
+    def case(self, index: int, total: int, label: str, steps: int) -> None:
+        self.label = f"[{index + 1}/{total}] {label}"
+        self.p.reset(self.task, total=steps, description=self.label)
+
+    def step(self, message: str) -> None:
+        self.p.update(self.task, description=f"{self.label}: {message}")
+        self.p.advance(self.task)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(list(argv) if argv is not None else None)
+    out = Console()
+    err = Console(stderr=True)
+    threads = args.threads or default_threads()
+    try:
+        # thread flags must be in the environment before jax/torch spin up their pools
+        from prism.bench.systems import configure_threads, select
+        warnings = configure_threads(threads)
+        systems = select(args.systems, prism=not args.no_prism)
+        from prism.bench.run import QUICK_WORKLOADS, Config, run, select_cases
+        from prism.workloads import WORKLOADS
+        wl = [w.strip().upper() for w in args.workloads.split(",") if w.strip()] if args.workloads else (
+            list(QUICK_WORKLOADS) if args.quick else list(WORKLOADS))
+        rounds = args.rounds if args.rounds is not None else (3 if args.quick else 5)
+        if rounds < 1:
+            raise PrismError(f"--rounds must be >= 1, got {rounds}")
+        cfg = Config(workloads=wl, rounds=rounds, block_ms=args.block_ms, warmup_ms=args.warmup_ms,
+                     threads=threads, seed=args.seed, quick=args.quick)
+        select_cases(cfg.workloads, cfg.quick)  # validate names before the slow part
+    except PrismError as e:
+        err.print(f"[red]prism bench: {e}[/red]")
+        return 2
+    from prism.bench.machine import machine_info
+    from prism.bench.native import Limits
+    from prism.bench.report import plot, render
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        rp = _RichProgress(progress)
+        progress.update(rp.task, description="measuring peak FLOP/s and triad bandwidth")
+        limits = Limits.load(threads)
+        peak = limits.peak_flops()
+        report = run(cfg, systems, limits, machine_info(threads), peak_flops=peak, progress=rp, warnings=warnings)
+    if args.json:  # first: the raw data survives any problem in rendering
+        report.write(args.json)
+        err.print(f"wrote {args.json}")
+    render(report, out, details=not args.no_details)
+    if args.plot:
+        plot(report, args.plot)
+        err.print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""The machine's physical limits, measured: peak FP32 FLOP/s (an FMA loop) and DRAM bandwidth (a triad).
+
+Both are small C kernels compiled once with ``cc -O3 -march=native -fopenmp`` (cached by a hash of
+source, flags and compiler version) and loaded with ctypes, so they run with the same OpenMP threading
+as Prism's generated code. Without a C compiler a NumPy fallback is used and labelled as a lower bound:
+its triad makes a temporary (5 array passes counted as 3) and its "peak" is a large matmul.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# GCC vector extensions: a 64-byte vector is one AVX-512 register (two AVX2 ones on machines without it).
+# NACC independent chains hide the FMA latency on every x86 core we know (latency 4-5 x 2 pipes).
+_SOURCE = r"""
+#include <omp.h>
+#include <stdlib.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+#define NACC 12
+
+static volatile float g_sink;
+
+double prism_bench_peak(long iters, int nthreads) {
+    double t0 = omp_get_wtime();
+    float sink = 0.0f;
+    #pragma omp parallel num_threads(nthreads) reduction(+:sink)
+    {
+        v16 acc[NACC];
+        v16 b, c;
+        for (int k = 0; k < 16; k++) { b[k] = 1.0000001f; c[k] = 1e-7f * (float)(k + 1); }
+        for (int j = 0; j < NACC; j++) for (int k = 0; k < 16; k++) acc[j][k] = (float)(j + k) * 1e-3f;
+        for (long i = 0; i < iters; i++) {
+            #pragma GCC unroll 12
+            for (int j = 0; j < NACC; j++) acc[j] = acc[j] * b + c;
+        }
+        v16 s = acc[0];
+        for (int j = 1; j < NACC; j++) s += acc[j];
+        sink += s[0] + s[15];
+    }
+    double t = omp_get_wtime() - t0;
+    g_sink = sink;
+    return t;
+}
+
+int prism_bench_flops_per_iter(void) { return NACC * 16 * 2; }
+
+static float *ta, *tb, *tc;
+static long tn;
+
+int prism_bench_triad_init(long n, int nthreads) {
+    free(ta); free(tb); free(tc);
+    ta = aligned_alloc(64, (size_t)n * sizeof(float));
+    tb = aligned_alloc(64, (size_t)n * sizeof(float));
+    tc = aligned_alloc(64, (size_t)n * sizeof(float));
+    if (!ta || !tb || !tc) return -1;
+    tn = n;
+    /* first touch by the threads that use the pages */
+    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (long i = 0; i < n; i++) { ta[i] = 0.0f; tb[i] = 1.0f; tc[i] = 2.0f; }
+    return 0;
+}
+
+/* best-of-reps seconds of a[i] = b[i] + s*c[i] with ordinary (temporal) stores */
+double prism_bench_triad(int reps, int nthreads) {
+    double best = 1e30;
+    const float s = 3.0f;
+    for (int r = 0; r < reps; r++) {
+        double t0 = omp_get_wtime();
+        #pragma omp parallel for schedule(static) num_threads(nthreads)
+        for (long i = 0; i < tn; i++) ta[i] = tb[i] + s * tc[i];
+        double t = omp_get_wtime() - t0;
+        if (t < best) best = t;
+    }
+    return best;
+}
+"""
+
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+TRIAD_FLOATS = 1 << 24          # 64 MiB per array, 192 MiB in all: far beyond any L3 we target
+TRIAD_REPS = 3
+
+
+def cache_dir() -> Path:
+    """``$PRISM_CACHE_DIR/bench``, else ``$XDG_CACHE_HOME/prism/bench``, else ``~/.cache/prism/bench``."""
+    root = os.environ.get("PRISM_CACHE_DIR")
+    if root:
+        return Path(root) / "bench"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "prism" / "bench"
+
+
+def find_cc() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def cc_version(cc: str) -> str:
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.splitlines()[0].strip() if out else "unknown"
+
+
+def _build(cc: str) -> Path:
+    key = hashlib.sha256("\0".join((_SOURCE, *CFLAGS, cc_version(cc))).encode()).hexdigest()[:16]
+    d = cache_dir()
+    lib = d / f"limits-{key}.so"
+    if lib.exists():
+        return lib
+    d.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=d) as tmp:
+        src = Path(tmp) / "limits.c"
+        src.write_text(_SOURCE)
+        out = Path(tmp) / "limits.so"
+        proc = subprocess.run([cc, *CFLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"compiling the bench limits kernel with {cc} {' '.join(CFLAGS)} failed:\n"
+                               f"{proc.stderr}")
+        os.replace(out, lib)  # atomic: a concurrent run sees either no file or a whole one
+    return lib
+
+
+@dataclass
+class Limits:
+    """Measures peak FLOP/s and triad bandwidth with ``threads`` threads; ``method`` says how."""
+
+    threads: int
+    method: str
+    _lib: ctypes.CDLL | None = None
+    _np_arrays: tuple[np.ndarray, ...] | None = None
+
+    @classmethod
+    def load(cls, threads: int, use_c: bool = True) -> Limits:
+        cc = find_cc() if use_c else None
+        if cc is not None:
+            try:
+                lib = ctypes.CDLL(str(_build(cc)))
+            except (RuntimeError, OSError):
+                lib = None
+            if lib is not None:
+                lib.prism_bench_peak.restype = ctypes.c_double
+                lib.prism_bench_peak.argtypes = [ctypes.c_long, ctypes.c_int]
+                lib.prism_bench_flops_per_iter.restype = ctypes.c_int
+                lib.prism_bench_triad_init.restype = ctypes.c_int
+                lib.prism_bench_triad_init.argtypes = [ctypes.c_long, ctypes.c_int]
+                lib.prism_bench_triad.restype = ctypes.c_double
+                lib.prism_bench_triad.argtypes = [ctypes.c_int, ctypes.c_int]
+                if lib.prism_bench_triad_init(TRIAD_FLOATS, threads) != 0:
+                    raise MemoryError(f"could not allocate the triad arrays (3 x {TRIAD_FLOATS * 4 >> 20} MiB)")
+                return cls(threads, f"C ({cc_version(cc)}, {' '.join(CFLAGS[:3])}, OpenMP)", lib)
+        arrays = tuple(np.full(TRIAD_FLOATS, v, dtype=np.float32) for v in (0.0, 1.0, 2.0, 0.0))
+        return cls(threads, "NumPy fallback (no C compiler): lower bounds", None, arrays)
+
+    def peak_flops(self, seconds: float = 0.5) -> float:
+        """Peak FP32 FLOP/s: the best of 3 runs of an FMA loop sized to take about ``seconds``."""
+        if self._lib is None:
+            return _numpy_matmul_flops(seconds)
+        per_iter = self._lib.prism_bench_flops_per_iter() * self.threads
+        iters = 10_000
+        while (t := self._lib.prism_bench_peak(iters, self.threads)) < seconds / 4:
+            iters *= 2
+        best = min([t] + [self._lib.prism_bench_peak(iters, self.threads) for _ in range(2)])
+        return per_iter * iters / best
+
+    def triad_bandwidth(self) -> float:
+        """DRAM bandwidth in bytes/s, STREAM convention: 3 arrays x 4 bytes per element (no write-allocate
+        traffic counted), best of ``TRIAD_REPS``."""
+        nbytes = 3 * 4 * TRIAD_FLOATS
+        if self._lib is not None:
+            return nbytes / self._lib.prism_bench_triad(TRIAD_REPS, self.threads)
+        assert self._np_arrays is not None
+        a, b, c, tmp = self._np_arrays
+        best = float("inf")
+        for _ in range(TRIAD_REPS):
+            t0 = time.perf_counter()
+            np.multiply(c, np.float32(3.0), out=tmp)
+            np.add(b, tmp, out=a)
+            best = min(best, time.perf_counter() - t0)
+        return nbytes / best
+
+
+def _numpy_matmul_flops(seconds: float) -> float:
+    n = 2048
+    a = np.ones((n, n), dtype=np.float32)
+    b = np.ones((n, n), dtype=np.float32)
+    a @ b
+    best = float("inf")
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
