@@ -9,6 +9,8 @@ The public API is deliberately small::
     g.evaluate({"X": x, "W": w})          # the NumPy reference
 """
 
+from prism import search
+from prism.api import superoptimize
 from prism.errors import (
     DimError,
     DTypeError,
@@ -20,6 +22,7 @@ from prism.errors import (
     ShapeError,
     UnsupportedError,
 )
+from prism.frontend import optimize
 from prism.ir import BlockBuilder, BlockGraph, Dim, Graph, MapVar, Tensor, sym
 from prism.runtime import compile
 from prism.verify import verify
@@ -28,4 +31,4 @@ __version__ = "0.1.0"
 
 __all__ = ["BlockBuilder", "BlockGraph", "DTypeError", "Dim", "DimError", "Graph", "GraphError",
            "InconclusiveDimError", "InputError", "MapError", "MapVar", "PrismError", "ShapeError", "Tensor",
-           "UnsupportedError", "compile", "sym", "verify"]
+           "UnsupportedError", "compile", "optimize", "search", "superoptimize", "sym", "verify"]

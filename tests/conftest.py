@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+# OpenMP threads that spin while waiting turn any background load (or torch's and Prism's thread pools
+# alternating in one process) into 10-100x slowdowns; tests measure correctness, not speed, so they wait
+# passively. Must be set before an OpenMP runtime is loaded.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings

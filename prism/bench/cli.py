@@ -25,8 +25,10 @@ def parser() -> argparse.ArgumentParser:
         prog="prism bench",
         description="Benchmark Prism against PyTorch eager/SDPA, torch.compile (default, max-autotune), JAX jit "
                     "and ONNX Runtime on the WORKLOADS.md suite, with each case's roofline bound. Prism's numbers "
-                    "are the hand-written structures compiled by Prism's code generator (not search results).")
-    p.add_argument("--workloads", default=None, help="comma-separated ids, e.g. W1,W6 (default: all; --quick: W1,W6)")
+                    "come from its pipeline (search -> verify -> tune -> compile); the 'hand' column is the "
+                    "hand-written structure compiled by Prism's code generator (a labelled reference).")
+    p.add_argument("--workloads", default=None,
+                   help="comma-separated ids, e.g. W1,W6 (default: all; --quick: W1,W6)")
     p.add_argument("--systems", default=None,
                    help="comma-separated: torch (eager + sdpa), sdpa, compile, max-autotune, jax, ort, baselines "
                         "(default: all; prism is included unless --no-prism)")

@@ -12,7 +12,7 @@ from prism.bench.contention import WARN_CORES
 from prism.bench.results import CaseResult, Report, SystemResult
 
 SHORT = {"torch": "eager", "torch-sdpa": "sdpa", "compile": "compile", "max-autotune": "max-auto", "jax": "jax",
-         "ort": "ort", "prism": "prism"}
+         "ort": "ort", "prism": "prism", "hand": "hand"}
 
 
 def _num(x: float | None, fmt: str = "{:.0f}") -> str:
@@ -153,7 +153,7 @@ def plot(report: Report, path: str | Path) -> None:
     ax.set_xlabel("fraction of the roofline bound (higher is better; 1.0 = max(bytes/bandwidth, flops/peak))")
     m = report.machine
     ax.set_title(f"prism bench on {m.get('cpu')}, {m.get('threads')} threads\n"
-                 "Prism = hand-written structures compiled by Prism (not search results)", fontsize=9)
+                 "prism = search -> verify -> tune -> compile; hand = hand-written reference structure", fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

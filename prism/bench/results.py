@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "prism-bench/1"
-PRISM_NOTE = ("Prism's numbers are the HAND-WRITTEN reference structures of WORKLOADS.md compiled by Prism's "
-              "code generator, not search results (until the search lands).")
+PRISM_NOTE = ("'prism' is Prism's pipeline on the program as written (search -> verify -> tune -> compile); "
+              "'hand' is the HAND-WRITTEN reference structure of WORKLOADS.md compiled by Prism's code generator "
+              "(a reference column, not a search result, never counted as Prism's result or as a baseline).")
 STATUSES = ("ok", "wrong", "failed", "unavailable")
 
 

@@ -15,7 +15,7 @@ from prism.bench.data import aligned, case_inputs, check_outputs
 from prism.bench.results import PRISM_NOTE, Report, finish_case
 from prism.bench.run import Config, case_label, run_case, select_cases
 from prism.bench.schedule import interleave, rotation
-from prism.bench.systems import prism_system, select
+from prism.bench.systems import BY_NAME, prism_system, select
 from prism.bench.systems.base import Prepared, System, Unavailable
 from prism.errors import PrismError
 from prism.workloads import WORKLOADS
@@ -207,7 +207,7 @@ def _case(systems: list[System]):
 
 def test_wrong_baseline_is_excluded_with_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(prism, "compile", raising=False)
-    case = _case([*select("prism"), _fake_system("good", 1.0), _fake_system("liar", 1.5),
+    case = _case([BY_NAME["hand"], _fake_system("good", 1.0), _fake_system("liar", 1.5),
                   _unavailable_system("absent"), _crashing_system("crashy")])
     good, liar = case.system("good"), case.system("liar")
     assert good is not None and liar is not None
@@ -254,8 +254,8 @@ def test_prism_column_unavailable_without_compile(monkeypatch: pytest.MonkeyPatc
     monkeypatch.delattr(prism, "compile", raising=False)
     with pytest.raises(Unavailable, match=r"prism\.compile"):
         prism_system.prism_runner(W1, W1_SMALL)
-    case = _case([*select("prism"), _fake_system("good", 1.0)])
-    p = case.system("prism")
+    case = _case([BY_NAME["hand"], _fake_system("good", 1.0)])
+    p = case.system("hand")
     assert p is not None and p.status == "unavailable" and "prism.compile" in (p.reason or "")
     assert p.median_us is None and not p.samples_us      # never substituted by anything
     assert case.prism_us is None and case.prism_speedup is None and case.prism_roofline_fraction is None
@@ -282,20 +282,21 @@ def test_prism_column_uses_prism_compile_when_present(monkeypatch: pytest.Monkey
         return FakeKernel(graph)
 
     monkeypatch.setattr(prism, "compile", fake_compile, raising=False)
-    case = _case([*select("prism"), _fake_system("good", 1.0)])
-    p = case.system("prism")
+    case = _case([BY_NAME["hand"], _fake_system("good", 1.0)])
+    p = case.system("hand")
     assert p is not None and p.status == "ok" and p.samples_us
     assert seen["graph"].customized_ops()
     assert not (seen["graph"].customized_ops()[0].symbols() & set(W1.params(W1_SMALL)))  # params bound
-    assert case.prism_speedup == pytest.approx(case.best_baseline_us / p.median_us)
-    assert p.label == prism_system.LABEL and "hand-written" in p.label.lower()
+    assert p.kind == "reference" and case.prism_us is None  # a reference column is never Prism's result
+    assert case.best_baseline_us == case.system("good").median_us  # nor a baseline
+    assert p.label == prism_system.HAND_LABEL and "hand-written" in p.label.lower()
 
 
 # --- results and JSON ---------------------------------------------------------------------------
 
 def test_json_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(prism, "compile", raising=False)
-    case = _case([*select("prism"), _fake_system("good", 1.0), _fake_system("liar", 2.0)])
+    case = _case([BY_NAME["hand"], _fake_system("good", 1.0), _fake_system("liar", 2.0)])
     rep = Report(machine={"cpu": "test", "threads": 1, "versions": {"numpy": np.__version__}},
                  limits={"peak_gflops": 200.0, "startup_triad_gbs": 50.0, "method": "fake"},
                  config={"rounds": 2, "systems": ["prism", "good", "liar"]}, cases=[case], warnings=["w"])
@@ -352,7 +353,7 @@ def test_plot_writes_png(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     from prism.bench.report import plot
     monkeypatch.delattr(prism, "compile", raising=False)
     rep = Report(machine={"cpu": "test", "threads": 1}, limits={}, config={"systems": ["prism", "good"]},
-                 cases=[_case([*select("prism"), _fake_system("good", 1.0)])])
+                 cases=[_case([BY_NAME["hand"], _fake_system("good", 1.0)])])
     plot(rep, tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert math.isfinite(rep.cases[0].roofline_us)
@@ -366,10 +367,10 @@ def test_render_shows_statuses_and_the_hand_written_note(monkeypatch: pytest.Mon
     from prism.bench.report import render
     monkeypatch.delattr(prism, "compile", raising=False)
     rep = Report(machine={"cpu": "test", "threads": 1}, limits={"peak_gflops": 200.0, "startup_triad_gbs": 50.0},
-                 config={"systems": ["prism", "good", "liar"]},
-                 cases=[_case([*select("prism"), _fake_system("good", 1.0), _fake_system("liar", 3.0)])])
+                 config={"systems": ["hand", "good", "liar"]},
+                 cases=[_case([BY_NAME["hand"], _fake_system("good", 1.0), _fake_system("liar", 3.0)])])
     buf = io.StringIO()
     render(rep, Console(file=buf, width=250, color_system=None))
     text = buf.getvalue()
-    assert "HAND-WRITTEN" in text and "not search results" in text
+    assert "HAND-WRITTEN" in text and "not a search result" in text
     assert "unavailable" in text and "✗" in text and "excluded from best baseline" in text

@@ -31,7 +31,7 @@ def select(spec: str | None, prism: bool = True) -> list[System]:
     if prism:
         names.add("prism")
     else:
-        names.discard("prism")
+        names -= {"prism", "hand"}
     return [s for s in ALL if s.name in names]
 
 

@@ -1,0 +1,378 @@
+"""``prism.superoptimize``: search -> verify -> instantiate and tune -> compile, cached at every stage.
+
+    kernel = prism.superoptimize(g)          # searches now (or reads the search's disk cache)
+    y = kernel(X=x, W=w)                     # first call per shape: instantiate, tune, compile, check
+    print(kernel.explain())                  # chosen graph, proof, generated C, tuning table
+
+Every kernel it returns is (1) an sGraph proved equal to the program by ``prism.verify`` (the search's
+verdict, re-checked here when the search could only test it numerically) and (2) a compiled instance
+that passed ``prism.verify.numeric_check`` against the float64 reference at that very shape. Nothing else
+is ever returned: without a verified candidate it raises :class:`NoVerifiedKernelError` with the search's
+stop reason. See docs/tune.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prism.errors import InputError, PrismError, UnsupportedError
+from prism.ir import dims as D
+from prism.ir.graph import Graph
+from prism.runtime.kernel import Kernel
+from prism.runtime.kernel import compile as compile_graph
+from prism.tune import store
+from prism.tune.machine import Machine, detect
+from prism.tune.stats import STATS
+from prism.tune.tuner import TUNE_VERSION, Row, Tuned, TuneResult, tune
+
+
+class NoVerifiedKernelError(PrismError):
+    """The search returned no candidate that verifies; the message carries the search's stop reason."""
+
+
+@dataclass
+class Implementation:
+    """One verified sGraph from the search."""
+
+    index: int
+    graph: Graph
+    how: str                 # how it was verified: "formal+numeric"
+    proof: str               # the verifier's summary
+    structure: str           # the search's one-line description
+
+
+@dataclass
+class Specialization:
+    """The tuned, compiled and checked kernel for one shape."""
+
+    env: dict[str, int]
+    implementation: Implementation
+    params: dict[str, Any]
+    kernel: Kernel
+    tuning: TuneResult
+    check: Any               # prism.verify.NumericResult of the compiled kernel at this shape
+    from_cache: bool
+
+    @property
+    def source(self) -> str:
+        return self.kernel.source
+
+
+@dataclass
+class Options:
+    top_k: int = 4
+    tune_budget_s: float | None = None
+    verbose: int = 0
+    measure_machine: bool | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_SEARCH_MEMO: dict[tuple, tuple[Any, list[Implementation]]] = {}
+_MEMO_LOCK = threading.Lock()
+
+
+def clear_memory_caches() -> None:
+    """Forget the search results held in this process (the disk caches stay): the next superoptimize of
+    a program reads the search's disk cache as a new process would."""
+    with _MEMO_LOCK:
+        _SEARCH_MEMO.clear()
+
+
+def _console(verbose: int) -> Any:
+    if verbose <= 0:
+        return None
+    from rich.console import Console
+    return Console(stderr=True)
+
+
+@contextlib.contextmanager
+def _status(console: Any, verbose: int, text: str) -> Iterator[Any]:
+    """A rich spinner (verbose >= 2) whose text callers may update; a no-op when quiet."""
+    if console is None or verbose < 2:
+        yield lambda _msg: None
+        return
+    with console.status(text) as st:
+        yield lambda msg: st.update(f"{text}: {msg}")
+
+
+def _search_module() -> Any:
+    try:  # the module, even where prism/__init__ re-exports a function under the same name
+        S = importlib.import_module("prism.search")
+    except ImportError as e:
+        raise PrismError(f"prism.superoptimize needs the search (prism.search), which cannot be imported in this "
+                         f"build ({e}); use prism.compile(graph, params=...) on a hand-written block graph instead"
+                         ) from None
+    if not callable(getattr(S, "search", None)):
+        raise PrismError("prism.search has no search() entry point in this build; prism.superoptimize needs it")
+    return S
+
+
+def _verified_implementations(result: Any, program: Graph, console: Any) -> list[Implementation]:
+    """The search's candidates that are verified formally and numerically; numeric-only ones are re-checked
+    with ``prism.verify`` and dropped unless that proves them."""
+    from prism.verify import verify
+    out: list[Implementation] = []
+    for c in result.candidates:
+        v = c.verdict
+        if not v.ok:
+            continue
+        if v.how == "formal+numeric":
+            out.append(Implementation(len(out), c.graph, v.how, v.detail, c.structure))
+            continue
+        STATS.reverifications += 1
+        try:
+            r = verify(c.graph, program)
+        except UnsupportedError as e:
+            if console is not None:
+                console.log(f"dropped a numeric-only candidate the verifier cannot model: {e}")
+            continue
+        if r.verified:
+            out.append(Implementation(len(out), c.graph, "formal+numeric",
+                                      f"formal: {str(r.formal).splitlines()[0]}; {str(r.numeric).splitlines()[0]}",
+                                      c.structure))
+        elif console is not None:
+            console.log(f"dropped a candidate that prism.verify does not verify: {str(r).splitlines()[0]}")
+    return out
+
+
+def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None = None, top_k: int = 4,
+                  tune_budget_s: float | None = None, workers: int = 1, verbose: int = 0,
+                  measure_machine: bool | None = None) -> SuperKernel:
+    """Search, verify and (per shape, on first use) tune and compile ``graph``.
+
+    ``limits``: a ``prism.search.Limits`` (the search space and its budget); ``time_limit``: shorthand for
+    its time budget in seconds. ``top_k``: candidates compiled and measured per shape; ``tune_budget_s``:
+    a soft time budget for measuring them. ``workers``: search processes. ``verbose``: 0 quiet, 1 a line
+    per stage, 2 also live progress. ``measure_machine=False`` skips measuring the machine's bandwidth and
+    peak (the cost model then uses defaults). Raises :class:`NoVerifiedKernelError` when nothing verifies.
+    """
+    if not isinstance(graph, Graph):
+        raise UnsupportedError(f"prism.superoptimize expects a prism.Graph, got {type(graph).__name__}")
+    graph.check()
+    S = _search_module()
+    if limits is None:
+        limits = S.Limits()
+    if time_limit is not None:
+        import dataclasses
+        limits = dataclasses.replace(limits, time_limit=float(time_limit))
+    console = _console(verbose)
+    key = (graph.key, repr(sorted(limits.key().items())), str(store.root()))
+    with _MEMO_LOCK:
+        memo = _SEARCH_MEMO.get(key)
+    if memo is not None:
+        STATS.search_memory_hits += 1
+        result, impls = memo
+    else:
+        t0 = time.perf_counter()
+        with _status(console, verbose, "searching") as update:
+            def progress(d: Mapping[str, Any]) -> None:
+                update(", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in d.items()))
+            # no env: the search's own cache is then keyed by the program alone, so every shape reuses it
+            result = S.search(graph, limits, workers=workers, progress=progress)
+        if result.cached:
+            STATS.search_cache_hits += 1
+        else:
+            STATS.searches += 1
+        impls = _verified_implementations(result, graph, console)
+        if console is not None:
+            console.log(f"search: {len(result.candidates)} candidates, {len(impls)} verified, stop reason "
+                        f"{result.stop_reason.value}{' (from cache)' if result.cached else ''} "
+                        f"in {time.perf_counter() - t0:.1f} s")
+        with _MEMO_LOCK:
+            _SEARCH_MEMO[key] = (result, impls)
+    if not impls:
+        raise NoVerifiedKernelError(
+            f"the search found no verified implementation of {graph.name or 'the program'!r} (stop reason: "
+            f"{result.stop_reason.value}; {len(result.candidates)} candidates returned, states visited "
+            f"{result.stats.states}); raise the search limits (limits=prism.search.Limits(time_limit=..., "
+            "max_kernel_ops=...)) or use prism.compile on a hand-written block graph")
+    return SuperKernel(graph, result, impls, Options(top_k, tune_budget_s, verbose, measure_machine))
+
+
+class SuperKernel:
+    """The kernel ``prism.superoptimize`` returns: callable on any values of the program's symbolic dims.
+
+    ``kernel(X=x, W=w)`` or ``kernel.call({"X": x}, out=...)`` (numpy arrays or CPU torch tensors, float32,
+    contiguous; as ``prism.compile``'s kernels). A new shape is instantiated, tuned, compiled and checked
+    on first use, then kept in memory and on disk. ``kernel.specialize(n=8)`` does that ahead of time.
+    """
+
+    def __init__(self, program: Graph, search_result: Any, implementations: list[Implementation],
+                 options: Options) -> None:
+        self.program = program
+        self.search_result = search_result
+        self.implementations = implementations
+        self.options = options
+        self.input_names = tuple(program.inputs)
+        self.output_names = tuple(program.output_names)
+        self._specs: dict[tuple, Specialization] = {}
+        self._lock = threading.Lock()
+        self._machine: Machine | None = None
+
+    @property
+    def stop_reason(self) -> str:
+        return self.search_result.stop_reason.value
+
+    @property
+    def machine(self) -> Machine:
+        if self._machine is None:
+            self._machine = detect(self.options.measure_machine)
+        return self._machine
+
+    # --- calling ---------------------------------------------------------------------------------
+    def __call__(self, **inputs: Any) -> Any:
+        return self.call(inputs)
+
+    def call(self, inputs: Mapping[str, Any], out: Any = None) -> Any:
+        if not isinstance(inputs, Mapping):
+            raise InputError(f"call: inputs must be a mapping name -> array, got {type(inputs).__name__}")
+        shapes = {}
+        for k, v in inputs.items():
+            if not hasattr(v, "shape"):
+                raise InputError(f"input {k!r}: expected a numpy.ndarray or a torch.Tensor, got {type(v).__name__}")
+            shapes[k] = tuple(int(s) for s in v.shape)
+        env = self.program.bind(shapes)  # names, ranks, fixed dims: clear errors before anything runs
+        return self.specialize(**env).kernel.call(inputs, out)
+
+    # --- per-shape work --------------------------------------------------------------------------
+    def specialize(self, **dims: int) -> Specialization:
+        """The tuned kernel for concrete values of the program's symbolic dims (tuned on first use)."""
+        syms = self.program.symbols()
+        missing, extra = sorted(syms - set(dims)), sorted(set(dims) - syms)
+        if missing or extra:
+            raise InputError(f"specialize: the program's symbolic dims are {sorted(syms)}"
+                             + (f"; missing {missing}" if missing else "") + (f"; unknown {extra}" if extra else ""))
+        bad = {k: v for k, v in dims.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
+        if bad:
+            raise InputError(f"specialize: dims must be positive ints, got {bad}")
+        key = tuple(sorted(dims.items()))
+        with self._lock:
+            spec = self._specs.get(key)
+            if spec is not None:
+                STATS.tune_memory_hits += 1
+                return spec
+            spec = self._build(dict(dims))
+            self._specs[key] = spec
+            return spec
+
+    def _cache_path(self, env: Mapping[str, int]) -> tuple[Any, dict[str, Any]]:
+        m = self.machine
+        shapes = {k: [int(D.evaluate(d, env)) for d in n.shape] for k, n in self.program.inputs.items()}
+        material = {"v": TUNE_VERSION, "program": self.program.key, "sgraphs": [i.graph.key for i in
+                                                                                 self.implementations],
+                    "shapes": shapes, "machine": m.fingerprint, "threads": m.threads, "isa": m.isa}
+        path = store.root() / "results" / self.program.key / (store.digest(material)[:32] + ".json")
+        return path, material
+
+    def _build(self, env: dict[str, int]) -> Specialization:
+        console = _console(self.options.verbose)
+        path, material = self._cache_path(env)
+        got = store.load(path, "tuning")
+        if got.payload is not None:
+            try:
+                if got.payload.get("key") != material:
+                    raise ValueError("key mismatch")
+                cached = TuneResult.from_json(got.payload["result"])
+            except (ValueError, KeyError, TypeError) as e:
+                got = store.Loaded(None, True, f"unusable entry: {e}")
+            else:
+                spec = self._from_cached(env, cached)
+                if spec is not None:
+                    STATS.tune_cache_hits += 1
+                    return spec
+                got = store.Loaded(None, True, "the cached winner no longer passes the numeric check")
+        if got.corrupt:
+            STATS.rebuilds += 1
+            if console is not None:
+                console.log(f"tuning cache entry {path.name} is corrupt ({got.why}); re-tuning")
+        shape = ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "the fixed shape"
+        with _status(console, self.options.verbose, f"tuning at {shape}") as update:
+            tuned = tune([i.graph for i in self.implementations], self.program, env, self.machine,
+                         top_k=self.options.top_k, budget_s=self.options.tune_budget_s, progress=update)
+        spec = self._pick(env, tuned)
+        store.save(path, "tuning", {"key": material, "result": tuned.result.to_json()})
+        if console is not None:
+            r = tuned.result
+            console.log(f"tuned at {shape}: sGraph {spec.implementation.index} [{r.best.label}] "
+                        f"{r.best.measured_s * 1e6:.1f} µs; model Spearman "
+                        f"{'n/a' if r.spearman is None else f'{r.spearman:.2f}'}; {r.seconds.get('total', 0):.1f} s")
+        return spec
+
+    def _check(self, impl: Implementation, env: Mapping[str, int], params: Mapping[str, Any], kernel: Kernel) -> Any:
+        from prism.verify import compiled_runner, numeric_check
+        STATS.final_checks += 1
+        runner = compiled_runner(lambda _g, _p: kernel, name="compiled kernel")
+        return numeric_check(impl.graph, self.program, instantiations=[{**env, **params}], runners=[runner])
+
+    def _pick(self, env: dict[str, int], tuned: Tuned) -> Specialization:
+        """The fastest measured candidate whose compiled kernel passes the numeric check at this shape."""
+        r = tuned.result
+        order = sorted((i for i, row in enumerate(r.rows) if row.status == "ok"),
+                       key=lambda i: (r.rows[i].measured_s, r.rows[i].model_rank))
+        failures = []
+        for i in order:
+            row = r.rows[i]
+            impl = self.implementations[row.sgraph]
+            check = self._check(impl, env, row.params, tuned.kernels[i])
+            if check.passed:
+                r.winner = i
+                return Specialization(env, impl, dict(row.params), tuned.kernels[i], r, check, False)
+            row.status, row.measured_s = "failed check", float("inf")
+            row.detail = str(check).splitlines()[-1][:200]
+            failures.append(f"sGraph {row.sgraph} [{row.label}]: {row.detail}")
+        raise NoVerifiedKernelError("no tuned candidate passed the final numeric check at "
+                                    f"{env}:\n  " + "\n  ".join(failures or ["no candidate was measured"]))
+
+    def _from_cached(self, env: dict[str, int], cached: TuneResult) -> Specialization | None:
+        row: Row = cached.best
+        if not 0 <= row.sgraph < len(self.implementations):
+            return None
+        impl = self.implementations[row.sgraph]
+        try:
+            kernel = compile_graph(impl.graph.instantiate({**env, **row.params}))
+        except PrismError:
+            return None
+        check = self._check(impl, env, row.params, kernel)
+        if not check.passed:
+            return None
+        return Specialization(env, impl, dict(row.params), kernel, cached, check, True)
+
+    # --- reporting -------------------------------------------------------------------------------
+    def explain(self, **dims: int) -> str:
+        """The chosen graph, its proof summary, the generated C and the tuning table (of the shape given by
+        ``dims``, else of every shape tuned so far)."""
+        r = self.search_result
+        lines = [f"prism.superoptimize of {self.program.name or 'a program'!r} (program key {self.program.key})",
+                 str(self.program), "",
+                 f"search: stop reason {r.stop_reason.value}, {r.stats.states} states, "
+                 f"{len(r.candidates)} candidates, {len(self.implementations)} verified"
+                 f"{' (from the search cache)' if r.cached else ''}"]
+        for impl in self.implementations:
+            lines.append(f"  sGraph {impl.index}: {impl.structure}  [{impl.how}]")
+        if dims:
+            specs = [self.specialize(**dims)]
+        else:
+            specs = list(self._specs.values())
+        if not specs:
+            lines += ["", "no shape tuned yet: call the kernel, or kernel.explain(<dim>=...) for a shape"]
+        for s in specs:
+            shape = ", ".join(f"{k}={v}" for k, v in sorted(s.env.items())) or "fixed shape"
+            params = ", ".join(f"{k}={v}" for k, v in sorted(s.params.items())) or "none"
+            lines += ["", f"=== shape {shape}: sGraph {s.implementation.index} with {params}"
+                      f"{' (tuning from cache)' if s.from_cache else ''}",
+                      str(s.implementation.graph), "",
+                      f"proof: {s.implementation.how}: {s.implementation.proof}",
+                      f"compiled check at this shape: {str(s.check).splitlines()[0]}", "",
+                      f"machine: {s.tuning.machine.get('describe', '')}", "tuning table:", s.tuning.table(), "",
+                      "generated C:", s.source]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"<prism.SuperKernel {self.program.name!r} inputs={list(self.input_names)} "
+                f"sgraphs={len(self.implementations)} shapes tuned={len(self._specs)}>")

@@ -1,0 +1,435 @@
+"""FX graph -> captured units and one Prism kernel graph of everything Prism supports.
+
+Steps (``capture``):
+
+1. **Normalize**: leaf modules of ``torch.fx.symbolic_trace`` graphs (``nn.Linear``, activations,
+   ``nn.Softmax``, ``nn.RMSNorm``, dropout, identity) become functional calls on ``get_attr`` nodes.
+2. **Shapes**: every node needs its fake value (``meta["val"]`` from ``torch.export`` and fake-tensor
+   propagation, ``meta["example_value"]`` from Dynamo). Without it the graph is propagated here, with the
+   input dims named in ``dynamic`` symbolic.
+3. **Units**: each call whose values are float32 CPU tensors goes through :mod:`prism.frontend.ops`;
+   any other becomes a :class:`Fallback` with the reason (dtype, unsupported operator, ...). Size
+   computations (``x.size(0)``, ``s0 * 8``) are not operators: their values are Prism dims.
+4. **Patterns**: a written-out RMSNorm ``x * rsqrt(mean(x*x, -1, keepdim=True) + eps)`` (or
+   ``x / sqrt(...)``) whose intermediates have no other use becomes one ``rms_norm`` unit.
+5. **Trial**: all units are emitted into one Prism graph (``Captured.graph``) whose inputs are the values
+   PyTorch computes (graph inputs, parameters, results of unsupported operators). A unit whose emission
+   fails, or whose Prism shape differs from PyTorch's, becomes a fallback: the graph stays correct.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from prism.errors import PrismError
+from prism.frontend import ops as O
+from prism.frontend.ops import Lowered, Operand, Unsupported, display_name, is_tensor_meta, meta_value
+from prism.frontend.symbolic import to_shape
+from prism.ir import dims as D
+from prism.ir.builder import Tensor
+from prism.ir.graph import Graph
+from prism.ir.node import Node, toposort
+
+HEAVY = frozenset(("matmul", "sum", "mean", "max", "softmax", "rms_norm"))
+
+
+@dataclass
+class Unit:
+    id: int
+    node: Any                      # the FX node whose value the unit produces
+    lowered: Lowered
+    members: list[Any]             # FX nodes it replaces (node last)
+    ops: int = 0
+    matmuls: int = 0
+    heavy: bool = False
+
+    @property
+    def kind(self) -> str:
+        return self.lowered.kind
+
+    @property
+    def op(self) -> str:
+        return self.lowered.op
+
+
+@dataclass
+class Fallback:
+    node: Any
+    op: str
+    reason: str
+
+
+@dataclass
+class Captured:
+    gm: Any
+    units: list[Unit]
+    fallbacks: list[Fallback]
+    graph: Graph                                     # the whole supported program (see module docstring)
+    unit_of: dict[Any, Unit] = field(default_factory=dict)       # every member node -> its unit
+    persistent: set[Any] = field(default_factory=set)            # module state (parameters, buffers)
+    inputs: dict[str, Any] = field(default_factory=dict)         # graph input name -> FX node
+
+    @property
+    def layout_units(self) -> list[Unit]:
+        return [u for u in self.units if u.kind == "layout"]
+
+
+# --- 1. normalize leaf modules ---------------------------------------------------------------------------
+
+def lower_modules(gm: Any) -> None:
+    """Rewrite calls of known leaf modules into functional calls on ``get_attr`` nodes (in place)."""
+    import torch
+    import torch.nn.functional as F
+
+    nn = torch.nn
+    g = gm.graph
+    changed = False
+    for node in list(g.nodes):
+        if node.op != "call_module":
+            continue
+        mod = gm.get_submodule(node.target)
+        fn, extra = None, {}
+        if type(mod) is nn.Linear:
+            fn = F.linear
+        elif type(mod) in (nn.SiLU, nn.ReLU, nn.Sigmoid, nn.Tanh, nn.Identity, nn.Dropout, nn.GELU, nn.Softmax):
+            fn = {nn.SiLU: F.silu, nn.ReLU: F.relu, nn.Sigmoid: torch.sigmoid, nn.Tanh: torch.tanh,
+                  nn.Identity: torch.Tensor.contiguous, nn.Dropout: F.dropout, nn.GELU: F.gelu,
+                  nn.Softmax: F.softmax}[type(mod)]
+            if type(mod) is nn.GELU:
+                extra = {"approximate": mod.approximate}
+            elif type(mod) is nn.Softmax:
+                if mod.dim is None:
+                    continue
+                extra = {"dim": mod.dim}
+            elif type(mod) is nn.Dropout:
+                extra = {"p": mod.p, "training": mod.training}
+            elif type(mod) is nn.Identity:
+                continue  # identity: leave as is (no arithmetic to capture)
+        elif hasattr(nn, "RMSNorm") and type(mod) is nn.RMSNorm:
+            fn = F.rms_norm
+        if fn is None or len(node.args) != 1 or node.kwargs:
+            continue
+        with g.inserting_before(node):
+            if fn is F.linear:
+                w = g.get_attr(f"{node.target}.weight")
+                b = g.get_attr(f"{node.target}.bias") if mod.bias is not None else None
+                new = g.call_function(F.linear, (node.args[0], w, b))
+            elif fn is F.rms_norm:
+                w = g.get_attr(f"{node.target}.weight") if mod.weight is not None else None
+                new = g.call_function(F.rms_norm, (node.args[0], tuple(mod.normalized_shape), w, mod.eps))
+            else:
+                new = g.call_function(fn, (node.args[0],), extra)
+        new.meta = dict(node.meta)
+        for a in new.all_input_nodes:
+            if a.op == "get_attr" and "val" not in a.meta:
+                a.meta["val"] = _attr(gm, a.target)
+        node.replace_all_uses_with(new)
+        g.erase_node(node)
+        changed = True
+    if changed:
+        gm.recompile()
+
+
+def _attr(gm: Any, target: str) -> Any:
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# --- 2. shapes ------------------------------------------------------------------------------------------------
+
+def needs_meta(gm: Any) -> bool:
+    return any(n.op in ("call_function", "call_method", "call_module", "placeholder") and
+               meta_value(n) is None and n.users for n in gm.graph.nodes)
+
+
+def dynamic_dims(example_inputs: list[Any], dynamic: Any) -> list[set[int]]:
+    """Per example input, the dims to make symbolic: ``dynamic`` is True (all), False/None (none), or a
+    list/tuple aligned with the inputs (or a dict input index -> dims) whose entries are a dim, a list of
+    dims, or True."""
+    n = len(example_inputs)
+    out: list[set[int]] = [set() for _ in range(n)]
+    if dynamic is None or dynamic is False:
+        return out
+    if dynamic is True:
+        return [set(range(getattr(x, "ndim", 0))) for x in example_inputs]
+    items = dynamic.items() if isinstance(dynamic, dict) else enumerate(dynamic)
+    for i, spec in items:
+        if not isinstance(i, int) or not 0 <= i < n:
+            raise PrismError(f"dynamic: input index {i!r} out of range for {n} example inputs")
+        x = example_inputs[i]
+        rank = getattr(x, "ndim", 0)
+        if spec is None or spec is False:
+            continue
+        dims = range(rank) if spec is True else ([spec] if isinstance(spec, int) else list(spec))
+        for d in dims:
+            if not isinstance(d, int) or not -rank <= d < rank:
+                raise PrismError(f"dynamic: dim {d!r} of input {i} is out of range for its shape "
+                                 f"{tuple(getattr(x, 'shape', ()))}")
+            out[i].add(d % rank)
+    return out
+
+
+def propagate_meta(gm: Any, example_inputs: list[Any], dynamic: Any) -> None:
+    """Fake-tensor propagation with the ``dynamic`` dims symbolic (fills ``meta["val"]``)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    dyn = dynamic_dims(example_inputs, dynamic)
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    fakes = []
+    for x, ds in zip(example_inputs, dyn):
+        if isinstance(x, torch.Tensor):
+            ctx = StatelessSymbolicContext(
+                dynamic_sizes=[DimDynamic.DYNAMIC if d in ds else DimDynamic.STATIC for d in range(x.ndim)],
+                constraint_sizes=[None] * x.ndim)
+            fakes.append(mode.from_tensor(x, symbolic_context=ctx))
+        else:
+            fakes.append(x)
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*fakes)
+    for n in gm.graph.nodes:
+        if n.op == "get_attr" and "val" not in n.meta:
+            n.meta["val"] = _attr(gm, n.target)
+
+
+# --- 3-5. units, patterns, trial ----------------------------------------------------------------------------
+
+def _is_sym_value(v: Any) -> bool:
+    if isinstance(v, (list, tuple)):
+        return all(_is_sym_value(x) for x in v)
+    return (isinstance(v, int) and not isinstance(v, bool)) or type(v).__name__ in ("SymInt", "SymFloat",
+                                                                                     "SymBool", "float")
+
+
+def _tensor_metas(v: Any) -> list[Any]:
+    if is_tensor_meta(v):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [x for x in v if is_tensor_meta(x)]
+    return []
+
+
+def _dtype_problem(node: Any) -> str:
+    """Why the node's values or tensor operands are not float32 CPU tensors ('' if they all are)."""
+    vals = _tensor_metas(meta_value(node))
+    for a in node.all_input_nodes:
+        vals += _tensor_metas(meta_value(a))
+    for v in vals:
+        if str(v.dtype) != "torch.float32":
+            return f"dtype {str(v.dtype).removeprefix('torch.')} (Prism computes in float32)"
+        dev = getattr(v, "device", None)
+        if dev is not None and str(dev) != "cpu" and getattr(dev, "type", "cpu") != "cpu":
+            return f"device {dev} (Prism's kernels run on the CPU)"
+    return ""
+
+
+class _Builder:
+    """Emits units into one Prism graph; values PyTorch computes become inputs named after their node."""
+
+    def __init__(self, name: str) -> None:
+        self.g = Graph(name)
+        self.values: dict[Any, Any] = {}
+        self.inputs: dict[str, Any] = {}
+        self.fresh: dict[Any, Any] = {}
+
+    def dims(self, shape: Any) -> tuple:
+        out = []
+        for d in to_shape(shape):
+            if isinstance(d, int) or (D.symbols(d) and d is D.sym(min(D.symbols(d)))):
+                out.append(d)
+            else:  # an expression (s0 + 1): a fresh symbol of its own
+                if d not in self.fresh:
+                    self.fresh[d] = D.sym(f"e{len(self.fresh)}")
+                out.append(self.fresh[d])
+        return tuple(out)
+
+    def value(self, node: Any) -> Any:
+        v = self.values.get(node)
+        if v is not None:
+            return v
+        mv = meta_value(node)
+        if not is_tensor_meta(mv):
+            raise Unsupported(f"operand {node.name} is not a tensor")
+        name = re.sub(r"\W", "_", node.name)
+        name = name if name[:1].isalpha() else f"t_{name}"
+        while name in self.inputs:
+            name += "_"
+        t = self.g.input(name, self.dims(mv.shape), "float32")
+        self.inputs[name] = node
+        self.values[node] = t
+        return t
+
+    def operand(self, op: Operand) -> Any:
+        v = self.value(op.node)
+        return self.g.permute(v, op.perm) if op.perm is not None else v
+
+
+def _new_ops(result: Any, operands: list[Any]) -> list[Node]:
+    """The Prism nodes a unit created: reachable from its result, not from its operands."""
+    res = result if isinstance(result, tuple) else (result,)
+    roots = [r.node for r in res if isinstance(r, Tensor)]
+    before = set(toposort([o.node for o in operands if isinstance(o, Tensor)])) if operands else set()
+    return [n for n in toposort(roots) if n not in before and n.op not in ("input", "output")]
+
+
+def _sig(unit: Unit | None) -> tuple:
+    return unit.lowered.sig if unit is not None else ()
+
+
+def _fuse_rms(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
+    """x * rsqrt(mean(square(x), -1, keepdim) + eps) / x / sqrt(...) -> one rms_norm unit."""
+    def only_user(n: Any, user: Any) -> bool:
+        return list(n.users) == [user]
+
+    def src(u: Unit, k: int = 0) -> Any:
+        return u.lowered.operands[k].node if len(u.lowered.operands) > k and \
+            u.lowered.operands[k].perm is None else None
+
+    out: list[Unit] = []
+    absorbed: set[Any] = set()
+    for u in units:
+        if u.lowered.sig[:1] not in (("mul",), ("div",)) or len(u.lowered.operands) != 2:
+            out.append(u)
+            continue
+        match = None
+        for k in (0, 1):
+            x, r = src(u, k), src(u, 1 - k)
+            if u.lowered.sig == ("div",) and k != 0:
+                continue
+            ru = by_node.get(r)
+            want = ("sqrt",) if u.lowered.sig == ("div",) else ("rsqrt",)
+            if ru is None or _sig(ru) != want or not only_user(r, u.node):
+                continue
+            a = src(ru)
+            au = by_node.get(a)
+            if au is None or _sig(au)[:1] != ("add_scalar",) or not only_user(a, r):
+                continue
+            m = src(au)
+            mu = by_node.get(m)
+            if mu is None or _sig(mu) != ("mean", -1, True) or not only_user(m, a):
+                continue
+            s = src(mu)
+            su = by_node.get(s)
+            if su is None or not only_user(s, m):
+                continue
+            if not ((_sig(su) == ("square",) and src(su) is x) or (_sig(su) == ("mul",) and src(su) is x
+                    and len(su.lowered.operands) == 1)):
+                continue
+            match = (x, _sig(au)[1], [su, mu, au, ru])
+            break
+        if match is None:
+            out.append(u)
+            continue
+        x, eps, parts = match
+        low = Lowered("rms_norm", "compute", [Operand(x)], lambda g, t, e=eps: g.rms_norm(t[0], e, -1), ("rms_norm",))
+        fused = Unit(u.id, u.node, low, [m for p in parts for m in p.members] + u.members)
+        absorbed.update(p.node for p in parts)
+        out.append(fused)
+    return [u for u in out if u.node not in absorbed]
+
+
+def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = None,
+            persistent_inputs: set[int] | None = None) -> Captured:
+    """Capture ``gm`` (see the module docstring). ``example_inputs`` are needed only when the graph has
+    no fake values yet (``symbolic_trace``); ``persistent_inputs``: placeholder indices that are module
+    state (Dynamo's lifted parameters and buffers)."""
+    lower_modules(gm)
+    if needs_meta(gm):
+        if example_inputs is None:
+            raise PrismError("this FX graph has no shape information (meta['val']); pass example_inputs so "
+                             "that Prism can propagate fake tensors through it")
+        propagate_meta(gm, list(example_inputs), dynamic)
+    units: list[Unit] = []
+    fallbacks: list[Fallback] = []
+    persistent: set[Any] = set()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, n in enumerate(placeholders):
+        if persistent_inputs and i in persistent_inputs:
+            persistent.add(n)
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            persistent.add(n)
+        if n.op not in ("call_function", "call_method", "call_module"):
+            continue
+        mv = meta_value(n)
+        if not _tensor_metas(mv):
+            if not n.users or _is_sym_value(mv) or mv is None:
+                continue  # size arithmetic, guards, prints: PyTorch computes them, nothing to capture
+            fallbacks.append(Fallback(n, display_name(n), f"produces {type(mv).__name__}, not a tensor"))
+            continue
+        problem = _dtype_problem(n)
+        if problem:
+            fallbacks.append(Fallback(n, display_name(n), problem))
+            continue
+        try:
+            low = O.convert(n)
+        except Unsupported as e:
+            fallbacks.append(Fallback(n, display_name(n), str(e)))
+            continue
+        units.append(Unit(len(units), n, low, [n]))
+    by_node = {u.node: u for u in units}
+    units = _fuse_rms(units, by_node)
+    graph, units, failed, names = _trial(gm, units)
+    fallbacks += failed
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    fallbacks.sort(key=lambda f: order[f.node])
+    for k, u in enumerate(units):
+        u.id = k
+    cap = Captured(gm, units, fallbacks, graph, persistent=persistent, inputs=names)
+    cap.unit_of = {m: u for u in units for m in u.members}
+    return cap
+
+
+def _trial(gm: Any, units: list[Unit]) -> tuple[Graph, list[Unit], list[Fallback], dict[str, Any]]:
+    b = _Builder("captured")
+    ok: list[Unit] = []
+    failed: list[Fallback] = []
+    for u in units:
+        try:
+            operands = [b.operand(op) for op in u.lowered.operands]
+            res = u.lowered.emit(b.g, operands)
+            _check_shape(b, u, res)
+        except (PrismError, Unsupported) as e:
+            failed.append(Fallback(u.node, display_name(u.node), f"{u.op}: {e}"))
+            continue
+        new = _new_ops(res, operands)
+        u.ops = sum(1 for n in new if n.op != "reshape")
+        u.matmuls = sum(1 for n in new if n.op == "matmul")
+        u.heavy = any(n.op in HEAVY for n in new)
+        b.values[u.node] = res
+        ok.append(u)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    import torch.utils._pytree as pytree
+    k = 0
+    for v in pytree.tree_leaves(out.args[0]):
+        if type(v).__name__ == "Node" and v in b.values and isinstance(b.values[v], Tensor):
+            b.g.output(b.values[v], f"out{k}")
+            k += 1
+    return b.g, ok, failed, b.inputs
+
+
+def _check_shape(b: _Builder, u: Unit, res: Any) -> None:
+    """A converter must reproduce PyTorch's shape exactly; a mismatch is a converter bug, never silent."""
+    mv = meta_value(u.node)
+    got = list(res) if isinstance(res, tuple) else [res]
+    want = list(mv) if isinstance(mv, (list, tuple)) else [mv]
+    if len(got) != len(want):
+        raise Unsupported(f"internal error: {len(got)} results, PyTorch has {len(want)}")
+    for r, w in zip(got, want):
+        ws, raw = b.dims(w.shape), to_shape(w.shape)
+        if len(r.shape) != len(ws) or not all(D.structurally_equal(x, y) or D.structurally_equal(x, z) or _equal(x, y)
+                                              for x, y, z in zip(r.shape, ws, raw)):
+            raise Unsupported(f"internal error: Prism shape {D.format_shape(r.shape)} differs from PyTorch's "
+                              f"{D.format_shape(ws)}")
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return D.dims_equal(a, b)
+    except PrismError:
+        return False

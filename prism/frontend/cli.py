@@ -1,0 +1,207 @@
+"""``prism optimize FILE.py`` and ``prism cache ls|clear`` (wired into ``prism.cli``).
+
+``prism optimize FILE.py``: FILE is run as a script; it must define
+
+* ``model``: an ``nn.Module`` or a function (``fn`` is accepted too), and
+* ``example_inputs``: a tensor or a tuple of positional arguments;
+
+optionally ``dynamic`` (as ``prism.optimize``'s argument, e.g. ``{0: [0]}``: dim 0 of the first input is
+symbolic) and ``options`` (a dict of ``prism.optimize`` options). The command superoptimizes it with a
+progress bar, prints which pieces run on Prism and what stays in PyTorch, checks the result against
+eager PyTorch, and with ``--bench`` times both. Exit status: 0 ok, 1 the check failed, 2 bad file/usage.
+
+``prism cache ls`` lists ``$PRISM_CACHE_DIR`` (compiled kernels, search results, tuning results,
+machine measurements); ``prism cache clear [kernels|search|tuning|all]`` deletes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CATEGORIES = {  # name -> (sub-path of the cache dir, what it holds)
+    "kernels": ("so", "compiled kernels (.c sources, .so libraries, sidecars)"),
+    "search": ("search", "search results (verified sGraphs per program and limits)"),
+    "tuning": ("tune/results", "tuning results (per program, shape and machine)"),
+    "machine": ("tune/machine", "machine measurements (bandwidth, peak FLOP/s)"),
+}
+
+
+def _root() -> Path:
+    from prism.runtime.cache import cache_dir
+    return cache_dir()
+
+
+def _usage(dirpath: Path) -> tuple[int, int]:
+    files = size = 0
+    if dirpath.is_dir():
+        for p in dirpath.rglob("*"):
+            if p.is_file():
+                files += 1
+                size += p.stat().st_size
+    return files, size
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def cache_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="prism cache", description="list or clear Prism's on-disk caches "
+                                "($PRISM_CACHE_DIR, else $XDG_CACHE_HOME/prism, else ~/.cache/prism)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    ls = sub.add_parser("ls", help="list the cache's contents per category")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ls.add_argument("-v", "--verbose", action="store_true", help="also list every entry")
+    cl = sub.add_parser("clear", help="delete cache entries")
+    cl.add_argument("what", nargs="*", metavar="{" + ",".join([*CATEGORIES, "all"]) + "}",
+                    help="categories to delete (default: all)")
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.cmd == "clear":
+        bad = [w for w in args.what if w not in (*CATEGORIES, "all")]
+        if bad:
+            p.error(f"unknown cache categories {bad}; choose from {[*CATEGORIES, 'all']}")
+        args.what = args.what or ["all"]
+    root = _root()
+    if args.cmd == "ls":
+        rows = []
+        for name, (sub_path, what) in CATEGORIES.items():
+            files, size = _usage(root / sub_path)
+            rows.append({"category": name, "path": str(root / sub_path), "files": files, "bytes": size,
+                         "holds": what})
+        if args.json:
+            print(json.dumps({"root": str(root), "categories": rows}, indent=1))
+            return 0
+        from rich.console import Console
+        from rich.table import Table
+        console = Console()
+        t = Table(title=f"Prism cache: {root}")
+        for col in ("category", "files", "size", "path", "holds"):
+            t.add_column(col, overflow="fold")
+        for r in rows:
+            t.add_row(r["category"], str(r["files"]), _human(r["bytes"]), r["path"], r["holds"])
+        console.print(t)
+        if args.verbose:
+            for name, (sub_path, _) in CATEGORIES.items():
+                d = root / sub_path
+                if d.is_dir():
+                    for f in sorted(x for x in d.rglob("*") if x.is_file()):
+                        console.print(f"  {name:8} {_human(f.stat().st_size):>10}  {f.relative_to(root)}")
+        return 0
+    chosen = list(CATEGORIES) if "all" in args.what else list(dict.fromkeys(args.what))
+    total_files = total_bytes = 0
+    for name in chosen:
+        d = root / CATEGORIES[name][0]
+        files, size = _usage(d)
+        if d.exists():
+            shutil.rmtree(d)
+        total_files, total_bytes = total_files + files, total_bytes + size
+        print(f"cleared {name}: {files} files, {_human(size)} ({d})")
+    print(f"removed {total_files} files, {_human(total_bytes)} in total")
+    return 0
+
+
+# --- prism optimize ---------------------------------------------------------------------------------------
+
+def _load(path: str) -> dict[str, Any]:
+    import runpy
+    if not os.path.isfile(path):
+        raise SystemExit(f"prism optimize: no such file {path!r}")
+    return runpy.run_path(path, run_name="__prism_optimize__")
+
+
+def _max_rel_err(got: Any, ref: Any) -> float:
+    import torch
+    import torch.utils._pytree as pytree
+    worst = 0.0
+    for a, b in zip(pytree.tree_leaves(got), pytree.tree_leaves(ref)):
+        if isinstance(b, torch.Tensor) and b.is_floating_point():
+            scale = float(b.abs().max()) or 1.0
+            worst = max(worst, float((a.float() - b.float()).abs().max()) / scale)
+    return worst
+
+
+def _median_s(fn: Any, args: tuple, reps: int) -> float:
+    import statistics
+    for _ in range(2):
+        fn(*args)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(*args)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def optimize_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="prism optimize", description="superoptimize a PyTorch model defined in a "
+                                "file (globals `model` and `example_inputs`; optional `dynamic`, `options`)")
+    p.add_argument("file")
+    p.add_argument("--time-limit", type=float, default=None, help="search seconds per piece (default 60)")
+    p.add_argument("--top-k", type=int, default=None, help="candidates measured per piece and shape")
+    p.add_argument("--bench", action="store_true", help="time eager PyTorch and the optimized model")
+    p.add_argument("--reps", type=int, default=20, help="timed calls per variant with --bench")
+    p.add_argument("--explain", action="store_true", help="print every Prism kernel's explain() as well")
+    p.add_argument("--tolerance", type=float, default=1e-4,
+                   help="max |optimized - eager| / max |eager| (default 1e-4)")
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if "torch" not in sys.modules:  # see docs/frontend.md "Threads": PyTorch and Prism share libgomp
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    ns = _load(args.file)
+    model = ns.get("model", ns.get("fn"))
+    if model is None or "example_inputs" not in ns:
+        print(f"prism optimize: {args.file} must define `model` (an nn.Module or a function) and "
+              "`example_inputs` (a tensor or a tuple of arguments)", file=sys.stderr)
+        return 2
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    import prism
+    from prism.frontend.api import _as_args
+
+    console = Console(stderr=True)
+    ex = _as_args(ns["example_inputs"])
+    options = dict(ns.get("options") or {})
+    if args.time_limit is not None:
+        options["time_limit"] = args.time_limit
+    if args.top_k is not None:
+        options["top_k"] = args.top_k
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+                  "{task.total}"), TimeElapsedColumn(), console=console, transient=True) as prog:
+        task = prog.add_task("capturing", total=None)
+
+        def progress(event: str, i: int, n: int, label: str) -> None:
+            if event == "search":
+                prog.update(task, total=n, completed=i - 1, description=f"superoptimizing {label}")
+            else:
+                prog.update(task, total=n, completed=i)
+        options["progress"] = progress
+        t0 = time.perf_counter()
+        opt = prism.optimize(model, ex, dynamic=ns.get("dynamic"), options=options)
+        prog.update(task, description="done")
+    console.print(f"[bold]optimized in {time.perf_counter() - t0:.1f} s[/]")
+    print(opt.explain(kernels=args.explain))
+    with torch.no_grad():
+        ref = model(*ex)
+        got = opt(*ex)
+    err = _max_rel_err(got, ref)
+    ok = err <= args.tolerance
+    print(f"check against eager PyTorch: max |optimized - eager| / max |eager| = {err:.2e} "
+          f"({'ok' if ok else 'FAILED'}, tolerance {args.tolerance:g})")
+    if args.bench:
+        with torch.no_grad():
+            te = _median_s(model, ex, args.reps)
+            tp = _median_s(opt, ex, args.reps)
+        print(f"median per call: eager {te * 1e6:.1f} us, prism {tp * 1e6:.1f} us ({te / tp:.2f}x)")
+    return 0 if ok else 1

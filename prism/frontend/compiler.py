@@ -1,0 +1,345 @@
+"""Capture -> pieces -> ``prism.superoptimize`` per piece -> the FX graph with pieces replaced.
+
+``compile_graph(gm, ...)`` rewrites ``gm`` in place: each piece that Prism superoptimized becomes one
+``call_module`` of a :class:`~prism.frontend.runtime.PieceRunner`; everything else (layout operators,
+unsupported operators, pieces too small to search, pieces whose search or verification failed) stays the
+original PyTorch code. Every fallback is logged on the ``prism`` logger: one line per unsupported
+operator (with a count), one per piece that failed to superoptimize, with the reason.
+
+A piece is a Prism kernel graph of its own: inputs ``x0, x1, ...`` (first use), symbolic dims renamed
+``d0, d1, ...`` in order of appearance (so equal pieces share a program key and one search), an input
+dim that is an expression of PyTorch's symbols (``s0 + 1`` after a ``cat``) becomes a symbol of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from prism.frontend.capture import Captured, Unit, capture
+from prism.frontend.ops import Operand, meta_value
+from prism.frontend.partition import Budget, Piece, PlanUnit, plan
+from prism.frontend.report import Fallback, GraphReport, PieceReport, new_report
+from prism.frontend.runtime import InputSpec, PieceRunner
+from prism.frontend.symbolic import to_shape
+from prism.ir import dims as D
+from prism.ir.graph import Graph
+
+log = logging.getLogger("prism")
+
+Progress = Callable[[str, int, int, str], None]   # (event, piece index, pieces to search, label)
+
+
+@dataclass
+class Options:
+    """How pieces are superoptimized. ``limits``: a ``prism.search.Limits`` per piece (default: one
+    kernel operator, 60 s, 3 results — pieces are cut to fit one kernel); ``time_limit`` overrides its
+    budget. ``top_k``, ``tune_budget_s``, ``measure_machine``, ``verbose``: as ``prism.superoptimize``.
+    ``budget``: the piece size bounds (:class:`~prism.frontend.partition.Budget`). ``progress``: a
+    callback ``(event, index, total, label)`` with events "search", "done", "failed"."""
+
+    limits: Any = None
+    time_limit: float | None = None
+    top_k: int = 4
+    tune_budget_s: float | None = None
+    measure_machine: bool | None = None
+    verbose: int = 0
+    budget: Budget = field(default_factory=Budget)
+    progress: Progress | None = None
+
+    @classmethod
+    def from_any(cls, options: Any) -> Options:
+        if options is None:
+            return cls()
+        if isinstance(options, cls):
+            return options
+        if isinstance(options, dict):
+            unknown = sorted(set(options) - set(cls.__dataclass_fields__))
+            if unknown:
+                raise TypeError(f"unknown prism options {unknown}; known: {sorted(cls.__dataclass_fields__)}")
+            return cls(**options)
+        raise TypeError(f"prism options must be a dict or prism.frontend.Options, got {type(options).__name__}")
+
+    def search_limits(self) -> Any:
+        import dataclasses
+
+        from prism.search import Limits
+        lim = self.limits if self.limits is not None else Limits(max_kernel_ops=1, time_limit=60.0, max_results=3)
+        if self.time_limit is not None:
+            lim = dataclasses.replace(lim, time_limit=float(self.time_limit))
+        return lim
+
+
+# --- planning ----------------------------------------------------------------------------------------
+
+def _src_key(cap: Captured, op: Operand) -> Any:
+    u = cap.unit_of.get(op.node)
+    if u is not None and u.node is op.node and op.perm is None:
+        return u.id
+    return (op.node, op.perm)
+
+
+def plan_pieces(cap: Captured, budget: Budget) -> list[Piece]:
+    units = [PlanUnit(u.id, u.kind, tuple(_src_key(cap, o) for o in u.lowered.operands), u.ops, u.matmuls,
+                      u.heavy) for u in cap.units]
+    users: dict[int, list[Any]] = {}
+    for u in cap.units:
+        us: list[Any] = []
+        for user in u.node.users:
+            v = cap.unit_of.get(user)
+            if v is not None and v.id != u.id:
+                # a user that reads this value transposed reads it as an external input
+                if any(o.node is u.node and o.perm is None for o in v.lowered.operands):
+                    us.append(v.id)
+                else:
+                    us.append(("ext", user.name))
+            elif v is None:
+                us.append(("ext", user.name))
+        users[u.id] = us
+    return plan(units, users, budget)
+
+
+# --- one piece as a Prism program -----------------------------------------------------------------------
+
+@dataclass
+class PieceProgram:
+    graph: Graph
+    units: list[Unit]
+    args: list[Any]                  # FX nodes the runner receives (every value its fallback reads)
+    specs: list[InputSpec | None]    # per runner argument: the Prism input it feeds (None: fallback only)
+    input_shapes: list[str]
+    output: Any                      # the FX node whose value the piece produces
+
+
+class _Dims:
+    """Piece-local symbol names: d0, d1, ... in order of first appearance; an expression is one symbol."""
+
+    def __init__(self) -> None:
+        self.map: dict[Any, Any] = {}
+
+    def __call__(self, shape: Any) -> tuple:
+        out = []
+        for d in to_shape(shape):
+            if isinstance(d, int):
+                out.append(d)
+                continue
+            if d not in self.map:
+                self.map[d] = D.sym(f"d{len(self.map)}")
+            out.append(self.map[d])
+        return tuple(out)
+
+
+def build_piece(cap: Captured, piece: Piece) -> PieceProgram:
+    units = [cap.units[i] for i in piece.members]
+    members = {m for u in units for m in u.members}
+    label = "+".join(u.op for u in units)
+    g = Graph(f"torch: {label}")
+    dims = _Dims()
+    values: dict[Any, Any] = {}
+    inputs: dict[tuple, Any] = {}
+    arg_index: dict[Any, int] = {}
+    args: list[Any] = []
+    specs: list[Any] = []
+    shapes: list[str] = []
+
+    def arg(node: Any) -> int:
+        if node not in arg_index:
+            arg_index[node] = len(args)
+            args.append(node)
+            specs.append(None)
+        return arg_index[node]
+
+    def operand(op: Operand) -> Any:
+        if op.node in values:
+            v = values[op.node]
+            return g.permute(v, op.perm) if op.perm is not None else v
+        hoist = op.perm is not None and op.node in cap.persistent
+        key = (op.node, op.perm if hoist else None)
+        if key not in inputs:
+            mv = meta_value(op.node)
+            shape = dims(mv.shape)
+            if hoist:
+                shape = tuple(shape[p] for p in op.perm)  # type: ignore[union-attr]
+            name = f"x{len(inputs)}"
+            inputs[key] = g.input(name, shape, "float32")
+            shapes.append(D.format_shape(shape))
+            spec = InputSpec(name, op.perm if hoist else None, op.node in cap.persistent)
+            if hoist or specs[arg(op.node)] is not None:  # a second view of the same tensor: its own argument
+                args.append(op.node)
+                specs.append(spec)
+            else:
+                specs[arg(op.node)] = spec
+        v = inputs[key]
+        return g.permute(v, op.perm) if op.perm is not None and not hoist else v
+
+    for u in units:
+        values[u.node] = u.lowered.emit(g, [operand(o) for o in u.lowered.operands])
+    out_unit = cap.units[piece.output]
+    g.output(values[out_unit.node], "y")
+    g = sink_reshapes(g)
+    # every other value the original nodes read (sizes, constants' nodes) is a fallback-only argument
+    for m in sorted(members, key=_order(cap)):
+        for a in m.all_input_nodes:
+            if a not in members:
+                arg(a)
+    return PieceProgram(g, units, args, specs, shapes, out_unit.node)
+
+
+def sink_reshapes(g: Graph) -> Graph:
+    """``unary(reshape(x)) -> reshape(unary(x))`` (element-wise unary operators commute with reshapes), to a
+    fixpoint: a reshape that reaches the program's output is peeled off by the search instead of
+    splitting the program (e.g. GQA attention's regrouping followed by a scale)."""
+    from prism.ir.ops import OPS
+    while True:
+        users: Counter[Any] = Counter(x for n in g.nodes for x in n.src)
+        ng = Graph(g.name)
+        vals: dict[Any, Any] = {}
+        for name, node in g.inputs.items():
+            vals[node] = ng.input(name, node.shape, node.dtype)
+        changed = False
+        for n in g.nodes:
+            if n.op == "input":
+                continue
+            if n.op == "output":
+                ng.output(vals[n.src[0]], n.arg[0])
+                continue
+            src = n.src[0] if n.src else None
+            if (OPS[n.op].group == "unary" and src is not None and src.op == "reshape" and users[src] == 1):
+                inner = ng._apply(n.op, [vals[src.src[0]]], n.arg)
+                vals[n] = ng.reshape(inner, src.arg[0])
+                changed = True
+            else:
+                vals[n] = ng._apply(n.op, [vals[x] for x in n.src], n.arg)
+        g = ng
+        if not changed:
+            return g
+
+
+def _order(cap: Captured) -> Callable[[Any], int]:
+    pos = {n: i for i, n in enumerate(cap.gm.graph.nodes)}
+    return pos.__getitem__
+
+
+def _fallback_module(cap: Captured, prog: PieceProgram) -> torch.nn.Module:
+    g = torch.fx.Graph()
+    env: dict[Any, Any] = {}
+    for k, node in enumerate(prog.args):
+        ph = g.placeholder(f"a{k}")
+        env.setdefault(node, ph)
+    members = sorted({m for u in prog.units for m in u.members}, key=_order(cap))
+    for m in members:
+        env[m] = g.node_copy(m, lambda a: env[a])
+    g.output(env[prog.output])
+    return torch.fx.GraphModule(cap.gm, g)
+
+
+# --- the whole graph ----------------------------------------------------------------------------------
+
+def copy_module(gm: Any) -> Any:
+    """A GraphModule with a copy of ``gm``'s graph (node meta kept) sharing its parameters and submodules:
+    rewriting it leaves ``gm`` untouched."""
+    g = torch.fx.Graph()
+    g._codegen = gm.graph._codegen  # how forward's signature is generated (pytree for exported modules)
+    val_map: dict[Any, Any] = {}
+    got = g.graph_copy(gm.graph, val_map, return_output_node=True)
+    if isinstance(got, tuple):
+        rv, out_node = got
+        new_out = g.output(rv, type_expr=out_node.type)
+        new_out.meta = dict(out_node.meta)
+    new = torch.fx.GraphModule(gm, g, class_name=type(gm).__name__)
+    for k in ("meta", "_in_spec", "_out_spec"):
+        if hasattr(gm, k):
+            setattr(new, k, getattr(gm, k))
+    return new
+
+
+def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: str = "fx",
+                  options: Options | None = None, dynamic: Any = None,
+                  persistent_inputs: set[int] | None = None) -> tuple[Any, GraphReport]:
+    """Rewrite ``gm`` in place (see the module docstring); returns it and its report."""
+    opts = options or Options()
+    nodes = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+    report = new_report(source, nodes)
+    cap = capture(gm, example_inputs, dynamic, persistent_inputs)
+    _log_fallbacks(report, cap)
+    report.layout = len(cap.layout_units)
+    pieces = plan_pieces(cap, opts.budget)
+    built: list[tuple[PieceReport, PieceProgram, torch.nn.Module]] = []
+    for k, piece in enumerate(pieces):  # build every program before the graph changes
+        units = [cap.units[i] for i in piece.members]
+        pr = PieceReport(k, [u.op for u in units], piece.ops, [], "small")
+        report.pieces.append(pr)
+        if not piece.searched:
+            pr.reason = "a single element-wise operator: nothing to fuse"
+            continue
+        try:
+            prog = build_piece(cap, piece)
+            fallback = _fallback_module(cap, prog)
+        except Exception as e:  # the piece stays in PyTorch, loudly
+            pr.status, pr.reason = "failed", f"cannot form its Prism program: {type(e).__name__}: {e}"
+            log.warning("prism: piece %d (%s) left to PyTorch: %s", k, pr.label, pr.reason)
+            continue
+        pr.inputs, pr.program_key = prog.input_shapes, prog.graph.key
+        built.append((pr, prog, fallback))
+    replaced: dict[Any, Any] = {}
+    order = _order(cap)
+    for done, (pr, prog, fallback) in enumerate(built, 1):
+        if opts.progress:
+            opts.progress("search", done, len(built), pr.label)
+        kernel = _superoptimize(prog.graph, opts, pr)
+        if kernel is None:
+            if opts.progress:
+                opts.progress("failed", done, len(built), pr.label)
+            continue
+        runner = PieceRunner(f"{pr.index} ({pr.label})", kernel, list(prog.specs), fallback)
+        pr.status, pr.runner = "prism", runner
+        pr.structure = kernel.implementations[0].structure if kernel.implementations else ""
+        _replace(gm, prog, runner, f"prism_piece_{report.index}_{pr.index}", replaced, order)
+        if opts.progress:
+            opts.progress("done", done, len(built), pr.label)
+    gm.graph.lint()
+    gm.recompile()
+    log.info("prism: %s", report.summary())
+    return gm, report
+
+
+def _superoptimize(graph: Graph, opts: Options, pr: PieceReport) -> Any:
+    from prism.api import superoptimize
+    t0 = time.perf_counter()
+    try:
+        k = superoptimize(graph, limits=opts.search_limits(), top_k=opts.top_k, tune_budget_s=opts.tune_budget_s,
+                          verbose=opts.verbose, measure_machine=opts.measure_machine)
+    except Exception as e:  # any failure leaves the piece to PyTorch, loudly
+        msg = str(e).splitlines()[0] if str(e) else ""
+        pr.status, pr.reason = "failed", f"prism.superoptimize raised {type(e).__name__}: {msg}"
+        log.warning("prism: piece %d (%s) left to PyTorch: %s", pr.index, pr.label, pr.reason)
+        return None
+    log.info("prism: piece %d (%s) superoptimized in %.1f s", pr.index, pr.label, time.perf_counter() - t0)
+    return k
+
+
+def _replace(gm: Any, prog: PieceProgram, runner: PieceRunner, name: str, replaced: dict[Any, Any],
+             order: Callable[[Any], int]) -> None:
+    gm.add_submodule(name, runner)
+    g = gm.graph
+    with g.inserting_before(prog.output):
+        call = g.call_module(name, tuple(replaced.get(a, a) for a in prog.args))
+    call.meta = dict(prog.output.meta)
+    prog.output.replace_all_uses_with(call)
+    replaced[prog.output] = call
+    members = sorted({m for u in prog.units for m in u.members}, key=order)
+    for m in reversed(members):
+        g.erase_node(m)
+
+
+def _log_fallbacks(report: GraphReport, cap: Captured) -> None:
+    counts: Counter[tuple[str, str]] = Counter((f.op, f.reason) for f in cap.fallbacks)
+    for (op, reason), n in counts.items():
+        report.fallbacks.append(Fallback(op, reason, n))
+        log.warning("prism: %s left to PyTorch%s: %s", op, f" (x{n})" if n > 1 else "", reason)

@@ -1,0 +1,786 @@
+"""Which PyTorch operators Prism captures, and how each becomes Prism operators.
+
+Every FX node (Dynamo's torch-level graphs, ``torch.fx.symbolic_trace``, ``torch.export``'s ATen graphs)
+is normalized to a *canonical name* (``operator.add``, ``torch.add``, ``Tensor.add``, ``aten.add.Tensor``
+-> ``add``) and its arguments are bound by position and name. A converter then returns a
+:class:`Lowered`: the tensor operands, whether it is *compute* or *layout*, and an ``emit`` function that
+builds the Prism operators on any builder (the whole captured graph, or one piece). A converter that
+cannot express a call raises :class:`Unsupported` with the reason; the node then stays in PyTorch.
+
+``SUPPORTED`` lists the canonical names (``prism.frontend.SUPPORTED``).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prism.errors import PrismError
+from prism.frontend.symbolic import integral, to_dim
+from prism.ir import dims as D
+from prism.ir.builder import OpMethods, Tensor
+from prism.ir.dims import DimLike
+
+Emit = Callable[[OpMethods, list[Tensor]], Any]
+_REQUIRED = object()
+
+
+class Unsupported(Exception):
+    """A call Prism cannot express; ``str(e)`` is the reason (shown in the fallback log line)."""
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor operand: an FX node, optionally transposed by ``perm`` before use. A transposed piece
+    input that is module state (a weight) is transposed once in PyTorch and cached."""
+
+    node: Any
+    perm: tuple[int, ...] | None = None
+
+
+@dataclass
+class Lowered:
+    op: str                                   # canonical name, for reports and logs
+    kind: str                                 # "compute" | "layout"
+    operands: list[Operand]
+    emit: Emit
+    sig: tuple = ()                           # normalized form for pattern fusion (see capture.py)
+    members: list[Any] = field(default_factory=list)   # extra FX nodes absorbed (patterns)
+
+
+def meta_value(node: Any) -> Any:
+    m = node.meta
+    for k in ("val", "example_value"):
+        if k in m:
+            return m[k]
+    tm = m.get("tensor_meta")
+    return tm
+
+
+def is_tensor_meta(v: Any) -> bool:
+    return hasattr(v, "shape") and hasattr(v, "dtype") and not isinstance(v, tuple)
+
+
+# --- argument binding ---------------------------------------------------------------------------
+
+SIGS: dict[str, tuple[str, ...]] = {
+    "linear": ("input", "weight", "bias"),
+    "matmul": ("input", "other"), "mm": ("input", "other"), "bmm": ("input", "other"),
+    "addmm": ("input", "mat1", "mat2", "beta", "alpha"),
+    "add": ("input", "other", "alpha"), "sub": ("input", "other", "alpha"), "rsub": ("input", "other", "alpha"),
+    "mul": ("input", "other"), "div": ("input", "other", "rounding_mode"), "maximum": ("input", "other"),
+    "exp": ("input",), "sqrt": ("input",), "rsqrt": ("input",), "sigmoid": ("input",), "tanh": ("input",),
+    "neg": ("input",), "silu": ("input", "inplace"), "relu": ("input", "inplace"),
+    "gelu": ("input", "approximate"), "pow": ("input", "exponent"), "square": ("input",),
+    "clamp": ("input", "min", "max"), "clamp_min": ("input", "min"),
+    "sum": ("input", "dim", "keepdim", "dtype"), "mean": ("input", "dim", "keepdim", "dtype"),
+    "amax": ("input", "dim", "keepdim"),
+    "softmax": ("input", "dim", "_third", "dtype"), "_softmax": ("input", "dim", "half_to_float"),
+    "rms_norm": ("input", "normalized_shape", "weight", "eps"),
+    "scaled_dot_product_attention": ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                                     "enable_gqa"),
+    "view": ("input", "*shape"), "reshape": ("input", "*shape"), "_unsafe_view": ("input", "*shape"),
+    "permute": ("input", "*dims"), "transpose": ("input", "dim0", "dim1"), "t": ("input",),
+    "unsqueeze": ("input", "dim"), "squeeze": ("input", "dim"), "expand": ("input", "*size"),
+    "contiguous": ("input", "memory_format"), "clone": ("input", "memory_format"), "detach": ("input",),
+    "alias": ("input",), "dropout": ("input", "p", "training", "inplace"), "float": ("input",),
+    "to": ("input", "*rest"), "type_as": ("input", "other"), "_to_copy": ("input",),
+    "cat": ("tensors", "dim"), "split": ("input", "split_size_or_sections", "dim"),
+    "split_with_sizes": ("input", "split_sizes", "dim"), "chunk": ("input", "chunks", "dim"),
+    "getitem": ("input", "idx"), "slice": ("input", "dim", "start", "end", "step"),
+}
+ALIASES = {"truediv": "div", "__matmul__": "matmul", "true_divide": "div", "multiply": "mul", "subtract": "sub",
+           "negative": "neg", "concat": "cat", "concatenate": "cat", "swapaxes": "transpose", "swapdims": "transpose"}
+_INPLACE = {"iadd", "isub", "imul", "itruediv", "silu_", "relu_", "div_", "add_", "mul_"}
+
+
+class Call:
+    """One FX call, bound to the parameter names of ``SIGS`` (``self`` is ``input``)."""
+
+    def __init__(self, name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        self.name = name
+        self.values: dict[str, Any] = {}
+        params = SIGS[name]
+        args = list(args)
+        for i, p in enumerate(params):
+            if p.startswith("*"):
+                rest = args[i:]
+                if len(rest) == 1 and isinstance(rest[0], (list, tuple)):
+                    rest = list(rest[0])
+                self.values[p[1:]] = rest if rest else kwargs.get(p[1:], kwargs.get("size", []))
+                args = args[:i]
+                break
+            if i < len(args):
+                self.values[p] = args[i]
+        if len(args) > len(params):
+            raise Unsupported(f"{name}: {len(args)} positional arguments, expected at most {len(params)}")
+        for k, v in kwargs.items():
+            k = "input" if k == "self" else k
+            if k in ("out",) and v is not None:
+                raise Unsupported(f"{name}: out= is not supported")
+            self.values[k] = v
+
+    def get(self, key: str, default: Any = _REQUIRED) -> Any:
+        if key in self.values:
+            return self.values[key]
+        if default is _REQUIRED:
+            raise Unsupported(f"{self.name}: missing argument {key!r}")
+        return default
+
+
+# --- canonical names --------------------------------------------------------------------------------
+
+# in-place operators (operator.iadd, Tensor.add_, aten.add_) are not here: a Prism kernel returns a new
+# tensor, and the mutation of the operand (possibly the caller's) must happen; they stay in PyTorch
+_OPERATOR = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
+             operator.matmul: "matmul", operator.neg: "neg", operator.pow: "pow", operator.getitem: "getitem"}
+
+
+def canonical_name(node: Any) -> str:
+    """The canonical name of an FX call (``''`` when it names nothing Prism knows), for dispatch and logs."""
+    import torch
+
+    if node.op == "call_method":
+        name = str(node.target)
+    elif node.op == "call_function":
+        t = node.target
+        if t in _OPERATOR:
+            return _OPERATOR[t]
+        if isinstance(t, torch._ops.OpOverload):
+            name = t.overloadpacket.__name__
+        else:
+            name = getattr(t, "__name__", "")
+            mod = getattr(t, "__module__", None) or ""
+            if not (mod.startswith("torch") or getattr(torch.Tensor, name, None) is t):
+                return ""
+    else:
+        return ""
+    if name in _INPLACE or (name.endswith("_") and not name.startswith("_")):
+        return ""  # in-place mutation: leave to PyTorch
+    name = ALIASES.get(name, name)
+    return name if name in SIGS else ""
+
+
+def display_name(node: Any) -> str:
+    """How a node's operator is named in logs: ``aten.cumsum.default``, ``torch.cumsum``, ``Tensor.cumsum``."""
+    import torch
+
+    t = node.target
+    if node.op == "call_method":
+        return f"Tensor.{t}"
+    if node.op == "call_module":
+        return f"module {t}"
+    if isinstance(t, torch._ops.OpOverload):
+        return str(t)
+    mod = getattr(t, "__module__", None) or ""
+    name = getattr(t, "__qualname__", getattr(t, "__name__", str(t)))
+    short = getattr(t, "__name__", "")
+    if short and getattr(torch, short, None) is t:
+        return f"torch.{short}"
+    if mod in ("_operator", "operator"):
+        return f"operator.{name}"
+    if mod.startswith("torch._C._nn") or mod.startswith("torch.nn.functional"):
+        return f"torch.nn.functional.{name}"
+    return f"{mod}.{name}" if mod and mod != "builtins" else name
+
+
+# --- the conversion context ---------------------------------------------------------------------------
+
+class Conv:
+    """Reads one call's arguments and collects its operands (see ``convert``)."""
+
+    def __init__(self, call: Call, node: Any) -> None:
+        self.call = call
+        self.node = node
+        self.operands: list[Operand] = []
+
+    def get(self, key: str, default: Any = _REQUIRED) -> Any:
+        return self.call.get(key, default)
+
+    def is_tensor(self, v: Any) -> bool:
+        return _is_node(v) and is_tensor_meta(meta_value(v))
+
+    def tensor(self, v: Any, perm: tuple[int, ...] | None = None) -> int:
+        if not self.is_tensor(v):
+            raise Unsupported(f"{self.call.name}: expected a tensor operand, got {_describe(v)}")
+        op = Operand(v, perm)
+        if op not in self.operands:
+            self.operands.append(op)
+        return self.operands.index(op)
+
+    def shape(self, v: Any) -> tuple:
+        return tuple(meta_value(v).shape)
+
+    def rank(self, v: Any) -> int:
+        return len(meta_value(v).shape)
+
+    def number(self, v: Any, what: str = "") -> float:
+        if _is_node(v):  # a size computation (math.sqrt(x.shape[-1])) whose value is static
+            mv = meta_value(v)
+            if isinstance(mv, (int, float)) and not isinstance(mv, bool):
+                return float(mv)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise Unsupported(f"{self.call.name}: {what or 'operand'} must be a constant number, got {_describe(v)}")
+        return float(v)
+
+    def integer(self, v: Any, what: str = "") -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise Unsupported(f"{self.call.name}: {what or 'argument'} must be a constant int, got {_describe(v)}")
+        return v
+
+    def dim(self, v: Any) -> DimLike:
+        if _is_node(v):
+            mv = meta_value(v)
+            if mv is None or is_tensor_meta(mv):
+                raise Unsupported(f"{self.call.name}: expected a size, got {_describe(v)}")
+            return to_dim(mv)
+        return to_dim(v)
+
+    def sizes(self, v: Any) -> list[Any]:
+        if _is_node(v):
+            mv = meta_value(v)
+            if isinstance(mv, (tuple, list)):
+                return [to_dim(x) for x in mv]
+            raise Unsupported(f"{self.call.name}: expected a list of sizes, got {_describe(v)}")
+        if isinstance(v, (list, tuple)):
+            return list(v)
+        return [v]
+
+
+def _is_node(v: Any) -> bool:
+    return type(v).__name__ == "Node" and hasattr(v, "meta")
+
+
+def _describe(v: Any) -> str:
+    if _is_node(v):
+        mv = meta_value(v)
+        return f"{v.name} ({type(mv).__name__})"
+    return f"{type(v).__name__} {v!r}"
+
+
+def _ndim(d: int, rank: int, what: str) -> int:
+    if not isinstance(d, int) or isinstance(d, bool):
+        raise Unsupported(f"{what}: dim must be a constant int, got {d!r}")
+    if not -rank <= d < max(rank, 1):
+        raise Unsupported(f"{what}: dim {d} out of range for rank {rank}")
+    return d % rank if rank else 0
+
+
+CONVERTERS: dict[str, Callable[[Conv], Lowered]] = {}
+
+
+def _conv(*names: str) -> Callable[[Callable[[Conv], Lowered]], Callable[[Conv], Lowered]]:
+    def deco(fn: Callable[[Conv], Lowered]) -> Callable[[Conv], Lowered]:
+        for n in names:
+            CONVERTERS[n] = fn
+        return fn
+    return deco
+
+
+def convert(node: Any) -> Lowered:
+    """The :class:`Lowered` of one FX call; raises :class:`Unsupported` with the reason."""
+    name = canonical_name(node)
+    if not name or name not in CONVERTERS:
+        raise Unsupported("not supported by Prism")
+    try:
+        call = Call(name, node.args, dict(node.kwargs))
+        return CONVERTERS[name](Conv(call, node))
+    except (PrismError, ValueError, TypeError) as e:
+        raise Unsupported(f"{name}: {e}") from None
+
+
+# --- contractions -------------------------------------------------------------------------------------
+
+def _check_rank2(c: Conv, *vs: Any) -> None:
+    for v in vs:
+        if c.rank(v) < 2:
+            raise Unsupported(f"{c.call.name}: operands of rank < 2 (vector products) are not supported")
+
+
+@_conv("matmul", "mm", "bmm")
+def _matmul(c: Conv) -> Lowered:
+    a, b = c.get("input"), c.get("other")
+    _check_rank2(c, a, b)
+    i, j = c.tensor(a), c.tensor(b)
+    return Lowered("matmul", "compute", c.operands, lambda g, t: g.matmul(t[i], t[j]), ("matmul",))
+
+
+@_conv("linear")
+def _linear(c: Conv) -> Lowered:
+    x, w, bias = c.get("input"), c.get("weight"), c.get("bias", None)
+    if c.rank(w) != 2 or c.rank(x) < 2:
+        raise Unsupported(f"linear: needs a 2-D weight and an input of rank >= 2, got ranks {c.rank(x)}, {c.rank(w)}")
+    i, j = c.tensor(x), c.tensor(w, perm=(1, 0))
+    k = c.tensor(bias) if bias is not None else None
+
+    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+        y = g.matmul(t[i], t[j])
+        return g.add(y, t[k]) if k is not None else y
+    return Lowered("linear", "compute", c.operands, emit, ("linear",))
+
+
+@_conv("addmm")
+def _addmm(c: Conv) -> Lowered:
+    bias, a, b = c.get("input"), c.get("mat1"), c.get("mat2")
+    beta, alpha = c.number(c.get("beta", 1), "beta"), c.number(c.get("alpha", 1), "alpha")
+    i, j, k = c.tensor(a), c.tensor(b), c.tensor(bias)
+
+    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+        y = g.matmul(t[i], t[j])
+        y = y if alpha == 1 else g.mul_scalar(y, alpha)
+        return g.add(y, t[k] if beta == 1 else g.mul_scalar(t[k], beta))
+    return Lowered("addmm", "compute", c.operands, emit)
+
+
+# --- element-wise -------------------------------------------------------------------------------------
+
+_UNARY = {"exp": "exp", "sqrt": "sqrt", "rsqrt": "rsqrt", "sigmoid": "sigmoid", "tanh": "tanh", "neg": "neg",
+          "silu": "silu", "relu": "relu", "square": "square"}
+
+
+def _unary(name: str) -> Callable[[Conv], Lowered]:
+    def fn(c: Conv) -> Lowered:
+        if c.get("inplace", False):
+            raise Unsupported(f"{name}: inplace=True")
+        i = c.tensor(c.get("input"))
+        return Lowered(name, "compute", c.operands, lambda g, t: getattr(g, _UNARY[name])(t[i]), (name,))
+    return fn
+
+
+for _n in _UNARY:
+    CONVERTERS[_n] = _unary(_n)
+
+
+@_conv("gelu")
+def _gelu(c: Conv) -> Lowered:
+    approx = c.get("approximate", "none")
+    if approx not in ("none", "tanh"):
+        raise Unsupported(f"gelu: approximate={approx!r}")
+    i = c.tensor(c.get("input"))
+    return Lowered("gelu", "compute", c.operands, lambda g, t: g.gelu(t[i], approx), ("gelu", approx))
+
+
+@_conv("pow")
+def _pow(c: Conv) -> Lowered:
+    x, e = c.get("input"), c.get("exponent")
+    if not c.is_tensor(x):
+        raise Unsupported("pow: a tensor exponent of a constant base")
+    p = c.number(e, "the exponent")
+    i = c.tensor(x)
+    table: dict[float, Callable[[OpMethods, Tensor], Tensor]] = {
+        2.0: lambda g, v: g.square(v), 0.5: lambda g, v: g.sqrt(v), -0.5: lambda g, v: g.rsqrt(v),
+        1.0: lambda g, v: v, 3.0: lambda g, v: g.mul(v, g.square(v))}
+    if p not in table:
+        raise Unsupported(f"pow: exponent {p:g} (supported: 2, 3, 0.5, -0.5, 1)")
+    f = table[p]
+    return Lowered("pow", "compute", c.operands, lambda g, t: f(g, t[i]), ("square",) if p == 2.0 else ())
+
+
+@_conv("clamp", "clamp_min")
+def _clamp(c: Conv) -> Lowered:
+    lo, hi = c.get("min", None), c.get("max", None)
+    if hi is not None or lo is None or c.is_tensor(lo) or c.number(lo, "min") != 0.0:
+        raise Unsupported("clamp: only clamp(min=0) (= relu) is supported")
+    i = c.tensor(c.get("input"))
+    return Lowered("clamp", "compute", c.operands, lambda g, t: g.relu(t[i]), ("relu",))
+
+
+def _binary(c: Conv, name: str) -> Lowered:
+    a, b = c.get("input"), c.get("other")
+    al = c.number(c.get("alpha", 1), "alpha")
+    if name == "div" and c.get("rounding_mode", None) is not None:
+        raise Unsupported(f"div: rounding_mode={c.get('rounding_mode')!r}")
+    ta, tb = c.is_tensor(a), c.is_tensor(b)
+    if not ta and not tb:
+        raise Unsupported(f"{name}: no tensor operand")
+    if name == "rsub":  # rsub(a, b, alpha) = b - alpha * a
+        a, b, ta, tb, name, scaled_first = b, a, tb, ta, "sub", True
+    else:
+        scaled_first = False
+
+    def scaled(g: OpMethods, v: Tensor, f: float) -> Tensor:
+        return v if f == 1 else g.mul_scalar(v, f)
+    if ta and tb:
+        i, j = c.tensor(a), c.tensor(b)
+        method = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum"}[name]
+        sig = (name,) if al == 1 else ()
+
+        def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+            if scaled_first:
+                return getattr(g, method)(t[i], scaled(g, t[j], al))
+            return getattr(g, method)(t[i], scaled(g, t[j], al) if name in ("add", "sub") else t[j])
+        return Lowered(name, "compute", c.operands, emit, sig)
+    # one constant operand: (tensor x, constant v); `first` when the constant is the left operand
+    first = not ta
+    x, v = (b, c.number(a, "the constant operand")) if first else (a, c.number(b, "the constant operand"))
+    i = c.tensor(x)
+    if scaled_first:       # rsub: v - alpha*x (constant left) or x_b - alpha*v (constant right)
+        fx_, fv = (-al, 1.0) if first else (1.0, -al)
+    elif name in ("add", "sub"):
+        sign = -1.0 if name == "sub" else 1.0
+        fx_, fv = ((sign * al, 1.0) if first else (1.0, sign * al))
+    if name in ("add", "sub"):
+        return Lowered(name, "compute", c.operands, lambda g, t: g.add_scalar(scaled(g, t[i], fx_), fv * v),
+                       ("add_scalar", fv * v) if fx_ == 1 else ())
+    if name == "mul":
+        return Lowered("mul", "compute", c.operands, lambda g, t: g.mul_scalar(t[i], v), ("mul_scalar", v))
+    if name == "div":
+        if first:
+            raise Unsupported("div: a constant divided by a tensor (Prism has no reciprocal operator)")
+        if v == 0:
+            raise Unsupported("div: division by the constant 0")
+        return Lowered("div", "compute", c.operands, lambda g, t: g.mul_scalar(t[i], 1.0 / v), ("mul_scalar", 1 / v))
+    raise Unsupported(f"{name}: a constant operand")
+
+
+for _n in ("add", "sub", "mul", "div", "maximum", "rsub"):
+    CONVERTERS[_n] = (lambda name: lambda c: _binary(c, name))(_n)
+
+
+# --- reductions and row-wise operators -------------------------------------------------------------------
+
+def _reduce_dims(c: Conv, x: Any, dim: Any) -> list[int]:
+    r = c.rank(x)
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return list(range(r))
+    ds = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    out = sorted({_ndim(d, r, c.call.name) for d in ds})
+    return out
+
+
+def _reduction(prism_op: str) -> Callable[[Conv], Lowered]:
+    def fn(c: Conv) -> Lowered:
+        x = c.get("input")
+        if c.get("dtype", None) is not None:
+            raise Unsupported(f"{c.call.name}: dtype= conversion")
+        keep = bool(c.get("keepdim", False))
+        if not isinstance(c.get("keepdim", False), bool):
+            raise Unsupported(f"{c.call.name}: keepdim must be a constant bool")
+        dims = _reduce_dims(c, x, c.get("dim", None))
+        i = c.tensor(x)
+
+        def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+            y = t[i]
+            for d in dims:
+                y = getattr(g, prism_op)(y, d)
+            if not keep:
+                y = g.reshape(y, tuple(s for k, s in enumerate(t[i].shape) if k not in dims))
+            return y
+        r = c.rank(x)
+        sig = (prism_op, dims[0] - r, keep) if len(dims) == 1 else ()
+        return Lowered(c.call.name, "compute", c.operands, emit, sig)
+    return fn
+
+
+CONVERTERS["sum"] = _reduction("sum")
+CONVERTERS["mean"] = _reduction("mean")
+CONVERTERS["amax"] = _reduction("max")
+
+
+@_conv("softmax", "_softmax")
+def _softmax(c: Conv) -> Lowered:
+    x = c.get("input")
+    if c.get("dtype", None) is not None or c.get("half_to_float", False) is True:
+        raise Unsupported("softmax: dtype conversion")
+    d = _ndim(c.get("dim"), c.rank(x), "softmax")
+    i = c.tensor(x)
+    return Lowered("softmax", "compute", c.operands, lambda g, t: g.softmax(t[i], d), ("softmax",))
+
+
+@_conv("rms_norm")
+def _rms_norm(c: Conv) -> Lowered:
+    x, shape, w, eps = c.get("input"), c.get("normalized_shape"), c.get("weight", None), c.get("eps", None)
+    shape = c.sizes(shape)
+    if len(shape) != 1:
+        raise Unsupported(f"rms_norm: normalized_shape {list(shape)} (only the last dim is supported)")
+    e = float(eps) if eps is not None else 1.1920928955078125e-07  # torch.finfo(float32).eps, torch's default
+    i = c.tensor(x)
+    k = c.tensor(w) if w is not None else None
+
+    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+        y = g.rms_norm(t[i], e, -1)
+        return g.mul(y, t[k]) if k is not None else y
+    return Lowered("rms_norm", "compute", c.operands, emit, ("rms_norm",))
+
+
+@_conv("scaled_dot_product_attention")
+def _sdpa(c: Conv) -> Lowered:
+    q, k, v = c.get("query"), c.get("key"), c.get("value")
+    if c.get("attn_mask", None) is not None:
+        raise Unsupported("scaled_dot_product_attention: attn_mask (Prism has no masking operator)")
+    if c.get("is_causal", False):
+        raise Unsupported("scaled_dot_product_attention: is_causal=True (Prism has no masking operator)")
+    if c.number(c.get("dropout_p", 0.0), "dropout_p") != 0.0:
+        raise Unsupported("scaled_dot_product_attention: dropout_p > 0")
+    gqa = bool(c.get("enable_gqa", False))
+    qs, ks = c.shape(q), c.shape(k)
+    if len(qs) < 3 or len(qs) != len(ks) or len(c.shape(v)) != len(qs):
+        raise Unsupported("scaled_dot_product_attention: query, key and value must have the same rank >= 3")
+    e = qs[-1]
+    if not isinstance(e, int):
+        raise Unsupported("scaled_dot_product_attention: a symbolic head dim")
+    scale = c.get("scale", None)
+    scale = 1.0 / math.sqrt(e) if scale is None else c.number(scale, "scale")
+    group = 1
+    if gqa:
+        hq, hk = qs[-3], ks[-3]
+        if not isinstance(hq, int) or not isinstance(hk, int):
+            raise Unsupported("scaled_dot_product_attention: enable_gqa with symbolic head counts")
+        if hq % hk:
+            raise Unsupported(f"scaled_dot_product_attention: {hq} query heads are not a multiple of {hk} KV heads")
+        group = hq // hk
+    i, j, m = c.tensor(q), c.tensor(k), c.tensor(v)
+
+    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+        qq, kk, vv = t[i], t[j], t[m]
+        lead, (hq, rows, dh) = qq.shape[:-3], qq.shape[-3:]
+        if group > 1:  # query head h uses KV head h // group: rows of one KV head's group are contiguous
+            qq = g.reshape(qq, (*lead, D.div_exact(hq, group), rows * group, dh))
+        s = g.mul_scalar(g.matmul(qq, g.transpose(kk, -1, -2)), scale)
+        o = g.matmul(g.softmax(s, -1), vv)
+        if group > 1:
+            o = g.reshape(o, (*lead, hq, rows, o.shape[-1]))
+        return o
+    return Lowered("scaled_dot_product_attention", "compute", c.operands, emit, ("sdpa",))
+
+
+# --- layout ---------------------------------------------------------------------------------------------
+
+def _identity_conv(c: Conv) -> Lowered:
+    x = c.get("input")
+    name = c.call.name
+    if name == "dropout" and c.get("training", True) and c.number(c.get("p", 0.5), "p") != 0.0:
+        raise Unsupported("dropout in training mode")
+    if name in ("to", "type_as", "_to_copy", "float"):
+        want = meta_value(c.node)
+        got = meta_value(x) if c.is_tensor(x) else None
+        if got is None or str(got.dtype) != str(want.dtype) or str(got.device) != str(want.device):
+            raise Unsupported(f"{name}: a dtype or device conversion")
+    i = c.tensor(x)
+    return Lowered(name, "layout", c.operands, lambda g, t: t[i], ("identity",))
+
+
+for _n in ("contiguous", "clone", "detach", "alias", "dropout", "to", "type_as", "_to_copy", "float"):
+    CONVERTERS[_n] = _identity_conv
+
+
+def _target_shape(c: Conv, x: Any, raw: list[Any]) -> tuple[DimLike, ...]:
+    dims = [c.dim(v) if not (isinstance(v, int) and v == -1) else -1 for v in raw]
+    if dims.count(-1) > 1:
+        raise Unsupported("view: more than one -1")
+    if -1 in dims:
+        total = D.product(to_dim(s) for s in c.shape(x))
+        rest = D.product(d for d in dims if not (isinstance(d, int) and d == -1))
+        inferred = D.div_exact(total, rest)
+        if not integral(inferred):
+            raise Unsupported(f"view: the -1 dim {inferred} is not an integer for every size")
+        dims[dims.index(-1)] = inferred
+    return tuple(dims)
+
+
+@_conv("view", "reshape", "_unsafe_view")
+def _view(c: Conv) -> Lowered:
+    x = c.get("input")
+    raw = c.get("shape")
+    if len(raw) == 1 and _is_node(raw[0]):
+        raw = c.sizes(raw[0])
+    if any(not isinstance(v, (int,)) and not _is_node(v) and type(v).__name__ != "SymInt" for v in raw):
+        raise Unsupported(f"view: unsupported shape {raw!r}")
+    shape = _target_shape(c, x, list(raw))
+    i = c.tensor(x)
+    return Lowered(c.call.name, "layout", c.operands, lambda g, t: g.reshape(t[i], shape))
+
+
+@_conv("permute")
+def _permute(c: Conv) -> Lowered:
+    x = c.get("input")
+    r = c.rank(x)
+    perm = tuple(_ndim(c.integer(p, "a permutation entry"), r, "permute") for p in c.get("dims"))
+    i = c.tensor(x)
+    return Lowered("permute", "layout", c.operands, lambda g, t: g.permute(t[i], perm))
+
+
+@_conv("transpose", "t")
+def _transpose(c: Conv) -> Lowered:
+    x = c.get("input")
+    r = c.rank(x)
+    if c.call.name == "t":
+        if r < 2:
+            return _identity_conv(c)
+        d0, d1 = 0, 1
+    else:
+        d0, d1 = _ndim(c.get("dim0"), r, "transpose"), _ndim(c.get("dim1"), r, "transpose")
+    i = c.tensor(x)
+    return Lowered("transpose", "layout", c.operands, lambda g, t: g.transpose(t[i], d0, d1))
+
+
+@_conv("unsqueeze")
+def _unsqueeze(c: Conv) -> Lowered:
+    x = c.get("input")
+    r = c.rank(x)
+    d = _ndim(c.integer(c.get("dim"), "dim"), r + 1, "unsqueeze")
+    i = c.tensor(x)
+    return Lowered("unsqueeze", "layout", c.operands,
+                   lambda g, t: g.reshape(t[i], (*t[i].shape[:d], 1, *t[i].shape[d:])))
+
+
+@_conv("squeeze")
+def _squeeze(c: Conv) -> Lowered:
+    x = c.get("input")
+    shape = [to_dim(s) for s in c.shape(x)]
+    dim = c.get("dim", None)
+    ds = range(len(shape)) if dim is None else ([dim] if not isinstance(dim, (list, tuple)) else list(dim))
+    drop = {_ndim(d, len(shape), "squeeze") for d in ds}
+    drop = {d for d in drop if isinstance(shape[d], int) and shape[d] == 1}
+    i = c.tensor(x)
+    return Lowered("squeeze", "layout", c.operands,
+                   lambda g, t: g.reshape(t[i], tuple(s for k, s in enumerate(t[i].shape) if k not in drop)))
+
+
+@_conv("expand")
+def _expand(c: Conv) -> Lowered:
+    """A size-1 dim broadcast to a constant n is n copies concatenated; anything else stays in PyTorch."""
+    x = c.get("input")
+    src = [to_dim(s) for s in c.shape(x)]
+    raw = c.get("size")
+    if len(raw) == 1 and _is_node(raw[0]):
+        raw = c.sizes(raw[0])
+    want = [v if isinstance(v, int) and v == -1 else c.dim(v) for v in raw]
+    if len(want) != len(src):
+        raise Unsupported("expand: adding leading dims")
+    reps: list[tuple[int, int]] = []
+    for d, (a, b) in enumerate(zip(src, want)):
+        if (isinstance(b, int) and b == -1) or D.structurally_equal(a, b):
+            continue
+        if isinstance(a, int) and a == 1 and isinstance(b, int):
+            reps.append((d, b))
+        else:
+            raise Unsupported(f"expand: dim {d} from {a} to {b} (only a size-1 dim to a constant size)")
+    i = c.tensor(x)
+
+    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+        y = t[i]
+        for d, n in reps:
+            y = g.concat([y] * n, d) if n > 1 else y
+        return y
+    return Lowered("expand", "layout", c.operands, emit)
+
+
+@_conv("cat")
+def _cat(c: Conv) -> Lowered:
+    xs = list(c.get("tensors"))
+    if not xs:
+        raise Unsupported("cat: no operands")
+    r = c.rank(xs[0]) if c.is_tensor(xs[0]) else 0
+    d = _ndim(c.get("dim", 0), r, "cat")
+    idx = [c.tensor(x) for x in xs]
+    order = [idx[k] for k in range(len(xs))]
+
+    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+        parts = [t[k] for k in order]
+        return parts[0] if len(parts) == 1 else g.concat(parts, d)
+    return Lowered("cat", "layout", c.operands, emit)
+
+
+def _split_sizes(total: DimLike, size: Any, what: str) -> list[DimLike]:
+    if isinstance(size, int):
+        if not isinstance(total, int):
+            raise Unsupported(f"{what}: an int split size of a symbolic dim")
+        return [min(size, total - k) for k in range(0, total, size)]
+    return [to_dim(s) for s in size]
+
+
+def _split_lowered(c: Conv, x: Any, d: int, sizes: list[DimLike]) -> Lowered:
+    i = c.tensor(x)
+    return Lowered(c.call.name, "layout", c.operands,
+                   lambda g, t: g.split(t[i], sizes, d) if len(sizes) > 1 else (t[i],))
+
+
+@_conv("split", "split_with_sizes")
+def _split(c: Conv) -> Lowered:
+    x = c.get("input")
+    r = c.rank(x)
+    d = _ndim(c.get("dim", 0), r, "split")
+    size = c.get("split_size_or_sections", None) if c.call.name == "split" else c.get("split_sizes")
+    return _split_lowered(c, x, d, _split_sizes(to_dim(c.shape(x)[d]), size, "split"))
+
+
+@_conv("chunk")
+def _chunk(c: Conv) -> Lowered:
+    x = c.get("input")
+    r = c.rank(x)
+    d = _ndim(c.get("dim", 0), r, "chunk")
+    n = c.integer(c.get("chunks"), "chunks")
+    total = to_dim(c.shape(x)[d])
+    if not isinstance(total, int):
+        raise Unsupported("chunk: of a symbolic dim")
+    step = -(-total // n)
+    return _split_lowered(c, x, d, _split_sizes(total, step, "chunk"))
+
+
+@_conv("slice")
+def _slice(c: Conv) -> Lowered:
+    x = c.get("input")
+    r = c.rank(x)
+    d = _ndim(c.get("dim", 0), r, "slice")
+    return _slice_lowered(c, x, d, slice(c.get("start", None), c.get("end", None), c.get("step", 1)))
+
+
+def _slice_bounds(total: DimLike, s: slice) -> tuple[int, int]:
+    if s.step not in (None, 1):
+        raise Unsupported("slicing with a step")
+    if not isinstance(total, int):
+        if s.start in (None, 0) and (s.stop is None or (isinstance(s.stop, int) and s.stop >= 2 ** 62)):
+            return 0, -1  # the whole dim
+        raise Unsupported("slicing a symbolic dim")
+    start, stop, _ = s.indices(total)
+    if stop <= start:
+        raise Unsupported("an empty slice")
+    return start, stop
+
+
+def _slice_lowered(c: Conv, x: Any, d: int, s: slice) -> Lowered:
+    total = to_dim(c.shape(x)[d])
+    start, stop = _slice_bounds(total, s)
+    i = c.tensor(x)
+    if stop == -1 or (start == 0 and stop == total):
+        return Lowered("slice", "layout", c.operands, lambda g, t: t[i])
+    assert isinstance(total, int)
+    sizes = [n for n in (start, stop - start, total - stop) if n > 0]
+    part = 1 if start > 0 else 0
+    return Lowered("slice", "layout", c.operands, lambda g, t: g.split(t[i], sizes, d)[part])
+
+
+@_conv("getitem")
+def _getitem(c: Conv) -> Lowered:
+    x, idx = c.get("input"), c.get("idx")
+    mv = meta_value(x) if _is_node(x) else None
+    if isinstance(mv, (list, tuple)) and isinstance(idx, int):  # one result of split/chunk
+        op = Operand(x)
+        c.operands.append(op)
+        return Lowered("getitem", "layout", c.operands, lambda g, t: t[0][idx])
+    if not c.is_tensor(x):
+        raise Unsupported(f"getitem of {_describe(x)}")
+    items = list(idx) if isinstance(idx, tuple) else [idx]
+    r = c.rank(x)
+    if items.count(Ellipsis) > 1:
+        raise Unsupported("indexing with two ellipses")
+    if Ellipsis in items:
+        k = items.index(Ellipsis)
+        items = items[:k] + [slice(None)] * (r - len(items) + 1) + items[k + 1:]
+    if len(items) > r or any(not isinstance(it, slice) for it in items):
+        raise Unsupported("indexing other than slices (integers, None, tensors)")
+    cut = [(d, it) for d, it in enumerate(items) if it != slice(None)]
+    if len(cut) > 1:
+        raise Unsupported("slicing more than one dim at once")
+    if not cut:
+        i = c.tensor(x)
+        return Lowered("getitem", "layout", c.operands, lambda g, t: t[i])
+    d, s = cut[0]
+    return _slice_lowered(c, x, d, s)
+
+
+SUPPORTED: tuple[str, ...] = tuple(sorted(CONVERTERS))

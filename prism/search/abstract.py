@@ -1,0 +1,153 @@
+"""Abstract expressions: the lax, size-free meaning of a tensor that search prunes with (Mirage-style).
+
+An abstract expression is a term over the program's input names and one value-free constant ``c``,
+built from ``sum``, ``mul``, ``div``, ``add``, ``sub``, ``exp``, ``sqrt``, ... . It forgets sizes,
+reduction dims, layouts and how a tensor is partitioned: a tile of ``X`` is ``X``, ``matmul(a, b)`` is
+``sum(mul(a, b))``, an accumulator over the for-loop is one more ``sum`` (and ``sum(sum(x)) == sum(x)``
+in the e-graph), ``rms_norm(x)`` is ``div(x, sqrt(sum(mul(x, x))))`` (the eps is dropped), softmax is
+``div(exp(x), sum(exp(x)))`` (the max-shift is invisible), permute/reshape/save are the identity.
+Scalar constants keep their *presence* (``mul_scalar(x, c) -> mul(x, c)``) but not their value: without
+it a scaling would be invisible and search would try it anywhere, any number of times.
+
+Everything is written once against an :class:`Algebra`, so the same translation builds egglog terms
+for the target (:mod:`prism.search.egraph`), e-class ids during search, and printable trees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Generic, Protocol, TypeVar
+
+from prism.errors import UnsupportedError
+
+T = TypeVar("T")
+
+CONST = "c"
+
+# IR operators the search can reason about (kernel level; TILE_OPS minus layout ops inside blocks).
+UNARY_OPAQUE = ("exp", "sqrt", "rsqrt", "silu", "gelu", "relu", "sigmoid", "tanh", "neg")
+BINARY = ("add", "sub", "mul", "div", "maximum")
+IDENTITY = ("permute", "reshape", "output", "result", "save", "iter")
+SUPPORTED = frozenset((*UNARY_OPAQUE, *BINARY, *IDENTITY, "input", "matmul", "square", "mul_scalar",
+                       "add_scalar", "sum", "mean", "max", "rms_norm", "softmax"))
+WHY_UNSUPPORTED = {
+    "concat": "concatenation places data by position, which the size-free abstract algebra cannot see",
+    "split": "a split part depends on positions, which the size-free abstract algebra cannot see",
+    "customized": "the program already contains a graph-defined kernel; search starts from plain operators",
+}
+
+
+class Algebra(Protocol[T]):
+    """Builds abstract values. ``None`` means "not representable" and propagates."""
+
+    def atom(self, name: str) -> T | None: ...
+
+    def u(self, op: str, a: T | None) -> T | None: ...
+
+    def b(self, op: str, a: T | None, b: T | None) -> T | None: ...
+
+
+def op_expr(alg: Algebra[T], op: str, arg: tuple, srcs: Sequence[T | None]) -> T | None:
+    """The abstract value of kernel/tile operator ``op`` applied to abstract values ``srcs``."""
+    if op == "input":
+        return alg.atom(arg[0])
+    if op in IDENTITY:
+        return srcs[0]
+    a = srcs[0] if srcs else None
+    if op == "matmul":
+        return alg.u("sum", alg.b("mul", a, srcs[1]))
+    if op in UNARY_OPAQUE:
+        return alg.u(op, a)
+    if op == "square":
+        return alg.b("mul", a, a)
+    if op == "mul_scalar":
+        return alg.b("mul", a, alg.atom(CONST))
+    if op == "add_scalar":
+        return alg.b("add", a, alg.atom(CONST))
+    if op in BINARY:
+        return alg.b(op, a, srcs[1])
+    if op in ("sum", "mean"):
+        return alg.u("sum", a)
+    if op == "max":
+        return alg.u("max", a)
+    if op == "rms_norm":
+        return alg.b("div", a, alg.u("sqrt", alg.u("sum", alg.b("mul", a, a))))
+    if op == "softmax":
+        e = alg.u("exp", a)
+        return alg.b("div", e, alg.u("sum", e))
+    raise UnsupportedError(f"operator {op!r} is not supported by search: "
+                           f"{WHY_UNSUPPORTED.get(op, 'it has no abstract expression')}; "
+                           f"supported: {sorted(SUPPORTED - set(IDENTITY[2:]))}")
+
+
+def acc_expr(alg: Algebra[T], kind: str, srcs: Sequence[T | None]) -> T | None:
+    """The abstract value of a for-loop accumulator (see prism.ir.block.ACCUMULATORS)."""
+    x = srcs[0]
+    if kind in ("sum", "sum_last"):
+        return alg.u("sum", x)
+    if kind == "rms":
+        return alg.u("sqrt", alg.u("sum", alg.b("mul", x, x)))
+    if kind == "max":
+        return alg.u("max", x)
+    if kind == "softmax_sum":
+        return alg.u("sum", alg.u("exp", x))
+    if kind == "softmax_matmul":
+        return alg.u("sum", alg.b("mul", alg.u("exp", x), srcs[1]))
+    raise UnsupportedError(f"accumulator {kind!r} has no abstract expression")
+
+
+# --- a printable algebra (tests, error messages, the egglog oracle) ----------------------------
+
+Tree = tuple  # ("atom", name) | (op, child) | (op, child, child)
+
+
+class TreeAlgebra(Generic[T]):
+    """Abstract values as nested tuples (applies ``sum(sum(x)) -> sum(x)`` eagerly)."""
+
+    def atom(self, name: str) -> Tree:
+        return ("atom", name)
+
+    def u(self, op: str, a: Tree | None) -> Tree | None:
+        if a is None:
+            return None
+        if op == "sum" and a[0] == "sum":
+            return a
+        return (op, a)
+
+    def b(self, op: str, a: Tree | None, b: Tree | None) -> Tree | None:
+        if a is None or b is None:
+            return None
+        return (op, a, b)
+
+
+def format_tree(t: Tree | None) -> str:
+    if t is None:
+        return "<none>"
+    if t[0] == "atom":
+        return t[1]
+    return f"{t[0]}(" + ", ".join(format_tree(c) for c in t[1:]) + ")"
+
+
+def graph_exprs(graph: object, alg: Algebra[T]) -> list[T | None]:
+    """Abstract values of a kernel graph's outputs; UnsupportedError names the first unsupported node."""
+    vals: dict = {}
+    for n in graph.nodes:  # type: ignore[attr-defined]
+        if n.op not in SUPPORTED:
+            raise UnsupportedError(
+                f"search cannot handle node {n.describe()} (operator {n.op!r}): "
+                f"{WHY_UNSUPPORTED.get(n.op, 'it has no abstract expression')}. "
+                f"Supported operators: {sorted(SUPPORTED - {'output', 'result', 'save', 'iter'})}")
+        vals[n] = op_expr(alg, n.op, n.arg, [vals[s] for s in n.src])
+    return [vals[o] for o in graph.outputs]  # type: ignore[attr-defined]
+
+
+def heads(t: Tree) -> set[str]:
+    """Operator names in a tree (atoms excluded)."""
+    out: set[str] = set()
+    stack = [t]
+    while stack:
+        x = stack.pop()
+        if x[0] != "atom":
+            out.add(x[0])
+            stack.extend(x[1:])
+    return out

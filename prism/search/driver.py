@@ -1,0 +1,406 @@
+"""``prism.search``: generate, rank and verify fused implementations of a program.
+
+Pipeline: peel boundary layout ops (:mod:`.program`) -> abstract target and its lax e-graph, saturated
+once (:mod:`.egraph`) -> operator set (:mod:`.space`) -> kernel-graph generation by iterative deepening
+over the number of kernel operators (1, 2, ... ``max_kernel_ops``), each level's first moves run as
+independent tasks on an :class:`~.executor.Executor` -> for every complete structure, its map
+assignments (sGraphs with symbolic grid sizes and ``F``) ranked by the static cost model -> verification
+in rank order until ``max_results`` candidates pass (:mod:`.gate`). Results are cached on disk by
+(program key, limits, mode, env, verifier).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from prism.errors import PrismError
+from prism.ir import dims as D
+from prism.ir.graph import Graph
+from prism.ir.serialize import graph_from_json, graph_to_json
+from prism.search import maps as M
+from prism.search.abstract import TreeAlgebra, format_tree, graph_exprs
+from prism.search.block import BlockContext, BlockSearch, HardwareSpec, compile_templates
+from prism.search.build import assignments, build_graph
+from prism.search.cost import CostReport, Machine, estimate, machine
+from prism.search.egraph import DEFAULT_AXIOMS, ClassTable, LaxEGraph
+from prism.search.executor import Executor, make_executor
+from prism.search.gate import UnsplitCheck, Verdict, formal_verifier
+from prism.search.gate import verify as gate_verify
+from prism.search.kernel import FREE_OPS, Bound, KernelCandidate, KernelSearch
+from prism.search.program import CoreProgram, peel
+from prism.search.space import Limits, derive_opset
+from prism.search.stats import Budget, Stats, StopReason, StopSearch
+
+VERSION = "search/1"
+MODES = ("symbolic", "concrete")
+CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} dividing the split dims
+MAX_VERIFY = 200         # verification attempts per search (ranked order) before giving up
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Candidate:
+    """One verified result: an sGraph (customized ops with concrete maps, symbolic grid sizes and F)."""
+
+    graph: Graph
+    cost: CostReport
+    verdict: Verdict
+    structure: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"graph": json.loads(graph_to_json(self.graph)), "cost": self.cost.to_json(),
+                "verified": {"ok": self.verdict.ok, "how": self.verdict.how, "detail": self.verdict.detail,
+                             "instantiations": self.verdict.instantiations},
+                "structure": self.structure}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Candidate:
+        c = d["cost"]
+        v = d["verified"]
+        return cls(graph_from_json(json.dumps(d["graph"])),
+                   CostReport(c["seconds"], c["dram_bytes"], c["flops"], c["kernels"], c["working_set"],
+                              dict(c["params"]), c["feasible"]),
+                   Verdict(v["ok"], v["how"], v["detail"], list(v["instantiations"])), d["structure"])
+
+
+@dataclass
+class SearchResult:
+    program: Graph
+    mode: str
+    limits: Limits
+    stop_reason: StopReason
+    candidates: list[Candidate]
+    stats: Stats
+    target: str = ""
+    egraph: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    cached: bool = False
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates else None
+
+    @property
+    def verification(self) -> str:
+        hows = {c.verdict.how for c in self.candidates}
+        return ", ".join(sorted(hows)) if hows else ("formal+numeric" if formal_verifier() else "numeric-only")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": VERSION, "program": json.loads(graph_to_json(self.program)), "mode": self.mode,
+                "limits": self.limits.key(), "stop_reason": self.stop_reason.value,
+                "candidates": [c.to_json() for c in self.candidates], "stats": self.stats.to_json(),
+                "target": self.target, "egraph": self.egraph, "env": self.env, "seconds": self.seconds,
+                "verification": self.verification}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SearchResult:
+        if d.get("format") != VERSION:
+            raise PrismError(f"not a search result of this version (format {d.get('format')!r}, expected {VERSION!r})")
+        return cls(graph_from_json(json.dumps(d["program"])), d["mode"], Limits(**d["limits"]),
+                   StopReason(d["stop_reason"]), [Candidate.from_json(c) for c in d["candidates"]],
+                   Stats.from_json(d["stats"]), d.get("target", ""), d.get("egraph", {}), dict(d.get("env", {})),
+                   float(d.get("seconds", 0.0)))
+
+
+# --- one search context, rebuilt in every worker ----------------------------------------------------
+
+@dataclass
+class _Payload:
+    core_json: str
+    table: ClassTable
+    limits: Limits
+    mode: str
+    env: dict[str, int]
+    machine: Machine
+
+
+class _Context:
+    def __init__(self, p: _Payload) -> None:
+        self.p = p
+        self.core = graph_from_json(p.core_json)
+        self.templates = derive_opset(self.core, p.table.ops())
+        tab = p.table
+        self.inputs = tuple((tab.atom(n.arg[0]) if tab.atom(n.arg[0]) is not None else -1, n.shape)
+                            for n in self.core.inputs.values())
+        self.roots = tuple(tab.roots)
+        self.root_shapes = tuple(o.shape for o in self.core.outputs)
+        self.memo: dict[BlockContext, list] = {}
+        self.compiled = compile_templates(tab, self.templates)
+
+    def kernel_search(self, k: int, stats: Stats, budget: Budget, best: float | None = None,
+                      exact: bool = False) -> KernelSearch:
+        """The kernel search of level ``k`` (at most / with ``exact`` exactly ``k`` kernel operators), bounded
+        by ``best`` (the best verified cost so far) when given."""
+        p = self.p
+        lim = replace(p.limits, max_kernel_ops=k)
+        hw = HardwareSpec(p.machine.l2_bytes) if p.mode == "concrete" else None
+        blocks = BlockSearch(p.table, self.templates, lim, self.roots, self.root_shapes, stats, budget, hw, p.env,
+                             self.compiled)
+        sizes = _concrete_sizes(p.env) if p.mode == "concrete" else None
+        bound = None
+        if best is not None:
+            io = sum(_elems(n.shape, p.env) for n in self.core.inputs.values())
+            io += sum(_elems(o.shape, p.env) for o in self.core.outputs)
+            free = any(t.kernel and t.op in FREE_OPS for t in self.templates)
+            bound = Bound(best, io * 4, dict(p.env), p.machine.bandwidth, p.machine.launch_s, 0 if free else 1)
+        return KernelSearch(p.table, self.templates, lim, self.inputs, self.roots, self.root_shapes, stats, budget,
+                            blocks, sizes, self.memo, bound, exact)
+
+
+_CTX: _Context | None = None
+
+
+def _init(payload: _Payload | None) -> None:
+    global _CTX
+    _CTX = _Context(payload) if payload is not None else None
+
+
+def _elems(shape: tuple, env: Mapping[str, int]) -> int:
+    return math.prod(d if isinstance(d, int) else D.evaluate(d, env) for d in shape)
+
+
+@dataclass
+class _Task:
+    level: int
+    key: tuple
+    move: tuple
+    deadline: float
+    states: int
+    best: float | None = None
+
+
+@dataclass
+class _TaskResult:
+    candidates: list[KernelCandidate]
+    stats: Stats
+    stop: StopReason | None
+
+
+def _run_task(task: _Task) -> _TaskResult:
+    assert _CTX is not None, "search worker not initialized"
+    stats = Stats()
+    budget = Budget(task.deadline, task.states)
+    ks = _CTX.kernel_search(task.level, stats, budget, task.best, exact=True)
+    out: list[KernelCandidate] = []
+    stop = None
+    with stats.phase("generate"):
+        try:
+            for c in ks.run_move(task.key, task.move):
+                out.append(c)
+        except StopSearch as e:
+            stop = e.reason
+    return _TaskResult(out, stats, stop)
+
+
+def _concrete_sizes(env: Mapping[str, int]) -> Callable[..., Iterator[tuple[int, ...]]]:
+    """Mirage-style numbers: each used grid dim and F from {2, 4, ...} dividing every dim it splits."""
+    def sizes_for(ctx: BlockContext, grid: tuple[dict, ...], loop: dict) -> Iterator[tuple[int, ...]]:
+        fulls = [[d if isinstance(d, int) else D.evaluate(d, env) for d in shape] for _, shape in ctx.inputs]
+        n = len(ctx.inputs)
+
+        def opts(col: dict, c: str) -> list[int]:
+            split = [fulls[i][col[M.mvar(i, c)]] for i in range(n) if col[M.mvar(i, c)] != M.NONE]
+            if not split:
+                return [1]
+            g = math.gcd(*split)
+            return [1 << k for k in range(1, 7) if (1 << k) <= min(g, CONCRETE_MAX_SIZE) and g % (1 << k) == 0]
+
+        per = [opts(col, M.G) for col in grid] + [[1]] * (M.MAX_GRID - len(grid)) + [opts(loop, M.L)]
+        for combo in itertools.product(*per):
+            ok = True
+            for i in range(n):  # the product of the sizes splitting one dim must divide it
+                for d, full in enumerate(fulls[i]):
+                    f = math.prod(combo[p] for p, col in enumerate(grid) if col[M.mvar(i, M.G)] == d)
+                    f *= combo[3] if loop[M.mvar(i, M.L)] == d else 1
+                    if full % f:
+                        ok = False
+            if ok:
+                yield combo
+    return sizes_for
+
+
+# --- the public entry point ------------------------------------------------------------------------
+
+def search(graph: Graph, limits: Limits | None = None, mode: str = "symbolic", *, env: Mapping[str, int] | None = None,
+           workers: int = 1, executor: Executor | None = None, cache: bool = True, progress: Progress | None = None,
+           axioms: tuple[str, ...] | None = None) -> SearchResult:
+    """Search fused implementations of ``graph`` and return verified sGraphs, best first.
+
+    ``limits``: the space and the budget (:class:`Limits`). ``mode``: ``"symbolic"`` (grid sizes, F and
+    maps stay symbols during generation) or ``"concrete"`` (Mirage-style: enumerated as numbers up front,
+    for comparison). ``env``: representative values of the program's symbolic dims (cost ranking and
+    concrete sizes; default 16 each). Results are cached under ``$PRISM_CACHE_DIR/search`` (else
+    ``$XDG_CACHE_HOME/prism/search``, else ``~/.cache/prism/search``).
+    """
+    if mode not in MODES:
+        raise PrismError(f"search mode must be one of {MODES}, got {mode!r}")
+    limits = limits or Limits()
+    graph.check()
+    env = {s: int((env or {}).get(s, 16)) for s in sorted(graph.symbols())}
+    axioms = tuple(axioms) if axioms is not None else DEFAULT_AXIOMS
+    path = _cache_path(graph, limits, mode, env, axioms) if cache else None
+    if path is not None and path.exists():
+        try:
+            r = SearchResult.from_json(json.loads(path.read_text()))
+            r.cached = True
+            return r
+        except (PrismError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)  # corrupt or stale: rebuild
+    r = _search(graph, limits, mode, env, workers, executor, progress, axioms)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(r.to_json()))
+        tmp.replace(path)
+    return r
+
+
+def _cache_path(graph: Graph, limits: Limits, mode: str, env: Mapping[str, int], axioms: tuple[str, ...]) -> Path:
+    # the project's cache rule: $PRISM_CACHE_DIR, else $XDG_CACHE_HOME/prism, else ~/.cache/prism
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    root = Path(os.environ.get("PRISM_CACHE_DIR") or (Path(xdg) if xdg else Path.home() / ".cache") / "prism")
+    material = json.dumps({"v": VERSION, "program": graph.key, "limits": limits.key(), "mode": mode, "env": env,
+                           "axioms": axioms, "verifier": "formal" if formal_verifier() else "numeric"},
+                          sort_keys=True)
+    return root / "search" / (hashlib.sha256(material.encode()).hexdigest()[:32] + ".json")
+
+
+def _search(graph: Graph, limits: Limits, mode: str, env: dict[str, int], workers: int,
+            executor: Executor | None, progress: Progress | None, axioms: tuple[str, ...]) -> SearchResult:
+    t0 = time.monotonic()
+    stats = Stats()
+    deadline = t0 + limits.time_limit
+    with stats.phase("egraph"):
+        prog = peel(graph)
+        targets = graph_exprs(prog.core, TreeAlgebra())
+        eg = LaxEGraph(targets, axioms=axioms)
+    egraph_info = {"nodes": eg.report.nodes, "iterations": eg.report.iterations, "saturated": eg.report.saturated,
+                   "seconds": round(eg.report.seconds, 4), "axioms": list(eg.report.axioms)}
+    payload = _Payload(graph_to_json(prog.core), eg.table, limits, mode, env, machine())
+    ex = executor or make_executor(workers)
+    ex.start(_init, payload)
+    found: set[str] = set()
+    verified: list[Candidate] = []
+    stop = StopReason.EXHAUSTED
+    try:
+        # iterative deepening over the number of kernel operators: level k only completes graphs of exactly
+        # k operators, and is bounded by the best verified cost of the levels before it
+        for level in range(1, limits.max_kernel_ops + 1):
+            if stop is not StopReason.EXHAUSTED:
+                break
+            best = verified[0].cost.seconds if verified else None
+            probe = _CTX if _CTX is not None and _CTX.p is payload else _Context(payload)
+            ks = probe.kernel_search(level, Stats(), Budget(deadline, limits.state_limit), best, exact=True)
+            moves = list(ks.moves(ks.initial()))
+            stats.states_kernel += 1
+
+            def tasks(level: int = level, best: float | None = best, moves: list = moves) -> Iterator[_Task]:
+                # lazily, so an in-process executor gives each task the states left after the previous ones
+                for key, move in moves:
+                    if stop is not StopReason.EXHAUSTED:  # noqa: B023 - read live on purpose: stop handing out work
+                        return
+                    yield _Task(level, key, move, deadline, max(0, limits.state_limit - stats.states), best)
+
+            new: list[KernelCandidate] = []
+            for res in ex.run(_run_task, tasks()):
+                stats.merge(res.stats)
+                for c in res.candidates:
+                    k = c.describe() + repr(c.outputs)
+                    if k not in found:
+                        found.add(k)
+                        new.append(c)
+                if res.stop is not None and stop is StopReason.EXHAUSTED:
+                    stop = res.stop
+                if stats.states > limits.state_limit and stop is StopReason.EXHAUSTED:
+                    stop = StopReason.STATE_LIMIT
+                if progress:
+                    progress({"phase": "generate", "level": level, "states": stats.states, "structures": len(found),
+                              "elapsed": time.monotonic() - t0})
+            verified += _rank_and_verify(prog, new, limits, env, stats, progress, t0)
+            verified.sort(key=lambda c: c.cost.key())
+            del verified[limits.max_results:]
+    finally:
+        ex.close()
+        _init(None)  # drop this search's memo (the inline executor's worker state lives in this process)
+    return SearchResult(graph, mode, limits, stop, verified, stats, format_tree(targets[0]) if targets else "",
+                        egraph_info, env, time.monotonic() - t0)
+
+
+def _rank_and_verify(prog: CoreProgram, cands: list[KernelCandidate], limits: Limits, env: dict[str, int],
+                     stats: Stats, progress: Progress | None, t0: float) -> list[Candidate]:
+    plans: list[tuple[tuple, CostReport, KernelCandidate, tuple]] = []
+    m = machine()
+    with stats.phase("enumerate"):
+        unsplit_ok = UnsplitCheck(prog.program)
+        for cand in cands:
+            alternatives = [op.structs for op in cand.ops if op.custom]
+            for structs in itertools.product(*alternatives):
+                firsts = [next(assignments(s), None) for s in structs]
+                if any(a is None for a in firsts):
+                    continue
+                try:
+                    ok = unsplit_ok(build_graph(prog, cand, list(zip(structs, firsts))))
+                except PrismError:
+                    stats.build_errors += 1
+                    continue
+                if not ok:
+                    stats.pruned["unsplit"] += 1
+                    continue
+                per_op = [[(s, a) for a in assignments(s)] for s in structs]
+                for choice in itertools.product(*per_op):
+                    stats.map_assignments += 1
+                    cost = estimate(cand.ops, choice, cand.shapes, env, m)
+                    if not cost.feasible:
+                        stats.pruned["hardware"] += 1
+                        continue
+                    stats.sgraphs += 1
+                    plans.append((cost.key(), cost, cand, choice))
+    plans.sort(key=lambda p: p[0])
+    out: list[Candidate] = []
+    seen: set[str] = set()
+    with stats.phase("verify"):
+        for attempt, (_, cost, cand, choice) in enumerate(plans):
+            if len(out) >= limits.max_results or attempt >= MAX_VERIFY:
+                break
+            try:
+                g = build_graph(prog, cand, choice)
+            except PrismError:
+                stats.build_errors += 1
+                continue
+            if g.key in seen:
+                continue
+            seen.add(g.key)
+            v = gate_verify(g, prog.program)
+            if v.ok:
+                stats.verified += 1
+                out.append(Candidate(g, cost, v, describe(cand, choice)))
+            else:
+                stats.rejected += 1
+            if progress:
+                progress({"phase": "verify", "verified": stats.verified, "rejected": stats.rejected,
+                          "elapsed": time.monotonic() - t0})
+    return out
+
+
+def describe(cand: KernelCandidate, choice: tuple) -> str:
+    """One line per kernel operator: predefined ``op[srcs]`` or the chosen block structure."""
+    parts = []
+    ci = 0
+    for op in cand.ops:
+        if op.custom:
+            parts.append(f"customized{list(op.srcs)}{{{choice[ci][0].describe()}}}")
+            ci += 1
+        else:
+            parts.append(f"{op.tmpl}{list(op.srcs)}")
+    return " ; ".join(parts)

@@ -1,0 +1,172 @@
+"""The verification gate every returned candidate passes.
+
+When the verifier (``prism.verify``, issue 4) is importable, a candidate is accepted only if it proves
+the candidate equal to the program (formal e-graph proof, plus its own numeric check). Until then the
+gate is numeric only and says so (``how == "numeric-only"``): the candidate and the program run in
+float64 through the reference interpreters at two or more small instantiations of every symbol (batch
+dims, grid sizes, ``F``) that satisfy the candidate's divisibility constraints, on normal and on hostile
+(x30) inputs, and must agree to a relative 1e-8 and stay finite.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from prism.errors import PrismError, UnsupportedError
+from prism.ir import dims as D
+from prism.ir.graph import Graph
+
+RTOL = 1e-8
+HOSTILE = 30.0
+_PREFER = (2, 4, 3, 1, 8, 6)
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    how: str                         # "formal+numeric" | "numeric-only"
+    detail: str = ""
+    instantiations: list[dict[str, int]] = field(default_factory=list)
+
+
+def formal_verifier() -> Any | None:
+    """``prism.verify``'s entry point if the verifier exists in this build, else None."""
+    try:
+        mod = importlib.import_module("prism.verify")
+    except ImportError:
+        return None
+    fn = getattr(mod, "verify", None)
+    return fn if callable(fn) else None
+
+
+def verify(candidate: Graph, program: Graph, seed: int = 0) -> Verdict:
+    """The verifier's verdict (formal proof AND its numeric check) when it exists; the numeric-only gate
+    otherwise, or when the verifier says it cannot model the candidate yet (then labelled so)."""
+    fn = formal_verifier()
+    if fn is None:
+        return numeric(candidate, program, seed)
+    quick = numeric(candidate, program, seed, count=1, scales=(1.0,))
+    if not quick.ok:  # a cheap float64 pre-filter: most false candidates of the lax pruning die here
+        quick.how = "formal+numeric"
+        quick.detail = "rejected by the float64 pre-filter: " + quick.detail
+        return quick
+    try:
+        r = fn(candidate, program)
+    except UnsupportedError as e:
+        v = numeric(candidate, program, seed)
+        v.detail = f"{v.detail} [formal verifier cannot model this candidate: {e}]"
+        return v
+    except PrismError as e:
+        return Verdict(False, "formal+numeric", f"verifier error: {e}")
+    ok = bool(r.verified)
+    detail = f"formal: {str(r.formal).splitlines()[0]}; {str(r.numeric).splitlines()[0]}"
+    envs = [dict(e) for e in getattr(r.numeric, "instantiations", ())]
+    return Verdict(ok, "formal+numeric", detail, envs)
+
+
+def instantiations(candidate: Graph, program: Graph, count: int = 2) -> list[dict[str, int]]:
+    """``count`` distinct small values of every symbol of ``candidate`` that satisfy its constraints
+    (batch dims and grid/loop sizes > 1 preferred so every split path runs)."""
+    cons: list[D.Divisible] = []
+    names: set[str] = set(program.symbols()) | set(candidate.symbols())
+    for bg in candidate.customized_ops():
+        cons.extend(bg.constraints)
+        names |= bg.symbols() - bg.map_symbols()
+    for n in program.inputs.values():  # full dims that a symbolic size must divide exactly
+        for d in n.shape:
+            names |= D.symbols(d)
+    order = sorted(names)
+    rng = np.random.default_rng(0)
+    tries = [dict.fromkeys(order, v) for v in (2, 4)]
+    tries += [dict(zip(order, (int(x) for x in rng.choice(_PREFER, len(order))))) for _ in range(400)]
+    out: list[dict[str, int]] = []
+    for env in tries:
+        if any(env == o for o in out):
+            continue
+        if all(c.holds(env) is not False for c in cons) and _shapes_ok(candidate, env):
+            out.append(env)
+            if len(out) >= count:
+                break
+    return out
+
+
+def _shapes_ok(g: Graph, env: Mapping[str, int]) -> bool:
+    try:
+        g.instantiate(env)
+    except PrismError:
+        return False
+    return True
+
+
+def numeric(candidate: Graph, program: Graph, seed: int = 0, count: int = 2,
+            scales: tuple[float, ...] = (1.0, HOSTILE)) -> Verdict:
+    envs = instantiations(candidate, program, count)
+    if len(envs) < count:
+        return Verdict(False, "numeric-only", f"found only {len(envs)} instantiation(s) satisfying the constraints",
+                       envs)
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    batch = set(program.symbols())
+    for env in envs:
+        ins = {name: rng.standard_normal(tuple(D.evaluate(d, env) for d in n.shape))
+               for name, n in program.inputs.items()}
+        params = {k: v for k, v in env.items() if k not in batch}
+        for scale in scales:
+            x = {k: v * scale for k, v in ins.items()}
+            try:
+                ref = program.evaluate(x, dtype=np.float64)
+                got = candidate.evaluate(x, dtype=np.float64, params=params)
+            except PrismError as e:
+                return Verdict(False, "numeric-only", f"evaluation failed at {env}: {e}", envs)
+            for name, r in ref.items():
+                o = got[name]
+                if o.shape != r.shape or not np.all(np.isfinite(o)):
+                    return Verdict(False, "numeric-only", f"output {name!r} is not finite or has shape {o.shape} "
+                                   f"(expected {r.shape}) at {env}, inputs x{scale:g}", envs)
+                err = float(np.max(np.abs(o - r)) / max(float(np.max(np.abs(r))), 1e-300))
+                worst = max(worst, err)
+                if not err <= RTOL:
+                    return Verdict(False, "numeric-only", f"output {name!r} differs by {err:.2e} (relative) at "
+                                   f"{env}, inputs x{scale:g}", envs)
+    return Verdict(True, "numeric-only", f"max relative error {worst:.1e} at {envs} (normal and x{HOSTILE:g} inputs)",
+                   envs)
+
+
+class UnsplitCheck:
+    """Does a candidate compute the program with every grid size and for-loop range set to 1?
+
+    An sGraph claims correctness for every value of its symbols, 1 included, and at 1 its maps split
+    nothing: every structure that fails here is wrong under every map assignment. One float64 run per
+    *structure* rejects what the lax abstract expressions let through (sizes, eps, reduction axes).
+    The inputs and the program's output are computed once per search.
+    """
+
+    def __init__(self, program: Graph, seed: int = 0) -> None:
+        self.program = program
+        self.env = dict.fromkeys(sorted(program.symbols()), 3)
+        rng = np.random.default_rng(seed)
+        self.inputs = {name: rng.standard_normal(tuple(D.evaluate(d, self.env) for d in n.shape))
+                       for name, n in program.inputs.items()}
+        with np.errstate(all="ignore"):
+            self.ref = program.evaluate(self.inputs, dtype=np.float64)
+
+    def __call__(self, candidate: Graph) -> bool:
+        params = {s: 1 for bg in candidate.customized_ops() for s in bg.symbols() - bg.map_symbols()
+                  if s not in self.env}
+        try:
+            with np.errstate(all="ignore"):
+                got = candidate.evaluate(self.inputs, dtype=np.float64, params=params)
+        except PrismError:
+            return False
+        for name, r in self.ref.items():
+            o = got.get(name)
+            if o is None or o.shape != r.shape or not np.all(np.isfinite(o)):
+                return False
+            if not float(np.max(np.abs(o - r))) <= RTOL * max(float(np.max(np.abs(r))), 1e-300):
+                return False
+        return True

@@ -1,0 +1,258 @@
+"""The analytic cost model that ranks instantiations before anything is compiled.
+
+It runs on an sGraph under concrete values of every symbol (:class:`Dims`), or on a concrete graph.
+Per customized operator, with ``nb`` blocks, ``T`` threads, ``c = ceil(nb/T)`` blocks on the busiest
+thread and ``a = min(nb, T)`` busy threads:
+
+* bytes: every input is read ``tile x blocks x (F if the loop walks it)`` times, rounded up to 64-byte
+  lines per contiguous run of the tile. The first read of each byte is charged at a mix of cache and DRAM
+  speed (``resident``: the share of the operator's data that fits in ``L3 * L3_SHARE + a * L2``, what
+  repeated calls find in cache); re-reads of a *replicated* input at cache speed when it fits in the
+  caches, at DRAM speed otherwise. Outputs are written once; a partial-sum output (``omap`` None over a
+  grid dim > 1) adds the slots and a reduction pass; accumulator state is read and written every
+  iteration (cache speed);
+* latency: every contiguous run the tiling cuts a tensor into costs ``RUN_CACHE_S`` / ``RUN_DRAM_S``
+  once (a one-column strip of a row-major weight is latency-bound, not bandwidth-bound);
+* flops: matmul ``2·M·N·K`` per tile, others weighted per element (``exp`` 8, ``div`` 4, ...), loop nodes
+  and accumulators times ``F``, over the SIMD efficiency ``N / (lanes·ceil(N/lanes))`` of the innermost dim;
+* time = ``max(memory, compute)`` of the busiest thread (per-thread bandwidth ``min(bw1, bw/a)``, core
+  peak) + ``BLOCK_S`` per block + ``ITER_S + NODE_S·(loop nodes)`` per iteration + ``FORK_S``.
+
+Predefined operators: inputs read and output written once, the same roofline, ``FORK_S`` when the code
+generator parallelizes them (>= 32 Ki elements), one thread otherwise; reshapes are free.
+
+The per-block *working set* (tiles touched per iteration plus accumulators) is reported for the cache
+filter of :mod:`prism.tune.candidates`. The constants were fitted on the project's 2-core VM (see
+docs/tune.md); the model is for ranking, and the tuner measures the top of the ranking.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from prism.ir import dims as D
+from prism.ir.block import BlockGraph
+from prism.ir.graph import Graph
+from prism.ir.node import Node
+from prism.tune.machine import Machine
+
+BYTES = 4                  # float32
+LINE = 64                  # cache line
+BLOCK_S = 0.05e-6          # per block: pointers, accumulator init, epilogue bookkeeping
+ITER_S = 4e-9              # per for-loop iteration
+NODE_S = 3e-9              # per tile operator or accumulator per iteration (call/loop setup of a small tile op)
+FORK_S = 3e-6              # an OpenMP parallel region (fork/join)
+RUN_CACHE_S = 5e-9         # per contiguous run of a tile (a row of a column strip): a latency-bound access
+RUN_DRAM_S = 9e-9          # ... when the tensor comes from DRAM (strided rows defeat the prefetchers)
+L3_SHARE = 0.25            # of the shared L3 counted on for one kernel's data (other tensors, other processes)
+PARALLEL_MIN = 32 * 1024   # the code generator parallelizes predefined loop nests from this many elements
+
+OP_FLOPS = {"exp": 8, "sigmoid": 8, "silu": 9, "tanh": 10, "gelu": 12, "sqrt": 4, "rsqrt": 4, "div": 4,
+            "rms_norm": 6, "softmax": 14, "mean": 1, "sum": 1, "max": 1}
+ACC_FLOPS = {"sum": 1, "sum_last": 1, "rms": 2, "max": 1, "softmax_sum": 10}
+LAYOUT = ("reshape", "permute", "iter", "save", "split")
+
+
+def numel(shape: tuple) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+class Dims:
+    """Concrete values of (possibly symbolic) dims under ``env``, memoized: the model runs on an sGraph
+    and a parameter assignment without building the instantiated graph (that is done for the top-k)."""
+
+    def __init__(self, env: Mapping[str, object] | None = None) -> None:
+        self.env = dict(env or {})
+        self._memo: dict[object, int] = {}
+
+    def dim(self, d: object) -> int:
+        if isinstance(d, int):
+            return d
+        v = self._memo.get(d)
+        if v is None:
+            v = self._memo[d] = int(D.evaluate(d, self.env))  # type: ignore[arg-type]
+        return v
+
+    def __call__(self, shape: tuple) -> tuple[int, ...]:
+        return tuple(self.dim(d) for d in shape)
+
+
+@dataclass
+class OpCost:
+    name: str
+    seconds: float
+    dram_bytes: int
+    flops: int
+    blocks: int = 1
+    working_set: int = 0
+    replication: float = 1.0       # logical input reads / unique input bytes
+    memory_s: float = 0.0          # the roofline terms and the overheads that make up ``seconds``
+    compute_s: float = 0.0
+    overhead_s: float = 0.0
+
+
+@dataclass
+class Estimate:
+    seconds: float
+    dram_bytes: int
+    flops: int
+    ops: list[OpCost] = field(default_factory=list)
+
+    @property
+    def working_set(self) -> int:
+        return max((o.working_set for o in self.ops), default=0)
+
+    @property
+    def min_blocks(self) -> int:
+        return min((o.blocks for o in self.ops if o.name == "customized"), default=1)
+
+
+def _simd_eff(n: int, lanes: int) -> float:
+    if lanes <= 1 or n <= 0:
+        return 1.0
+    return n / (lanes * math.ceil(n / lanes))
+
+
+def _node_flops(n: Node, S: Dims) -> int:
+    out = numel(S(n.shape)) if n.shape else 1
+    if n.op == "matmul":
+        return 2 * out * S.dim(n.src[0].shape[-1])
+    if n.op == "acc":
+        kind = n.arg[0]
+        if kind == "softmax_matmul":
+            x, v = S(n.src[0].shape), S(n.src[1].shape)
+            return 2 * numel(x[:-1]) * x[-1] * v[-1] + 2 * numel(x)
+        return ACC_FLOPS.get(kind, 1) * numel(S(n.src[0].shape))
+    if n.op in LAYOUT or n.op in ("input", "output", "result", "customized", "concat"):
+        return 0
+    src = max((numel(S(x.shape)) for x in n.src), default=out)
+    return OP_FLOPS.get(n.op, 1) * max(out, src)
+
+
+def contiguous_run(tile: tuple, full: tuple) -> int:
+    """Elements of the longest contiguous piece of a row-major tile of a tensor of shape ``full``."""
+    run = 1
+    for t, f in zip(reversed(tile), reversed(full)):
+        run *= int(t)
+        if int(t) != int(f):
+            break
+    return max(run, 1)
+
+
+def _line_bytes(tile: tuple, full: tuple) -> int:
+    """Bytes moved for one tile read, rounded to whole cache lines per contiguous run."""
+    elems = numel(tile)
+    run = contiguous_run(tile, full)
+    runs = max(1, elems // run)
+    return runs * LINE * math.ceil(run * BYTES / LINE)
+
+
+def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
+    S = S or Dims()
+    grid = [S.dim(g) for g in bg.grid]
+    nb = math.prod(grid)
+    F = S.dim(bg.forloop)
+    T = m.threads
+    busiest = math.ceil(nb / T)
+    active = min(nb, T)
+    nodes = bg.nodes
+    consumers: dict[Node, int] = {}
+    for n in nodes:
+        for s in n.src:
+            consumers[s] = consumers.get(s, 0) + 1
+    reads: dict[int, int] = {}
+    runs: dict[int, int] = {}
+    rmw = 0
+    flops = 0.0
+    eff_flops = 0.0
+    ws = 0
+    loop_nodes = 0
+    for n in nodes:
+        trips = F if bg.phase.get(n) == "loop" else 1
+        if n.op == "iter":
+            idx, _imap, fmap = n.arg
+            full, tile = S(bg.inputs[idx].shape), S(n.shape)
+            trips = F if fmap is not None else 1
+            reads[idx] = reads.get(idx, 0) + _line_bytes(tile, full) * trips * nb
+            # the tiling cuts the tensor into runs; each costs a latency once (re-reads hit the cache)
+            runs[idx] = max(runs.get(idx, 0), numel(full) // contiguous_run(tile, full))
+            ws += numel(tile) * BYTES
+            continue
+        if n.op == "save":
+            continue
+        if n.op == "acc" and any(bg.phase.get(x) == "loop" for x in n.src):
+            trips = F  # an accumulator works every iteration
+            rmw += numel(S(n.shape)) * BYTES * 2 * F  # its state is read and written each iteration
+        f = _node_flops(n, S) * trips
+        flops += f
+        inner = max([S.dim(x.shape[-1]) for x in (n, *n.src) if x.shape] or [1])
+        eff_flops += f / _simd_eff(inner, m.simd)
+        if trips > 1:
+            loop_nodes += 1
+        # element-wise nodes with one consumer are fused into it by the code generator (no tile)
+        if n.op == "acc" or (n.op not in LAYOUT and not (consumers.get(n, 0) == 1 and n.op not in ("matmul",))):
+            ws += numel(S(n.shape)) * BYTES
+    out_bytes = sum(numel(S(s.shape)) * BYTES * nb * (F if s.arg[2] is not None else 1) for s in bg.outputs)
+    unique_total = sum(numel(S(bg.inputs[i].shape)) * BYTES for i in reads)
+    cache = m.l3 * L3_SHARE + active * m.l2
+    resident = min(1.0, cache / max(1, unique_total + out_bytes))   # the share repeated calls find in cache
+    per_dram = 1.0 / min(m.bandwidth_1, m.bandwidth / active)       # seconds per byte, one busy thread
+    per_cache = m.threads / m.cache_bandwidth
+    per_mixed = resident * per_cache + (1 - resident) * per_dram
+    dram = 0
+    t_bytes = 0.0
+    logical = 0
+    for idx, r in reads.items():
+        unique = numel(S(bg.inputs[idx].shape)) * BYTES
+        logical += r
+        first, extra = min(r, unique), max(0, r - unique)
+        miss = 0.0 if unique <= cache else (unique - cache) / unique   # re-reads of a replicated input
+        dram += first + int(extra * miss)
+        t_bytes += first * per_mixed + extra * (miss * per_dram + (1 - miss) * per_cache)
+    dram += out_bytes
+    t_bytes += out_bytes * per_mixed
+    reduce_bytes = 0
+    for s in bg.outputs:
+        slots = math.prod(g for g, e in zip(grid, s.arg[1]) if e is None)
+        if slots > 1:  # per-block partial sums, then a parallel reduction pass over the slots
+            tile = numel(S(s.shape)) * BYTES * nb
+            reduce_bytes += tile + tile // slots
+    t_bytes += rmw * nb * per_cache
+    t_runs = sum(runs.values()) * (resident * RUN_CACHE_S + (1 - resident) * RUN_DRAM_S)
+    mem_s = max(t_bytes, t_runs) * busiest / nb
+    comp_s = eff_flops * busiest / m.core_flops
+    over = busiest * (BLOCK_S + F * (ITER_S + NODE_S * loop_nodes)) + FORK_S
+    red_s = reduce_bytes * per_mixed / active + FORK_S if reduce_bytes else 0.0
+    return OpCost("customized", max(mem_s, comp_s) + over + red_s, dram + reduce_bytes, int(flops * nb), nb, ws,
+                  logical / unique_total if unique_total else 1.0, mem_s + red_s, comp_s, over)
+
+
+def _predefined_cost(n: Node, m: Machine, S: Dims) -> OpCost:
+    if n.op in ("reshape", "input", "output", "result"):
+        return OpCost(n.op, 0.0, 0, 0)
+    out = numel(S(n.shape))
+    nbytes = (sum(numel(S(x.shape)) for x in n.src) + out) * BYTES
+    flops = _node_flops(n, S)
+    if out >= PARALLEL_MIN:
+        sec = max(nbytes / m.bandwidth, flops / m.peak_flops) + FORK_S
+    else:
+        sec = max(nbytes / m.bandwidth_1, flops / m.core_flops)
+    return OpCost(n.op, sec, nbytes, flops)
+
+
+def estimate(g: Graph, m: Machine, env: Mapping[str, object] | None = None) -> Estimate:
+    """The model's time for kernel graph ``g`` on machine ``m`` (see the module docstring): ``g`` concrete, or
+    with every symbol (batch dims, grid sizes, F) given a value in ``env``."""
+    S = Dims(env)
+    missing = sorted(g.symbols() - set(S.env))
+    if missing:
+        raise ValueError(f"the cost model needs concrete dims; give values for {missing}")
+    ops: list[OpCost] = []
+    for n in g.nodes:
+        if n.op == "customized":
+            ops.append(block_cost(n.arg[0], m, S))
+        elif n.op not in ("input", "output", "result"):
+            ops.append(_predefined_cost(n, m, S))
+    return Estimate(sum(o.seconds for o in ops), sum(o.dram_bytes for o in ops), sum(o.flops for o in ops), ops)

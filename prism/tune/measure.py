@@ -1,0 +1,114 @@
+"""Compiling candidates in parallel and timing them.
+
+Compilation (code generation + the C compiler, through the runtime's disk cache) runs in a thread pool:
+the compiler is a subprocess, so threads overlap it on every core. Timing runs one candidate at a time
+(never concurrently with another), on 64-byte-aligned inputs into a reused output buffer: warm-up
+calls, then interleaved rounds (every candidate runs a ~2 ms block of calls per round, the order
+rotating, for a fixed budget) so that load from other processes on a shared machine falls on all of
+them alike; the median over all calls is the score. Each candidate's output is first compared with the float64
+reference (the numeric verifier's tolerance); a compile error or a wrong result scores +inf.
+The runtime reads ``PRISM_NUM_THREADS`` at every call, so timings use the same thread count as users.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from prism.ir import dims as D
+from prism.ir.graph import Graph
+from prism.runtime.kernel import Kernel, _aligned_empty
+from prism.runtime.kernel import compile as compile_graph
+from prism.verify.numeric import reduction_length, tolerance
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_s: float
+    calls: int
+
+
+def compile_all(graphs: Sequence[Graph], workers: int) -> list[Kernel | BaseException]:
+    """``prism.compile`` of every concrete graph, ``workers`` at a time; a failure is returned, not raised."""
+    def one(g: Graph) -> Kernel | BaseException:
+        try:
+            return compile_graph(g)
+        except Exception as e:  # any failure disqualifies this candidate only
+            return e
+    if workers <= 1 or len(graphs) <= 1:
+        return [one(g) for g in graphs]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prism-tune-cc") as pool:
+        return list(pool.map(one, graphs))
+
+
+def aligned_inputs(program: Graph, env: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Standard-normal float32 inputs at ``env``, 64-byte aligned (as the benchmark harness gives them)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, node in program.inputs.items():
+        shape = tuple(int(D.evaluate(d, env)) for d in node.shape)
+        a = _aligned_empty(shape)
+        a[...] = rng.standard_normal(shape, dtype=np.float32)
+        out[name] = a
+    return out
+
+
+def output_buffers(kernel: Kernel, env: Mapping[str, int]) -> dict[str, np.ndarray]:
+    v = kernel.specialize(**{k: v for k, v in env.items() if k in kernel._dims})
+    return {n: _aligned_empty(s) for n, s in zip(kernel.output_names, v.gen.output_shapes)}
+
+
+def max_error(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> float:
+    """max over outputs of ``|c - r| / (|r| + rms(r))`` (the numeric verifier's measure); inf if not finite."""
+    worst = 0.0
+    for name, r in ref.items():
+        c = np.asarray(got[name], dtype=np.float64)
+        if c.shape != r.shape or not np.all(np.isfinite(c[np.isfinite(r)])):
+            return math.inf
+        fin = np.isfinite(r)
+        if not fin.any():
+            continue
+        scale = float(np.sqrt(np.mean(np.square(r[fin])))) or 1.0
+        worst = max(worst, float(np.max(np.abs(c[fin] - r[fin]) / (np.abs(r[fin]) + scale))))
+    return worst
+
+
+def reference_tolerance(program: Graph, env: Mapping[str, int]) -> float:
+    return tolerance(reduction_length(program, env))
+
+
+def time_interleaved(fns: Sequence[Callable[[], object]], *, budget_s: float = 0.4, block_s: float = 0.002,
+                     min_rounds: int = 3, warmup: int = 2, deadline: float = math.inf) -> list[Timing]:
+    """Median time of each function. Calls are made in rounds -- every function runs a block of about
+    ``block_s`` per round, the order rotating -- until ``budget_s`` has passed (at least ``min_rounds``), so
+    every candidate's samples spread over the whole measurement and load from other processes falls on all
+    of them alike. (No candidate is dropped early: under contention a good one can look slow for a while.)"""
+    samples: list[list[float]] = [[] for _ in fns]
+    per_call = []
+    for f in fns:
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            f()
+        per_call.append((time.perf_counter() - t0) / max(1, warmup))
+    calls = [max(1, int(block_s / max(t, 1e-7))) for t in per_call]
+    live = list(range(len(fns)))
+    end = min(time.perf_counter() + budget_s, deadline)
+    r = 0
+    while live:
+        order = live[r % len(live):] + live[:r % len(live)]
+        for i in order:
+            f = fns[i]
+            for _ in range(calls[i]):
+                t0 = time.perf_counter()
+                f()
+                samples[i].append(time.perf_counter() - t0)
+        r += 1
+        if r >= min_rounds and time.perf_counter() >= end:
+            break
+    return [Timing(statistics.median(s), len(s)) for s in samples]

@@ -1,0 +1,34 @@
+"""Counters of this process: tests assert on them instead of on timing."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass
+class TuneStats:
+    searches: int = 0            # searches run (prism.search calls not answered by its disk cache)
+    search_cache_hits: int = 0   # prism.search calls answered from its disk cache
+    search_memory_hits: int = 0  # a new shape served by sGraphs already held in memory (no search call)
+    reverifications: int = 0     # prism.verify re-checks of numeric-only search results
+    tunings: int = 0             # tuning runs (candidates ranked, compiled and measured)
+    tune_cache_hits: int = 0     # tuning results read from the disk cache
+    tune_memory_hits: int = 0    # shapes already tuned by this kernel object
+    rebuilds: int = 0            # corrupt or stale cache entries that were rebuilt
+    machine_measurements: int = 0  # triad/peak measurements (once per machine fingerprint)
+    compiles: int = 0            # candidate kernels compiled by the tuner
+    compile_failures: int = 0
+    measured: int = 0            # candidate kernels timed
+    wrong_results: int = 0       # candidates whose output did not match the reference
+    final_checks: int = 0        # numeric checks of a winner's compiled kernel
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+
+STATS = TuneStats()
+
+
+def reset_stats() -> None:
+    for f in fields(TuneStats):
+        setattr(STATS, f.name, 0)

@@ -1,0 +1,287 @@
+"""Auto-tuning: rank every instantiation of the verified sGraphs with the cost model, compile the top-k in
+parallel, measure them, keep the fastest correct one, and record how well the model predicted.
+
+The tuning table has one row per measured candidate: sGraph, parameters, predicted and measured time,
+status (``ok``, ``compile error``, ``wrong result``, ``not measured``), and the result reports the
+model's agreement with the measurement: Spearman's rank correlation over the measured rows and the
+ratio of the measured time of the model's #1 to the best measured time (``top1_within_10pct``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from prism.bench.contention import WARN_CORES, CpuMeter
+from prism.errors import PrismError
+from prism.ir import dims as D
+from prism.ir.graph import Graph
+from prism.runtime.kernel import Kernel
+from prism.tune import measure as MS
+from prism.tune.candidates import Instance, Instantiation, instantiate, working_sizes
+from prism.tune.machine import Machine
+from prism.tune.stats import STATS
+
+TUNE_VERSION = "tune/1"
+Progress = Callable[[str], None]
+
+
+class NoInstanceError(PrismError):
+    """No verified sGraph can be instantiated at the requested shape; the message says which sizes work."""
+
+
+class TuningError(PrismError):
+    """Every measured candidate failed (compile error or wrong result); the message lists the failures."""
+
+
+@dataclass
+class Row:
+    sgraph: int
+    params: dict[str, Any]
+    predicted_s: float
+    model_rank: int                  # 0 = the model's favourite
+    status: str = "not measured"     # ok | compile error | wrong result | not measured
+    measured_s: float = math.inf     # median; inf when it failed or was not measured
+    error: float = math.nan          # max relative error against the float64 reference
+    calls: int = 0
+    detail: str = ""
+
+    @property
+    def label(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in sorted(self.params.items())) or "-"
+
+
+@dataclass
+class TuneResult:
+    program_key: str
+    env: dict[str, int]
+    shapes: dict[str, list[int]]
+    machine: dict[str, Any]
+    sgraph_keys: list[str]
+    rows: list[Row]
+    winner: int                      # index into rows
+    candidates: int                  # instances that passed the constraints (all sGraphs)
+    per_sgraph: list[dict[str, Any]] = field(default_factory=list)
+    spearman: float | None = None
+    top1_ratio: float | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    contention: float | None = None  # cores' worth of CPU other processes used while measuring
+
+    @property
+    def best(self) -> Row:
+        return self.rows[self.winner]
+
+    @property
+    def top1_within_10pct(self) -> bool | None:
+        return None if self.top1_ratio is None else self.top1_ratio <= 1.10
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rows"] = [asdict(r) for r in self.rows]
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TuneResult:
+        rows = [Row(**r) for r in d["rows"]]
+        kw = {k: d[k] for k in ("program_key", "env", "shapes", "machine", "sgraph_keys", "winner", "candidates",
+                                "per_sgraph", "spearman", "top1_ratio", "seconds", "contention")}
+        r = cls(rows=rows, **kw)
+        if not 0 <= r.winner < len(rows) or rows[r.winner].status != "ok":
+            raise ValueError("tuning result has no valid winner")
+        return r
+
+    def table(self) -> str:
+        """The tuning table as text (rich renders it in explain())."""
+        head = f"{'':2}{'sGraph':>6}  {'params':<28}{'model µs':>10}{'rank':>6}{'measured µs':>13}  status"
+        lines = [head]
+        for r in sorted(self.rows, key=lambda r: (r.measured_s, r.model_rank)):
+            mark = "* " if self.rows[self.winner] is r else "  "
+            meas = f"{r.measured_s * 1e6:13.1f}" if math.isfinite(r.measured_s) else f"{'inf':>13}"
+            extra = f" ({r.detail})" if r.detail else ""
+            lines.append(f"{mark}{r.sgraph:>6}  {r.label:<28}{r.predicted_s * 1e6:10.1f}{r.model_rank:>6}{meas}  "
+                         f"{r.status}{extra}")
+        sp = "n/a" if self.spearman is None else f"{self.spearman:.2f}"
+        t1 = "n/a" if self.top1_ratio is None else f"{self.top1_ratio:.2f}x the best"
+        lines.append(f"model vs measurement: Spearman {sp} over {sum(r.status == 'ok' for r in self.rows)} measured; "
+                     f"model's #1 measured {t1}; {self.candidates} valid instantiations")
+        if self.contention is not None and self.contention >= WARN_CORES:
+            lines.append(f"warning: other processes used {self.contention:.2f} cores while measuring; multi-threaded "
+                         "timings lose whole scheduler quanta under contention (re-tune on a quiet machine)")
+        return "\n".join(lines)
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None for fewer than 3 points or no spread."""
+    if len(x) < 3:
+        return None
+
+    def ranks(v: Sequence[float]) -> np.ndarray:
+        a = np.asarray(v, dtype=float)
+        order = np.argsort(a, kind="mergesort")
+        r = np.empty(len(a))
+        i = 0
+        while i < len(a):
+            j = i
+            while j + 1 < len(a) and a[order[j + 1]] == a[order[i]]:
+                j += 1
+            r[order[i:j + 1]] = (i + j) / 2
+            i = j + 1
+        return r
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def select(instances: Sequence[Instance], k: int) -> list[Instance]:
+    """The top-``k`` by predicted time, but with the best instance of each sGraph among them while room
+    remains (so the measurement also sees the other structures)."""
+    ranked = sorted(instances, key=lambda i: i.estimate.seconds)
+    picked: list[Instance] = []
+    seen: set[int] = set()
+    for inst in ranked:  # best of each sGraph, in predicted order
+        if inst.sgraph not in seen and len(picked) < k:
+            seen.add(inst.sgraph)
+            picked.append(inst)
+    # the overall favourite(s) first: fill the rest in predicted order
+    for inst in ranked:
+        if len(picked) >= k:
+            break
+        if inst not in picked:
+            picked.append(inst)
+    return sorted(picked, key=lambda i: i.estimate.seconds)
+
+
+def expected_shapes(program: Graph, env: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(int(D.evaluate(d, env)) for d in s) for k, s in program.output_shapes.items()}
+
+
+@dataclass
+class Tuned:
+    """A tuning result with the compiled kernels of this process (winner first)."""
+
+    result: TuneResult
+    kernels: dict[int, Kernel]       # row index -> compiled kernel
+    instances: dict[int, Instance]   # row index -> instance
+
+
+def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Machine, *, top_k: int = 4,
+         workers: int | None = None, budget_s: float | None = None, seed: int = 0,
+         progress: Progress | None = None, measure_s: float = 0.4) -> Tuned:
+    """Tune ``sgraphs`` (verified implementations of ``program``) at batch dims ``env`` on machine ``m``."""
+    if top_k < 1:
+        raise PrismError(f"top_k must be >= 1, got {top_k}")
+    t0 = time.perf_counter()
+    deadline = t0 + budget_s if budget_s else math.inf
+    env = {k: int(v) for k, v in env.items()}
+    missing = sorted(program.symbols() - set(env))
+    if missing:
+        raise PrismError(f"tune: give values for the program's dims {missing}")
+    expected = expected_shapes(program, env)
+    insts: list[Instantiation] = [instantiate(g, env, m, i, expected) for i, g in enumerate(sgraphs)]
+    pool = [x for r in insts for x in r.kept]
+    seconds = {"instantiate": time.perf_counter() - t0}
+    per = [{"sgraph": r.sgraph, "kept": len(r.kept), "dropped": len(r.dropped), "relaxed": r.relaxed,
+            "invalid": r.invalid, "failure": r.failure, "values": r.values} for r in insts]
+    if not pool:
+        raise NoInstanceError(_no_instance_message(sgraphs, insts, env, m))
+    STATS.tunings += 1
+    chosen = select(pool, top_k)
+    while True:  # the IR builds the chosen ones; one it rejects is replaced by the next in the ranking
+        bad = [x for x in chosen if not _builds(x)]
+        if not bad:
+            break
+        pool = [x for x in pool if x not in bad]
+        if not pool:
+            raise NoInstanceError(f"no instantiation of the sGraphs builds at {env}: {bad[0].label} and others "
+                                  "were rejected by the IR")
+        chosen = select(pool, top_k)
+    rank = {id(x): i for i, x in enumerate(sorted(pool, key=lambda i: i.estimate.seconds))}
+    rows = [Row(x.sgraph, dict(x.params), x.estimate.seconds, rank[id(x)]) for x in chosen]
+    if progress:
+        progress(f"compiling {len(chosen)} of {len(pool)} candidates")
+    t1 = time.perf_counter()
+    n_workers = workers or max(1, min(len(chosen), m.cores))
+    compiled = MS.compile_all([x.graph for x in chosen], n_workers)
+    seconds["compile"] = time.perf_counter() - t1
+    STATS.compiles += len(chosen)
+    t2 = time.perf_counter()
+    inputs = MS.aligned_inputs(program, env, seed)
+    with np.errstate(all="ignore"):
+        ref = program.evaluate({k: v.astype(np.float64) for k, v in inputs.items()}, dtype=np.float64)
+    tol = MS.reference_tolerance(program, env)
+    kernels: dict[int, Kernel] = {}
+    outs: dict[int, dict[str, np.ndarray]] = {}
+    for i, (row, k) in enumerate(zip(rows, compiled)):
+        if isinstance(k, BaseException):
+            row.status, row.detail = "compile error", f"{type(k).__name__}: {str(k).splitlines()[0][:200]}"
+            STATS.compile_failures += 1
+            continue
+        try:
+            out = MS.output_buffers(k, {})
+            k.call(inputs, out=out)
+            row.error = MS.max_error(out, ref)
+        except Exception as e:  # a kernel that cannot run is a failed candidate
+            row.status, row.detail = "error", f"{type(e).__name__}: {e}"[:200]
+            continue
+        if not row.error <= tol:
+            row.status, row.detail = "wrong result", f"error {row.error:.3g} > tolerance {tol:.3g}"
+            STATS.wrong_results += 1
+            continue
+        kernels[i], outs[i] = k, out
+    if progress and kernels:
+        progress(f"measuring {len(kernels)} candidates (interleaved, {measure_s:.1f} s)")
+    idx = list(kernels)
+    meter = CpuMeter()
+    meter.start()
+    timings = MS.time_interleaved([lambda k=kernels[i], out=outs[i]: k.call(inputs, out=out) for i in idx],
+                                  budget_s=measure_s, deadline=deadline)
+    for i, t in zip(idx, timings):
+        STATS.measured += 1
+        rows[i].status, rows[i].measured_s, rows[i].calls = "ok", t.median_s, t.calls
+    contention = meter.stop()
+    seconds["measure"] = time.perf_counter() - t2
+    ok = [i for i, r in enumerate(rows) if r.status == "ok"]
+    if not ok:
+        raise TuningError("every tuned candidate failed:\n" + "\n".join(
+            f"  sGraph {r.sgraph} [{r.label}]: {r.status}: {r.detail}" for r in rows))
+    winner = min(ok, key=lambda i: (rows[i].measured_s, rows[i].model_rank))
+    sp = spearman([rows[i].predicted_s for i in ok], [rows[i].measured_s for i in ok])
+    fav = min(range(len(rows)), key=lambda i: rows[i].model_rank)
+    top1 = rows[fav].measured_s / rows[winner].measured_s if rows[fav].status == "ok" else None
+    seconds["total"] = time.perf_counter() - t0
+    shapes = {k: [int(D.evaluate(d, env)) for d in n.shape] for k, n in program.inputs.items()}
+    result = TuneResult(program.key, env, shapes, {"fingerprint": m.fingerprint, "threads": m.threads,
+                                                    "describe": m.describe()},
+                        [g.key for g in sgraphs], rows, winner, len(pool), per, sp, top1,
+                        {k: round(v, 4) for k, v in seconds.items()},
+                        None if contention is None else round(contention, 3))
+    return Tuned(result, kernels, dict(enumerate(chosen)))
+
+
+def _builds(x: Instance) -> bool:
+    try:
+        x.graph.check()
+    except PrismError:
+        return False
+    return True
+
+
+def _no_instance_message(sgraphs: Sequence[Graph], insts: Sequence[Instantiation], env: Mapping[str, int],
+                         m: Machine) -> str:
+    shape = ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+    lines = [f"no verified implementation can be instantiated at {shape}:"]
+    for g, r in zip(sgraphs, insts):
+        lines.append(f"  sGraph {r.sgraph}: {r.failure}")
+        sizes = working_sizes(g, env, m)
+        ok = {k: v for k, v in sizes.items() if v}
+        if ok:
+            lines.append("    sizes that work (others unchanged): " + "; ".join(
+                f"{k} in {v}{'...' if len(v) >= 8 else ''}" for k, v in ok.items()))
+    lines.append("pad the dims to one of those sizes, or search again with a larger space")
+    return "\n".join(lines)

@@ -1,0 +1,251 @@
+"""prism.optimize and torch.compile(backend="prism") end to end on small models: pieces run as Prism
+kernels (asserted through reports and call counters), results match eager PyTorch, and everything
+Prism cannot run — unsupported operators, graph breaks, non-contiguous inputs, bfloat16/float16,
+autograd, a failed superoptimize — runs correctly in PyTorch with a log line."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+nn = torch.nn
+
+import prism  # noqa: E402
+from prism.frontend import clear_reports, reports  # noqa: E402
+from prism.tune import STATS  # noqa: E402
+
+pytestmark = pytest.mark.cpu
+
+OPTS = {"top_k": 2, "time_limit": 60.0, "measure_machine": False}
+TOL = 1e-4  # max |got - eager| / max |eager|, float32
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    torch._dynamo.reset()
+    clear_reports()
+    yield
+    torch._dynamo.reset()
+
+
+def _close(got: Any, ref: Any, tol: float = TOL) -> None:
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    ref = ref if isinstance(ref, (tuple, list)) else (ref,)
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        a, b = a.detach().double(), b.detach().double()
+        err = float((a - b).abs().max()) / max(float(b.abs().max()), 1e-30)
+        assert err <= tol, err
+
+
+class MLP(nn.Module):
+    """x + down(silu(gate(n)) * up(n)), n = rms_norm(x) * w."""
+
+    def __init__(self, d: int = 64, h: int = 128) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = nn.Parameter(torch.rand(d) + 0.5)
+        self.gate, self.up, self.down = nn.Linear(d, h, bias=False), nn.Linear(d, h, bias=False), \
+            nn.Linear(h, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+        return x + self.down(F.silu(self.gate(n)) * self.up(n))
+
+
+def _x(n: int, d: int = 64, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(seed))
+
+
+def _mlp_pieces(rep: Any) -> list[Any]:
+    return [p for p in rep.pieces if p.by_prism and p.label == "rms_norm+mul+linear+silu+linear+mul"]
+
+
+def test_torch_compile_backend_two_batch_sizes_one_search() -> None:
+    m = MLP()
+    c = torch.compile(m, backend="prism", options=OPTS)
+    with torch.no_grad():
+        for n in (3, 5):
+            x = _x(n, seed=n)
+            torch._dynamo.mark_dynamic(x, 0)
+            before = STATS.searches + STATS.search_cache_hits
+            _close(c(x), m(x))
+            if n == 5:  # the second batch size only tunes: no search, not even a cache read
+                assert STATS.searches + STATS.search_cache_hits == before
+    (rep,) = reports()
+    (mlp,) = _mlp_pieces(rep)
+    assert mlp.runner.prism_calls == 2 and mlp.runner.fallback_calls == 0
+    down = [p for p in rep.pieces if p.label == "linear+add"]
+    assert down and down[0].by_prism and down[0].runner.prism_calls == 2
+
+
+def test_optimize_a_function_with_attention() -> None:
+    def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True) * 2.0
+
+    q, k, v = torch.randn(2, 4, 1, 32), torch.randn(2, 2, 16, 32), torch.randn(2, 2, 16, 32)
+    opt = prism.optimize(attn, (q, k, v), dynamic={0: [0], 1: [0], 2: [0]}, **OPTS)
+    with torch.no_grad():
+        for b in (2, 3):
+            args = (torch.randn(b, 4, 1, 32), torch.randn(b, 2, 16, 32), torch.randn(b, 2, 16, 32))
+            _close(opt(*args), attn(*args))
+    (p,) = opt.prism_pieces()
+    assert p.label == "scaled_dot_product_attention+mul" and p.runner.prism_calls == 3  # priming + 2
+    assert "acc." in p.structure or "softmax" in p.structure
+    assert "piece 0 [prism]" in opt.explain()
+
+
+def test_unsupported_operator_between_pieces(caplog: pytest.LogCaptureFixture) -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = torch.softmax(x @ w, -1)
+        return torch.cumsum(y, -1) @ w.t() * 0.5
+
+    x, w = _x(4, 64), torch.randn(64, 64)
+    with caplog.at_level(logging.WARNING, logger="prism"):
+        opt = prism.optimize(fn, (x, w), **OPTS)
+    lines = [r.getMessage() for r in caplog.records if "cumsum" in r.getMessage()]
+    assert len(lines) == 1 and "left to PyTorch" in lines[0]
+    with torch.no_grad():
+        _close(opt(x, w), fn(x, w))
+    labels = [p.label for p in opt.prism_pieces()]
+    assert "matmul+softmax" in labels, labels
+    assert [f.op for r in opt.report for f in r.fallbacks] == ["torch.cumsum"]
+
+
+def test_graph_break_gives_two_graphs_both_optimized() -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = F.silu(x @ w) * 2.0
+        torch._dynamo.graph_break()
+        return torch.softmax(y @ w, -1)
+
+    x, w = _x(4, 32), torch.randn(32, 32)
+    opt = prism.optimize(fn, (x, w), **OPTS)
+    with torch.no_grad():
+        _close(opt(x, w), fn(x, w))
+    assert len(opt.report) == 2
+    assert all(r.prism_pieces() for r in opt.report)
+    assert all(p.runner.prism_calls == 2 for p in opt.prism_pieces())
+
+
+def test_non_contiguous_inputs() -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.silu(x @ w) * x.sum(-1, keepdim=True)
+
+    w = torch.randn(32, 32)
+    base = torch.randn(32, 6)
+    x = base.t()  # a transposed view: strides (1, 6)
+    assert not x.is_contiguous()
+    opt = prism.optimize(fn, (x, w), **OPTS)
+    with torch.no_grad():
+        _close(opt(x, w), fn(x, w))
+        x2 = torch.randn(6, 64)[:, ::2]  # a strided slice
+        _close(opt(x2, w), fn(x2, w))
+    ran = sum(p.runner.prism_calls for p in opt.prism_pieces())
+    assert ran >= 2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_runs_in_pytorch(dtype: torch.dtype, caplog: pytest.LogCaptureFixture) -> None:
+    m = MLP().to(dtype)
+    x = _x(3).to(dtype)
+    with caplog.at_level(logging.WARNING, logger="prism"), torch.no_grad():
+        got = torch.compile(m, backend="prism", options=OPTS)(x)
+        ref = m(x)
+    assert got.dtype == dtype
+    _close(got, ref, tol=0.0)  # the same PyTorch operators: identical results
+    (rep,) = reports()
+    assert not rep.prism_pieces()
+    name = str(dtype).removeprefix("torch.")
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any(f"dtype {name}" in s and "float32" in s for s in msgs), msgs
+
+
+def test_failed_superoptimize_falls_back_loudly(monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    import prism.api
+    from prism.api import NoVerifiedKernelError
+
+    def refuse(*a: Any, **k: Any) -> Any:
+        raise NoVerifiedKernelError("the search found no verified implementation (stop reason: time_limit)")
+    monkeypatch.setattr(prism.api, "superoptimize", refuse)
+    m = MLP()
+    with caplog.at_level(logging.WARNING, logger="prism"):
+        opt = prism.optimize(m, (_x(3),), **OPTS)
+    with torch.no_grad():
+        _close(opt(_x(3, seed=1)), m(_x(3, seed=1)))
+    assert not opt.prism_pieces()
+    failed = [p for p in opt.pieces() if p.status == "failed"]
+    assert failed and all("NoVerifiedKernelError" in p.reason for p in failed)
+    msgs = [r.getMessage() for r in caplog.records if "superoptimize raised NoVerifiedKernelError" in r.getMessage()]
+    assert len(msgs) == len(failed)
+
+
+def test_autograd_recording_runs_pytorch_and_gradients_match(caplog: pytest.LogCaptureFixture) -> None:
+    m = MLP()
+    opt = prism.optimize(m, (_x(3),), **OPTS)
+    x = _x(3, seed=2).requires_grad_(True)
+    with caplog.at_level(logging.WARNING, logger="prism"):
+        y = opt(x)
+    y.sum().backward()
+    gx, gw = x.grad.clone(), m.w.grad.clone()
+    x.grad = None
+    m.zero_grad()
+    m(x).sum().backward()
+    _close(y, m(x))
+    _close((gx, gw), (x.grad, m.w.grad))
+    assert any("autograd" in r.getMessage() for r in caplog.records)
+
+
+def test_fx_symbolic_trace_and_export() -> None:
+    m = MLP()
+    gm = torch.fx.symbolic_trace(m)
+    opt = prism.optimize(gm, (_x(3),), dynamic={0: [0]}, **OPTS)
+    batch = torch.export.Dim("batch", min=2)
+    ep = torch.export.export(m, (_x(3),), dynamic_shapes=({0: batch},))
+    opt2 = prism.optimize(ep, (_x(3),), **OPTS)
+    with torch.no_grad():
+        for n in (3, 6):
+            x = _x(n, seed=n)
+            _close(opt(x), m(x))
+            _close(opt2(x), m(x))
+    for o, source in ((opt, "fx"), (opt2, "export")):
+        (rep,) = o.report
+        assert rep.source == source
+        (mlp,) = _mlp_pieces(rep)
+        assert mlp.runner.prism_calls == 3
+
+
+def test_updated_weights_are_used() -> None:
+    """The transposed copies of weights are cached; an in-place update or a new tensor invalidates them."""
+    m = MLP()
+    opt = prism.optimize(m, (_x(3),), **OPTS)
+    x = _x(3, seed=4)
+    with torch.no_grad():
+        _close(opt(x), m(x))
+        m.gate.weight.mul_(-1.5)
+        _close(opt(x), m(x))
+        m.up.weight.data = torch.randn_like(m.up.weight)
+        _close(opt(x), m(x))
+    (mlp,) = _mlp_pieces(opt.report[0])
+    assert mlp.runner.prism_calls == 4
+
+
+def test_in_place_update_of_an_input_still_happens() -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x += 1.0  # mutates the caller's tensor (Dynamo: operator.iadd), must stay PyTorch's
+        return torch.softmax(x @ w, -1)
+
+    w = torch.randn(32, 16)
+    opt = prism.optimize(fn, (_x(4, 32), w), **OPTS)
+    a, b = _x(4, 32, seed=9), _x(4, 32, seed=9)
+    with torch.no_grad():
+        _close(opt(a, w), fn(b, w))
+    assert torch.equal(a, b)  # both mutated alike
+    assert [f.op for r in opt.report for f in r.fallbacks] == ["operator.iadd"]
+    assert [p.label for p in opt.prism_pieces()] == ["matmul+softmax"]

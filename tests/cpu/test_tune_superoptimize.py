@@ -1,0 +1,141 @@
+"""prism.superoptimize end to end on a small program: search (small limits) -> verify -> tune -> compile.
+
+Counters, not timings, prove that cache hits skip the search and the tuning."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import prism
+from prism.api import clear_memory_caches
+from prism.search import Limits
+from prism.tune import STATS, reset_stats, store
+
+pytestmark = pytest.mark.cpu
+
+LIMITS = Limits(max_kernel_ops=1, time_limit=30, max_results=3)
+
+
+def _program() -> prism.Graph:
+    g = prism.Graph("rmsnorm_linear_small")
+    X, W = g.input("X", ("n", 256)), g.input("W", (256, 512))
+    g.output(g.matmul(g.rms_norm(X), W), "Y")
+    return g
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    d = tmp_path_factory.mktemp("superopt-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRISM_CACHE_DIR", str(d))
+        clear_memory_caches()
+        yield d
+    clear_memory_caches()
+
+
+def _inputs(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"X": rng.standard_normal((n, 256), dtype=np.float32),
+            "W": rng.standard_normal((256, 512), dtype=np.float32)}
+
+
+def _check(y: np.ndarray, x: dict[str, np.ndarray]) -> None:
+    ref = _program().evaluate({k: v.astype(np.float64) for k, v in x.items()}, dtype=np.float64)["Y"]
+    assert y.shape == ref.shape and np.all(np.isfinite(y))
+    scale = np.sqrt(np.mean(ref ** 2))
+    assert np.max(np.abs(y - ref) / (np.abs(ref) + scale)) <= 2e-4
+
+
+def test_superoptimized_kernel_matches_the_reference_at_every_shape() -> None:
+    k = prism.superoptimize(_program(), limits=LIMITS)
+    assert k.implementations and all(i.how == "formal+numeric" for i in k.implementations)
+    for n in (8, 7, 1):  # 7: no power of two divides it; 1: a single row
+        x = _inputs(n, seed=n)
+        _check(k(**x), x)
+        spec = k.specialize(n=n)
+        assert spec.check.passed and spec.tuning.best.status == "ok"
+        assert spec.check.checks and all(c.runner == "compiled kernel" for c in spec.check.checks)
+
+
+def test_cache_hits_skip_search_and_tuning() -> None:
+    clear_memory_caches()
+    reset_stats()
+    k = prism.superoptimize(_program(), limits=LIMITS)
+    assert STATS.searches + STATS.search_cache_hits == 1
+    k(**_inputs(16))
+    assert STATS.tunings == 1
+    k(**_inputs(16, seed=1))                      # same shape, same object: in memory
+    assert (STATS.tunings, STATS.tune_memory_hits) == (1, 1)
+    before = (STATS.searches, STATS.compiles)
+    clear_memory_caches()                         # as a new process would: disk caches only
+    k2 = prism.superoptimize(_program(), limits=LIMITS)
+    assert STATS.search_cache_hits >= 1 and STATS.searches == before[0]
+    x = _inputs(16, seed=2)
+    _check(k2(**x), x)
+    assert STATS.tune_cache_hits == 1 and STATS.tunings == 1 and STATS.compiles == before[1]
+    assert k2.specialize(n=16).from_cache and STATS.final_checks >= 2  # the cached winner is re-checked
+    k3 = prism.superoptimize(_program(), limits=LIMITS)   # same process: the search result is reused
+    assert STATS.search_memory_hits == 1
+    k3(**_inputs(3))                              # a new shape: tuned, never searched again
+    assert STATS.tunings == 2 and STATS.searches == before[0]
+
+
+def _entries(root: Path) -> list[Path]:
+    return sorted((root / "tune" / "results").rglob("*.json"))
+
+
+@pytest.mark.parametrize("damage", ["garbage", "checksum", "winner"])
+def test_a_corrupt_tuning_entry_is_rebuilt(_own_cache: Path, damage: str) -> None:
+    k = prism.superoptimize(_program(), limits=LIMITS)
+    k(**_inputs(24))
+    path = next(p for p in _entries(_own_cache) if json.loads(p.read_text())["payload"]["result"]["env"] == {"n": 24})
+    d = json.loads(path.read_text())
+    if damage == "garbage":
+        path.write_text("{ this is not json")
+    elif damage == "checksum":
+        d["payload"]["result"]["rows"][0]["params"] = {"g0": 999}
+        path.write_text(json.dumps(d))
+    else:  # a well-formed entry whose winner is not a valid row: detected on use
+        d["payload"]["result"]["winner"] = 99
+        d["sha256"] = store.digest(d["payload"])
+        path.write_text(json.dumps(d))
+    clear_memory_caches()
+    reset_stats()
+    k2 = prism.superoptimize(_program(), limits=LIMITS)
+    x = _inputs(24, seed=5)
+    _check(k2(**x), x)
+    assert STATS.rebuilds == 1 and STATS.tunings == 1 and STATS.tune_cache_hits == 0
+    assert store.load(path, "tuning").payload is not None  # rewritten whole
+
+
+def test_explain_shows_graph_proof_code_and_table() -> None:
+    k = prism.superoptimize(_program(), limits=LIMITS)
+    text = k.explain(n=8)
+    for part in ("block_graph", "proof: formal+numeric", "proved", "compiled check at this shape: numeric check passed",
+                 "tuning table", "Spearman", "generated C", "prism_entry"):
+        assert part in text, part
+
+
+def test_torch_tensors_and_output_buffers() -> None:
+    torch = pytest.importorskip("torch")
+    k = prism.superoptimize(_program(), limits=LIMITS)
+    x = _inputs(8, seed=9)
+    y = k(**{n: torch.from_numpy(v) for n, v in x.items()})
+    assert isinstance(y, torch.Tensor)
+    _check(y.numpy(), x)
+    out = np.empty((8, 512), np.float32)
+    assert k.call(x, out=out) is out
+    _check(out, x)
+
+
+def test_verbose_progress_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    clear_memory_caches()
+    k = prism.superoptimize(_program(), limits=LIMITS, verbose=2)
+    k(**_inputs(5))
+    err = capsys.readouterr().err
+    assert "search:" in err and "tuned at n=5" in err

@@ -1,0 +1,316 @@
+"""FX capture: every supported PyTorch operator becomes Prism operators that compute the same values
+(the captured Prism graph is run by the NumPy reference and compared with PyTorch); unsupported ones
+and other dtypes become fallbacks with a reason. No C compiler involved."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from prism.frontend.capture import Captured, capture  # noqa: E402
+from prism.frontend.symbolic import to_dim  # noqa: E402
+from prism.ir import dims as D  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+
+def _capture(fn: Callable[..., Any] | torch.nn.Module, args: tuple, dynamic: Any = None) -> Captured:
+    gm = torch.fx.symbolic_trace(fn)
+    return capture(gm, list(args), dynamic)
+
+
+def _feed(cap: Captured, args: tuple) -> dict[str, np.ndarray]:
+    phs = [n for n in cap.gm.graph.nodes if n.op == "placeholder"]
+    out = {}
+    for name, node in cap.inputs.items():
+        if node.op == "placeholder":
+            v = args[phs.index(node)]
+        else:
+            v = cap.gm
+            for part in node.target.split("."):
+                v = getattr(v, part)
+        out[name] = v.detach().double().numpy()
+    return out
+
+
+def _check(fn: Callable[..., Any] | torch.nn.Module, *args: torch.Tensor, fallbacks: int = 0,
+           dynamic: Any = None, tol: float = 1e-5) -> Captured:
+    cap = _capture(fn, args, dynamic)
+    assert len(cap.fallbacks) == fallbacks, [(f.op, f.reason) for f in cap.fallbacks]
+    with torch.no_grad():
+        ref = fn(*args)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    got = cap.graph.evaluate(_feed(cap, args), dtype=np.float64)
+    assert len(got) == len(refs)
+    for k, r in enumerate(refs):
+        g = got[f"out{k}"]
+        r = r.detach().double().numpy()
+        assert g.shape == r.shape, (g.shape, r.shape)
+        assert np.max(np.abs(g - r)) <= tol * max(1.0, np.max(np.abs(r))), np.max(np.abs(g - r))
+    return cap
+
+
+def _r(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+X, Y = _r(3, 8, seed=1), _r(3, 8, seed=2)
+
+ELEMENTWISE: dict[str, Callable[..., Any]] = {
+    "add_sub_scalars": lambda x, y: x + y * 2 - 1,
+    "rsub_scalar": lambda x, y: 1 - x + torch.rsub(y, 2),
+    "div": lambda x, y: x / 4 + x / (y.exp() + 1),
+    "alpha": lambda x, y: torch.add(x, y, alpha=0.5) + torch.sub(x, y, alpha=2),
+    "scalar_first": lambda x, y: 3 * x + (2 + y) - (5 - x),
+    "unary": lambda x, y: torch.exp(x) + torch.sqrt(y.exp()) + torch.rsqrt(x.exp()) + torch.sigmoid(x)
+    + torch.tanh(y) - x,
+    "activations": lambda x, y: F.silu(x) + F.gelu(y) + F.gelu(x, approximate="tanh") + F.relu(y) + x.clamp(min=0),
+    "powers": lambda x, y: x ** 2 + y.pow(3) + torch.square(x) + x.exp().pow(0.5) + y.exp() ** -0.5,
+    "maximum": lambda x, y: torch.maximum(x, y) * y,
+    "broadcast": lambda x, y: x * y[:1] + x[:, :1],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
+def test_elementwise(name: str) -> None:
+    _check(ELEMENTWISE[name], X, Y)
+
+
+REDUCTIONS: dict[str, Callable[..., Any]] = {
+    "sum_keepdim": lambda x: x.sum(-1, keepdim=True) * x,
+    "sum_nokeep": lambda x: x.sum(-1),
+    "sum_dim0": lambda x: torch.sum(x, dim=0),
+    "mean_two_dims": lambda x: x.mean(dim=(0, 2)),
+    "mean_all": lambda x: x.mean(),
+    "amax": lambda x: torch.amax(x, -1, keepdim=True) - x,
+    "softmax": lambda x: F.softmax(x, -1) + x.softmax(dim=0) + torch.softmax(x, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reductions(name: str) -> None:
+    _check(REDUCTIONS[name], _r(2, 3, 4))
+
+
+W, Bv = _r(8, 5, seed=3), _r(5, seed=4)
+
+CONTRACTIONS: dict[str, tuple[Callable[..., Any], tuple]] = {
+    "matmul_op": (lambda x, w: x @ w, (X, W)),
+    "mm": (lambda x, w: torch.mm(x, w), (X, W)),
+    "matmul_broadcast": (lambda x, w: torch.matmul(x, w), (_r(2, 3, 8), W)),
+    "bmm": (lambda a, b: torch.bmm(a, b), (_r(2, 3, 8), _r(2, 8, 4))),
+    "linear_bias": (lambda x, w, b: F.linear(x, w, b), (_r(2, 3, 5), _r(4, 5), _r(4))),
+    "linear_nobias": (lambda x, w: F.linear(x, w), (_r(2, 3, 5), _r(4, 5))),
+    "addmm": (lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=2.0), (Bv, X, W)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTRACTIONS))
+def test_contractions(name: str) -> None:
+    fn, args = CONTRACTIONS[name]
+    _check(fn, *args)
+
+
+def test_linear_module_is_lowered_and_its_weight_read_transposed() -> None:
+    m = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.SiLU(), torch.nn.Linear(6, 3, bias=False),
+                            torch.nn.Softmax(dim=-1))
+    cap = _check(m, X)
+    lin = [u for u in cap.units if u.op == "linear"]
+    assert len(lin) == 2 and all(u.lowered.operands[1].perm == (1, 0) for u in lin)
+    assert all(u.lowered.operands[1].node in cap.persistent for u in lin)  # weights are module state
+
+
+class _RMS(torch.nn.Module):
+    def __init__(self, variant: str) -> None:
+        super().__init__()
+        self.variant = variant
+        self.weight = torch.nn.Parameter(torch.rand(8) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.variant == "rsqrt_pow":
+            y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        elif self.variant == "rsqrt_mul":
+            y = torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + 1e-5) * x
+        elif self.variant == "div_sqrt":
+            y = x / torch.sqrt(torch.mean(x ** 2, -1, keepdim=True) + 1e-6)
+        else:
+            y = F.rms_norm(x, (8,), None, 1e-6)
+        return y * self.weight
+
+
+@pytest.mark.parametrize("variant", ["rsqrt_pow", "rsqrt_mul", "div_sqrt", "functional"])
+def test_rms_norm_forms_become_one_operator(variant: str) -> None:
+    cap = _check(_RMS(variant), _r(2, 3, 8))
+    ops = [u.op for u in cap.units]
+    assert ops == ["rms_norm", "mul"], ops
+    assert sum(n.op == "rms_norm" for n in cap.graph.nodes) == 1
+
+
+def test_rms_pattern_with_a_shared_intermediate_is_not_fused() -> None:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ms = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(ms + 1e-6), ms  # the mean is also an output: fusing would lose it
+    cap = _check(fn, _r(2, 8))
+    assert "rms_norm" not in [u.op for u in cap.units]
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_scaled_dot_product_attention(gqa: bool, scale: float | None) -> None:
+    q = _r(2, 8 if gqa else 2, 3, 16, seed=5)
+    k, v = _r(2, 2, 7, 16, seed=6), _r(2, 2, 7, 12, seed=7)
+    cap = _check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa), q, k, v)
+    assert [u.op for u in cap.units] == ["scaled_dot_product_attention"]
+    assert sum(n.op == "softmax" for n in cap.graph.nodes) == 1
+
+
+def test_attention_written_out() -> None:
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        return torch.softmax(s, dim=-1) @ v
+    _check(fn, _r(2, 4, 3, 16), _r(2, 4, 5, 16), _r(2, 4, 5, 16))
+
+
+LAYOUT: dict[str, Callable[..., Any]] = {
+    "view_transpose": lambda x: x.view(2, 3, 2, 2).transpose(1, 2).reshape(2, -1) * 2,
+    "permute_t": lambda x: x.permute(2, 0, 1).contiguous().reshape(4, 6).t() + 1,
+    "unsqueeze_squeeze": lambda x: x.unsqueeze(1).squeeze(1) + x.unsqueeze(0).sum(0),
+    "cat_split_chunk": lambda x: torch.cat((x.split([1, 3], dim=-1)[1], x.split([1, 3], dim=-1)[0]), -1)
+    + torch.cat((x.chunk(2, 1)[1], x.chunk(2, 1)[0]), 1),
+    "slicing": lambda x: torch.cat((-x[..., 2:], x[..., :2]), dim=-1) + x[:, 1:2].sum(1, keepdim=True),
+    "expand": lambda x: x[:, :, :1].expand(2, 3, 4) * x,
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT))
+def test_layout(name: str) -> None:
+    cap = _check(LAYOUT[name], _r(2, 3, 4))
+    assert any(u.kind == "layout" for u in cap.units)
+
+
+def test_dynamic_dims_are_symbols_and_the_graph_serves_every_size() -> None:
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b = x.shape[0]
+            return F.silu(self.lin(x)).view(b, 2, 2).sum(-1)
+    fn = M()
+    gm = torch.fx.symbolic_trace(fn)
+    cap = capture(gm, [_r(3, 8)], dynamic={0: [0]})
+    (name,) = [k for k, n in cap.inputs.items() if n.op == "placeholder"]
+    (s,) = D.symbols(cap.graph.inputs[name].shape[0])
+    for n in (3, 5):
+        x = _r(n, 8, seed=n)
+        got = cap.graph.evaluate(_feed(cap, (x,)), dtype=np.float64)["out0"]
+        assert got.shape == (n, 2)
+        np.testing.assert_allclose(got, fn(x).detach().double().numpy(), rtol=1e-5, atol=1e-5)
+    assert s in cap.graph.symbols()
+
+
+def test_torch_export_graph() -> None:
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(self.lin(x) * 0.5, -1) + x
+
+    batch = torch.export.Dim("batch", min=2)
+    ep = torch.export.export(M(), (_r(3, 8),), dynamic_shapes=({0: batch},))
+    gm = ep.module()
+    cap = capture(gm)
+    assert not cap.fallbacks
+    assert [u.op for u in cap.units] == ["linear", "mul", "softmax", "add"]
+    x_in = [n for n in cap.inputs.values() if n.op == "placeholder"]
+    assert len(x_in) == 1 and any(not isinstance(d, int) for d in cap.graph.inputs[
+        next(k for k, v in cap.inputs.items() if v is x_in[0])].shape)
+
+
+def test_dynamo_graph() -> None:
+    got: list[Captured] = []
+
+    def backend(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
+        got.append(capture(gm))
+        return gm.forward
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.silu(x @ w).sum(-1, keepdim=True) / 2
+    x, w = _r(4, 8), _r(8, 3)
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, dynamic=True)(x, w)
+    (cap,) = got
+    assert [u.op for u in cap.units] == ["matmul", "silu", "sum", "div"] and not cap.fallbacks
+    assert cap.graph.symbols()  # dynamic=True: sizes are symbols
+
+
+def test_unsupported_operators_and_dtypes_are_fallbacks_with_reasons() -> None:
+    cap = _capture(lambda x: torch.cumsum(x, -1) * 2 + x.cumsum(0), (X,))
+    ops = sorted(f.op for f in cap.fallbacks)
+    assert ops == ["Tensor.cumsum", "torch.cumsum"], ops
+    assert all("not supported" in f.reason for f in cap.fallbacks)
+    for dt in (torch.bfloat16, torch.float16):
+        cap = _capture(lambda x: F.silu(x) * 2, (X.to(dt),))
+        assert not cap.units and len(cap.fallbacks) == 2
+        assert all(str(dt).removeprefix("torch.") in f.reason for f in cap.fallbacks)
+    cap = _capture(lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True), (_r(1, 2, 3, 4),))
+    assert "is_causal" in cap.fallbacks[0].reason
+    cap = _capture(lambda x: 2 / x, (X,))
+    assert "reciprocal" in cap.fallbacks[0].reason
+
+
+def test_in_place_operators_stay_in_pytorch() -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.add_(y)       # the caller's x must be mutated: a Prism kernel would return a new tensor
+        y.mul_(2)
+        return F.relu(x, inplace=True) * y
+    cap = _capture(fn, (X.clone(), Y.clone()))
+    assert sorted(f.op for f in cap.fallbacks) == ["Tensor.add_", "Tensor.mul_", "torch.nn.functional.relu"]
+    assert [u.op for u in cap.units] == ["mul"]
+
+
+def test_sizes_from_torch_symbols() -> None:
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    s, t = sympy.Symbol("s0", integer=True, positive=True), sympy.Symbol("s1", integer=True, positive=True)
+    assert to_dim(s * 8 + t - 2) == D.sym("s0") * 8 + D.sym("s1") - 2
+    assert to_dim(FloorDiv(s * 8, 4)) == D.sym("s0") * 2
+    assert to_dim(sympy.Integer(7)) == 7 and to_dim(5) == 5
+    from prism.errors import UnsupportedError
+    with pytest.raises(UnsupportedError):
+        to_dim(FloorDiv(s, 4))  # not exact for every s0
+    with pytest.raises(UnsupportedError):
+        to_dim(sympy.Mod(s, 3))
+
+
+def _run(code: str) -> str:
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_import_prism_does_not_import_torch_and_the_backend_name_registers_either_way() -> None:
+    assert _run("import sys, prism; print('torch' in sys.modules, callable(prism.optimize))") == "False True"
+    reg = "from torch._dynamo.backends.registry import _COMPILER_FNS; print('prism' in _COMPILER_FNS)"
+    import tomllib
+    from pathlib import Path
+    doc = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    target = doc["project"]["entry-points"]["torch_dynamo_backends"]["prism"]
+    assert target == "prism.frontend.dynamo:prism_backend"
+    mod, fn = target.split(":")
+    assert _run(f"import {mod} as m; print(callable(m.{fn}))") == "True"
+    assert _run(f"import prism, torch, torch._dynamo; {reg}") == "True"        # torch imported after prism
+    assert _run(f"import torch, torch._dynamo, prism; {reg}") == "True"        # torch imported before

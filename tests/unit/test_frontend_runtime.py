@@ -1,0 +1,117 @@
+"""The piece runner's decisions (Prism kernel vs the piece's PyTorch code) and the cache of prepared
+module state, with a stand-in kernel (no compiler), and the reshape-sinking normalization."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import prism  # noqa: E402
+from prism.frontend.compiler import sink_reshapes  # noqa: E402
+from prism.frontend.runtime import PREPARED, InputSpec, PieceRunner  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+
+class _Compiled:
+    def __init__(self, owner: _Kernel) -> None:
+        self.owner = owner
+
+    def call(self, ins: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.owner.fail:
+            raise prism.PrismError("no verified sGraph tiles this shape")
+        self.owner.seen.append({k: (tuple(v.shape), v.is_contiguous()) for k, v in ins.items()})
+        return ins["x0"] @ ins["x1"] * 10  # recognizably not the fallback's result
+
+
+class _Kernel:
+    """What the runner uses of a SuperKernel: program.bind and specialize(...).kernel."""
+
+    def __init__(self) -> None:
+        g = prism.Graph()
+        g.output(g.matmul(g.input("x0", ("n", 4)), g.input("x1", (4, 3))), "y")
+        self.program = g
+        self.fail = False
+        self.seen: list[dict[str, Any]] = []
+        self.specialized: list[dict[str, int]] = []
+
+    def specialize(self, **env: int) -> Any:
+        self.specialized.append(env)
+        return type("Spec", (), {"kernel": _Compiled(self)})()
+
+
+class _Fallback(torch.nn.Module):
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x @ w.t()
+
+
+def _runner(persistent: bool = True) -> tuple[PieceRunner, _Kernel]:
+    k = _Kernel()
+    specs = [InputSpec("x0", None, False), InputSpec("x1", (1, 0), persistent)]
+    return PieceRunner("0 (linear)", k, specs, _Fallback()), k
+
+
+def test_prism_path_transposes_weights_and_copies_strided_inputs() -> None:
+    r, k = _runner()
+    w = torch.nn.Parameter(torch.randn(3, 4))
+    x = torch.randn(4, 5).t()  # not contiguous
+    with torch.no_grad():
+        y = r(x, w)
+        torch.testing.assert_close(y, x @ w.t() * 10)
+        r(torch.randn(5, 4), w)
+        r(torch.randn(2, 4), w)
+    assert r.prism_calls == 3 and r.fallback_calls == 0
+    assert k.seen[0] == {"x0": ((5, 4), True), "x1": ((4, 3), True)}
+    assert k.specialized == [{"n": 5}, {"n": 2}]  # one specialization per shape
+
+
+def test_prepared_weights_are_cached_until_the_tensor_changes() -> None:
+    w = torch.nn.Parameter(torch.randn(3, 4))
+    h0 = PREPARED.hits
+    a = PREPARED.get(w, (1, 0))
+    b = PREPARED.get(w, (1, 0))
+    assert a is b and PREPARED.hits == h0 + 1
+    with torch.no_grad():
+        w.mul_(2)  # an in-place update bumps the version counter
+    c = PREPARED.get(w, (1, 0))
+    assert c is not a and torch.equal(c, w.detach().t())
+    with torch.no_grad():
+        w.data = torch.randn(3, 4)  # new storage
+    assert torch.equal(PREPARED.get(w, (1, 0)), w.detach().t())
+
+
+@pytest.mark.parametrize("case", ["bfloat16", "grad", "error"])
+def test_fallback_cases_run_pytorch_and_log_once(case: str, caplog: pytest.LogCaptureFixture) -> None:
+    r, k = _runner()
+    w = torch.nn.Parameter(torch.randn(3, 4))
+    x = torch.randn(5, 4)
+    if case == "bfloat16":
+        x, w = x.bfloat16(), torch.nn.Parameter(w.detach().bfloat16())
+    if case == "error":
+        k.fail = True
+    ctx = torch.enable_grad() if case == "grad" else torch.no_grad()
+    with caplog.at_level(logging.WARNING, logger="prism"), ctx:
+        for _ in range(2):
+            y = r(x, w)
+            torch.testing.assert_close(y, x @ w.t())
+    assert r.prism_calls == 0 and r.fallback_calls == 2
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert len(lines) == 1 and "runs in PyTorch" in lines[0], lines
+    assert {"bfloat16": "bfloat16", "grad": "autograd", "error": "no verified sGraph"}[case] in lines[0]
+
+
+def test_sink_reshapes_moves_unary_operators_before_reshapes() -> None:
+    g = prism.Graph("t")
+    x = g.input("x", ("b", 8, 4))
+    y = g.mul_scalar(g.exp(g.reshape(g.softmax(x, -1), ("b", 2, 16))), 2.0)
+    g.output(y, "y")
+    h = sink_reshapes(g)
+    ops = [n.op for n in h.nodes]
+    assert ops == ["input", "softmax", "exp", "mul_scalar", "reshape", "output"], ops
+    a = np.random.default_rng(0).standard_normal((3, 8, 4))
+    np.testing.assert_allclose(h.evaluate({"x": a}, dtype=np.float64)["y"], g.evaluate({"x": a}, dtype=np.float64)["y"])

@@ -1,0 +1,94 @@
+"""prism.superoptimize without compiling: what it accepts from the search, and its errors."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import prism
+from prism.api import Implementation, NoVerifiedKernelError, Options, SuperKernel, _verified_implementations
+from prism.errors import InputError, PrismError
+from prism.ir.block import BlockBuilder
+from prism.search import Candidate, Limits, SearchResult, Stats, StopReason
+from prism.search.cost import CostReport
+from prism.search.gate import Verdict
+from prism.tune import STATS, reset_stats
+from prism.workloads import WORKLOADS
+
+pytestmark = pytest.mark.unit
+
+SHAPE = {"n": 8, "d": 64, "m": 128}
+
+
+def _program() -> prism.Graph:
+    return WORKLOADS["W1"].program(SHAPE)
+
+
+def _without_rms() -> prism.Graph:
+    """A wrong implementation of W1: the normalization is dropped."""
+    g = prism.Graph("wrong")
+    X, W = g.input("X", ("n", 64)), g.input("W", (64, 128))
+    bb = BlockBuilder(grid=("G",), forloop="F", inputs=[X, W])
+    acc = bb.accumulate("sum", bb.matmul(bb.iter(0, imap=(None,), fmap=1), bb.iter(1, imap=(1,), fmap=0)))
+    bb.save(acc, omap=(1,))
+    (y,) = g.customized(bb.build(), [X, W])
+    g.output(y, "Y")
+    return g
+
+
+def _candidate(g: prism.Graph, ok: bool, how: str) -> Candidate:
+    return Candidate(g, CostReport(1.0, 0, 0, 1, 0), Verdict(ok, how, "test double"), "test double")
+
+
+def _result(cands: list[Candidate], stop: StopReason = StopReason.EXHAUSTED) -> SearchResult:
+    return SearchResult(_program(), "symbolic", Limits(), stop, cands, Stats())
+
+
+def test_numeric_only_candidates_are_reverified_and_wrong_ones_dropped() -> None:
+    reset_stats()
+    right = WORKLOADS["W1"].hand_written(SHAPE)
+    res = _result([_candidate(_without_rms(), True, "numeric-only"), _candidate(right, True, "numeric-only"),
+                   _candidate(right, False, "formal+numeric")])
+    impls = _verified_implementations(res, _program(), None)
+    assert STATS.reverifications == 2
+    assert len(impls) == 1 and impls[0].graph is right and impls[0].how == "formal+numeric"
+    assert "proved" in impls[0].proof
+
+
+def test_a_missing_search_module_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "prism.search", None)
+    with pytest.raises(PrismError, match="needs the search"):
+        prism.superoptimize(_program())
+
+
+def test_nothing_verified_raises_with_the_stop_reason(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import prism.search as S
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(S, "search", lambda *a, **k: _result([_candidate(_without_rms(), True, "numeric-only")],
+                                                             StopReason.TIME_LIMIT))
+    with pytest.raises(NoVerifiedKernelError, match="stop reason: time_limit"):
+        prism.superoptimize(_program())
+
+
+def test_bad_calls_fail_before_any_tuning() -> None:
+    reset_stats()
+    impl = Implementation(0, WORKLOADS["W1"].hand_written(SHAPE), "formal+numeric", "test double", "test double")
+    k = SuperKernel(_program(), _result([]), [impl], Options())
+    x = np.zeros((8, 64), np.float32)
+    with pytest.raises(InputError, match="missing input"):
+        k(X=x)
+    with pytest.raises(InputError, match="unknown input"):
+        k(X=x, W=np.zeros((64, 128), np.float32), Z=x)
+    with pytest.raises(InputError, match="dim 1 must be 64"):
+        k(X=np.zeros((8, 32), np.float32), W=np.zeros((64, 128), np.float32))
+    with pytest.raises(InputError, match="missing"):
+        k.specialize()
+    with pytest.raises(InputError, match="positive"):
+        k.specialize(n=0)
+    with pytest.raises(InputError, match="expected a numpy"):
+        k(X=[[1.0]], W=np.zeros((64, 128), np.float32))
+    assert STATS.tunings == 0 and STATS.compiles == 0
+    assert "no shape tuned yet" in k.explain()

@@ -1,0 +1,173 @@
+"""The cost model, the ranking statistics, the tuning table and the tuner's disk store."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+import prism
+from prism.ir.block import BlockBuilder
+from prism.tune import store
+from prism.tune.candidates import Instance, instantiate
+from prism.tune.cost import Estimate, block_cost, contiguous_run, estimate
+from prism.tune.machine import Machine, cache_sizes, detect
+from prism.tune.tuner import Row, TuneResult, select, spearman
+from prism.workloads import WORKLOADS
+
+pytestmark = pytest.mark.unit
+
+MACHINE = Machine(cores=2, threads=2, l1=32 << 10, l2=1 << 20, l3=32 << 20, simd=16, isa="avx512",
+                  fingerprint="test", bandwidth=40e9, bandwidth_1=25e9, cache_bandwidth=100e9, peak_flops=200e9,
+                  measured=False)
+
+
+def _replicated(n: int, d: int, m: int, g: int, rows_split: bool) -> prism.BlockGraph:
+    """X [n, d] @ W [d, m]: grid of g blocks over W's columns; X is replicated over them unless rows_split."""
+    bb = BlockBuilder(grid=(g,), forloop=1, inputs=[((n, d), "float32", "X"), ((d, m), "float32", "W")])
+    if rows_split:
+        x = bb.iter(0, imap=(0,))
+        w = bb.iter(1, imap=(None,))
+        bb.save(bb.matmul(x, w), omap=(0,))
+    else:
+        x = bb.iter(0, imap=(None,))
+        w = bb.iter(1, imap=(1,))
+        bb.save(bb.matmul(x, w), omap=(1,))
+    return bb.build()
+
+
+def test_replicated_input_is_read_per_block_unless_it_fits_in_cache() -> None:
+    small_cache = dataclasses.replace(MACHINE, l2=0, l3=0)
+    n, d, m, g = 64, 4096, 1024, 8
+    rep = block_cost(_replicated(n, d, m, g, False), small_cache)
+    x_bytes, w_bytes, y_bytes = n * d * 4, d * m * 4, n * m * 4
+    assert rep.dram_bytes == g * x_bytes + w_bytes + y_bytes          # X read by all 8 blocks
+    assert rep.replication > 1
+    fits = block_cost(_replicated(n, d, m, g, False), MACHINE)         # X (1 MiB) fits in the caches
+    assert fits.dram_bytes == x_bytes + w_bytes + y_bytes
+    assert fits.memory_s < rep.memory_s
+
+
+def test_partial_sums_cost_an_extra_pass() -> None:
+    def split_k(g: int) -> prism.BlockGraph:
+        bb = BlockBuilder(grid=(g,), forloop=1, inputs=[((8, 4096), "float32"), ((4096, 256), "float32")])
+        bb.save(bb.matmul(bb.iter(0, imap=(1,)), bb.iter(1, imap=(0,))), omap=(None,))
+        return bb.build()
+    one, four = block_cost(split_k(1), MACHINE), block_cost(split_k(4), MACHINE)
+    assert four.dram_bytes > one.dram_bytes  # 4 slots written, read back, and the output written
+
+
+def test_strided_narrow_tiles_pay_whole_lines() -> None:
+    assert contiguous_run((8, 4), (8, 64)) == 4
+    assert contiguous_run((2, 64), (8, 64)) == 128
+    assert contiguous_run((1, 8, 64), (4, 8, 64)) == 512
+    narrow = block_cost(_replicated(8, 1024, 1024, 256, False), dataclasses.replace(MACHINE, l3=0, l2=1 << 10))
+    wide = block_cost(_replicated(8, 1024, 1024, 16, False), dataclasses.replace(MACHINE, l3=0, l2=1 << 10))
+    assert narrow.dram_bytes > wide.dram_bytes  # 4-column strips move a 64-byte line per row
+
+
+def test_load_balance_and_overheads_shape_the_ranking() -> None:
+    w = WORKLOADS["W1"]
+    s = w.shapes[2]
+    r = instantiate(w.hand_written(s), w.env(s), MACHINE)
+    by = {(i.params["G"], i.params["F"]): i.estimate.seconds for i in r.kept + r.dropped}
+    assert by[(2, 16)] < by[(1, 16)]          # one block leaves a core idle
+    assert by[(16, 4)] < by[(16, 1024)]       # 4-row weight tiles: per-iteration overhead and narrow rows
+
+
+def test_estimate_needs_a_concrete_graph() -> None:
+    w = WORKLOADS["W1"]
+    with pytest.raises(ValueError, match="concrete"):
+        estimate(w.hand_written(w.shapes[0]), MACHINE)
+    e = estimate(w.program(w.shapes[0]).instantiate({"n": 8}), MACHINE)  # predefined ops only
+    assert e.seconds > 0 and e.flops >= 2 * 8 * 1024 * 1024
+
+
+def test_spearman() -> None:
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2], [1, 2]) is None
+    assert spearman([1, 1, 1], [1, 2, 3]) is None
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)
+
+
+def _inst(sg: int, sec: float) -> Instance:
+    return Instance(sg, {"G": sg}, prism.Graph(), {"G": sg}, Estimate(sec, 0, 0))
+
+
+def test_select_keeps_the_best_of_every_sgraph() -> None:
+    pool = [_inst(0, t) for t in (1.0, 1.1, 1.2, 1.3)] + [_inst(1, 5.0), _inst(2, 9.0), _inst(2, 9.5)]
+    picked = select(pool, 4)
+    assert [p.estimate.seconds for p in picked] == [1.0, 1.1, 5.0, 9.0]
+    assert [p.estimate.seconds for p in select(pool, 2)] == [1.0, 5.0]
+
+
+def _result() -> TuneResult:
+    rows = [Row(0, {"G": 2, "F": 4}, 1e-4, 1, "ok", 2e-4, 1e-7, 30), Row(1, {"G": 4}, 0.5e-4, 0, "ok", 1e-4, 0.0, 40),
+            Row(0, {"G": 8, "F": 1}, 3e-4, 2, "wrong result", math.inf, 0.5, 0, "error 0.5 > tolerance 1e-4")]
+    return TuneResult("key", {"n": 8}, {"X": [8, 64]}, {"fingerprint": "fp", "threads": 2}, ["a", "b"], rows, 1, 12,
+                      spearman=-1.0, top1_ratio=1.0)
+
+
+def test_tune_result_roundtrip_and_table() -> None:
+    r = _result()
+    back = TuneResult.from_json(json.loads(json.dumps(r.to_json())))
+    assert back == r and back.best.params == {"G": 4} and back.top1_within_10pct
+    text = r.table()
+    assert "wrong result" in text and "inf" in text and "Spearman -1.00" in text
+    assert text.splitlines()[1].startswith("*")  # the winner is marked and listed first
+    bad = r.to_json()
+    bad["winner"] = 2
+    with pytest.raises(ValueError):
+        TuneResult.from_json(bad)
+
+
+def test_store_detects_corruption(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "a" / "entry.json"
+    store.save(p, "tuning", {"x": 1, "y": [1.5, math.inf]})
+    assert store.load(p, "tuning").payload == {"x": 1, "y": [1.5, math.inf]}
+    assert store.load(p, "machine").corrupt                       # another kind
+    assert store.load(tmp_path / "missing.json", "tuning") == store.Loaded(None)
+    d = json.loads(p.read_text())
+    d["payload"]["x"] = 2                                          # edited without fixing the checksum
+    p.write_text(json.dumps(d))
+    assert store.load(p, "tuning").corrupt
+    p.write_text(p.read_text()[:20])                               # truncated
+    got = store.load(p, "tuning")
+    assert got.corrupt and got.payload is None
+    assert not list(p.parent.glob("*.tmp"))                        # no temporaries left behind
+
+
+def test_cache_sizes_from_sysfs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"),
+                                             (3, "Unified", "96M")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert cache_sizes(tmp_path) == {1: 48 << 10, 2: 2 << 20, 3: 96 << 20}
+    assert cache_sizes(tmp_path / "nothing") == {1: 32 << 10, 2: 1 << 20, 3: 0}
+
+
+def test_detect_honours_prism_num_threads(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("PRISM_NUM_THREADS", "1")
+    m1 = detect(measure=False)
+    monkeypatch.setenv("PRISM_NUM_THREADS", "3")
+    m3 = detect(measure=False)
+    assert (m1.threads, m3.threads) == (1, 3)
+    assert m1.fingerprint == m3.fingerprint and not m1.measured
+    assert m1.l2 > 0 and m1.simd in (1, 8, 16)
+
+
+def test_measurement_interleaves_the_candidates() -> None:
+    from prism.tune.measure import time_interleaved
+    log: list[int] = []
+    fns = [lambda i=i: log.append(i) for i in range(3)]
+    timings = time_interleaved(fns, budget_s=0.0, block_s=0.0, min_rounds=4, warmup=1)
+    assert log[:3] == [0, 1, 2]                       # warm-up of each
+    rounds = log[3:]
+    assert rounds == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]  # one call each per round, the order rotating
+    assert [t.calls for t in timings] == [4, 4, 4]
