@@ -28,7 +28,7 @@ from prism.ir.graph import Graph
 from prism.ir.serialize import graph_from_json, graph_to_json
 from prism.search import maps as M
 from prism.search.abstract import TreeAlgebra, format_tree, graph_exprs
-from prism.search.block import BlockContext, BlockSearch, HardwareSpec, compile_templates
+from prism.search.block import BlockContext, BlockSearch, BlockStruct, HardwareSpec, compile_templates
 from prism.search.build import assignments, build_graph
 from prism.search.cost import CostReport, Machine, estimate, machine
 from prism.search.egraph import DEFAULT_AXIOMS, ClassTable, LaxEGraph
@@ -44,6 +44,7 @@ VERSION = "search/1"
 MODES = ("symbolic", "concrete")
 CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} dividing the split dims
 MAX_VERIFY = 200         # verification attempts per search (ranked order) before giving up
+UNSPLIT_MAX_ELEMS = 1 << 21  # the unsplit check runs a structure on whole tensors; skip it above this tile size
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -349,14 +350,17 @@ def _rank_and_verify(prog: CoreProgram, cands: list[KernelCandidate], limits: Li
                 firsts = [next(assignments(s), None) for s in structs]
                 if any(a is None for a in firsts):
                     continue
-                try:
-                    ok = unsplit_ok(build_graph(prog, cand, list(zip(structs, firsts))))
-                except PrismError:
-                    stats.build_errors += 1
-                    continue
-                if not ok:
-                    stats.pruned["unsplit"] += 1
-                    continue
+                if max(_unsplit_elems(s, unsplit_ok.env) for s in structs) > UNSPLIT_MAX_ELEMS:
+                    stats.unsplit_skipped += 1  # too big to run whole (e.g. a broadcast [q, kv, D] product)
+                else:
+                    try:
+                        ok = unsplit_ok(build_graph(prog, cand, list(zip(structs, firsts))))
+                    except PrismError:
+                        stats.build_errors += 1
+                        continue
+                    if not ok:
+                        stats.pruned["unsplit"] += 1
+                        continue
                 per_op = [[(s, a) for a in assignments(s)] for s in structs]
                 for choice in itertools.product(*per_op):
                     stats.map_assignments += 1
@@ -391,6 +395,11 @@ def _rank_and_verify(prog: CoreProgram, cands: list[KernelCandidate], limits: Li
                 progress({"phase": "verify", "verified": stats.verified, "rejected": stats.rejected,
                           "elapsed": time.monotonic() - t0})
     return out
+
+
+def _unsplit_elems(s: BlockStruct, env: Mapping[str, int]) -> int:
+    """The largest tile of ``s`` with nothing split (every grid size and F equal to 1)."""
+    return max(_elems(tuple(1 if d is None else d[0] for d in t.shape), env) for t in s.tensors)
 
 
 def describe(cand: KernelCandidate, choice: tuple) -> str:

@@ -90,6 +90,7 @@ class Stats:
     rejected: int = 0
     build_errors: int = 0
     csp_solves: int = 0
+    unsplit_skipped: int = 0           # structures too big for the whole-tensor unsplit check
     pruned: Counter = field(default_factory=Counter)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -106,8 +107,7 @@ class Stats:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
     def merge(self, other: Stats) -> None:
-        for k in ("states_kernel", "states_block", "block_searches", "block_structures", "complete_structures",
-                  "map_assignments", "sgraphs", "verified", "rejected", "build_errors", "csp_solves"):
+        for k in _COUNTERS:
             setattr(self, k, getattr(self, k) + getattr(other, k))
         self.pruned.update(other.pruned)
         for k, v in other.seconds.items():
@@ -119,15 +119,19 @@ class Stats:
                 "complete_structures": self.complete_structures, "map_assignments": self.map_assignments,
                 "sgraphs": self.sgraphs, "verified": self.verified, "rejected": self.rejected,
                 "build_errors": self.build_errors, "csp_solves": self.csp_solves,
+                "unsplit_skipped": self.unsplit_skipped,
                 "pruned": dict(sorted(self.pruned.items())),
                 "seconds": {k: round(v, 4) for k, v in sorted(self.seconds.items())}}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Stats:
         s = cls()
-        for k in ("states_kernel", "states_block", "block_searches", "block_structures", "complete_structures",
-                  "map_assignments", "sgraphs", "verified", "rejected", "build_errors", "csp_solves"):
+        for k in _COUNTERS:
             setattr(s, k, int(d.get(k, 0)))
         s.pruned = Counter(d.get("pruned", {}))
         s.seconds = dict(d.get("seconds", {}))
         return s
+
+
+_COUNTERS = ("states_kernel", "states_block", "block_searches", "block_structures", "complete_structures",
+             "map_assignments", "sgraphs", "verified", "rejected", "build_errors", "csp_solves", "unsplit_skipped")
