@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from prism.bench.contention import contention_limit
 from prism.errors import InputError, PrismError, UnsupportedError
 from prism.ir import dims as D
 from prism.ir.graph import Graph
@@ -29,7 +30,7 @@ from prism.runtime.kernel import compile as compile_graph
 from prism.tune import store
 from prism.tune.machine import Machine, detect
 from prism.tune.stats import STATS
-from prism.tune.tuner import TUNE_VERSION, Row, Tuned, TuneResult, tune
+from prism.tune.tuner import TOP_K, TUNE_VERSION, Row, Tuned, TuneResult, tune
 
 
 class NoVerifiedKernelError(PrismError):
@@ -66,7 +67,7 @@ class Specialization:
 
 @dataclass
 class Options:
-    top_k: int = 4
+    top_k: int = TOP_K
     tune_budget_s: float | None = None
     verbose: int = 0
     measure_machine: bool | None = None
@@ -141,7 +142,7 @@ def _verified_implementations(result: Any, program: Graph, console: Any) -> list
     return out
 
 
-def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None = None, top_k: int = 4,
+def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None = None, top_k: int = TOP_K,
                   tune_budget_s: float | None = None, workers: int = 1, verbose: int = 0,
                   measure_machine: bool | None = None) -> SuperKernel:
     """Search, verify and (per shape, on first use) tune and compile ``graph``.
@@ -296,7 +297,16 @@ class SuperKernel:
             tuned = tune([i.graph for i in self.implementations], self.program, env, self.machine,
                          top_k=self.options.top_k, budget_s=self.options.tune_budget_s, progress=update)
         spec = self._pick(env, tuned)
-        store.save(path, "tuning", {"key": material, "result": tuned.result.to_json()})
+        busy = tuned.result.contention
+        if busy is not None and busy >= contention_limit():
+            # a contended measurement may have picked the wrong winner: keep it for this process only,
+            # so the next process (on a quieter machine) tunes again instead of inheriting it
+            STATS.contended_tunings += 1
+            if console is not None:
+                console.log(f"other processes used {busy:.2f} cores while tuning at {shape}: the result is kept "
+                            "in memory only (not written to the tuning cache)")
+        else:
+            store.save(path, "tuning", {"key": material, "result": tuned.result.to_json()})
         if console is not None:
             r = tuned.result
             console.log(f"tuned at {shape}: sGraph {spec.implementation.index} [{r.best.label}] "

@@ -14,6 +14,21 @@ import time
 WARN_CORES = 0.25
 
 
+def contention_limit() -> float:
+    """Foreign cores above which the tuner does not persist a measurement (the tuning result, the machine's
+    bandwidth): ``PRISM_TUNE_CONTENTION_LIMIT`` (cores; ``inf`` persists everything), default ``WARN_CORES``."""
+    raw = os.environ.get("PRISM_TUNE_CONTENTION_LIMIT", "").strip()
+    if not raw:
+        return WARN_CORES
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"PRISM_TUNE_CONTENTION_LIMIT must be a number of cores (or inf), got {raw!r}") from None
+    if not v >= 0:
+        raise ValueError(f"PRISM_TUNE_CONTENTION_LIMIT must be >= 0, got {raw!r}")
+    return v
+
+
 def _machine_busy_s() -> float | None:
     try:
         with open("/proc/stat") as f:

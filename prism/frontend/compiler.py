@@ -30,6 +30,7 @@ from prism.frontend.runtime import InputSpec, PieceRunner
 from prism.frontend.symbolic import to_shape
 from prism.ir import dims as D
 from prism.ir.graph import Graph
+from prism.tune.tuner import TOP_K
 
 log = logging.getLogger("prism")
 
@@ -46,7 +47,7 @@ class Options:
 
     limits: Any = None
     time_limit: float | None = None
-    top_k: int = 4
+    top_k: int = TOP_K
     tune_budget_s: float | None = None
     measure_machine: bool | None = None
     verbose: int = 0

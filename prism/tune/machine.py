@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from prism.bench.contention import CpuMeter, contention_limit
 from prism.codegen import isa as ISA
 from prism.runtime.kernel import num_threads
 from prism.tune import store
@@ -156,15 +157,23 @@ def detect(measure: bool | None = None) -> Machine:
             m = Machine(**base, bandwidth=DEFAULT_BANDWIDTH, bandwidth_1=DEFAULT_BANDWIDTH_1,
                         cache_bandwidth=2 * DEFAULT_BANDWIDTH, peak_flops=DEFAULT_CORE_FLOPS * threads, measured=False)
         else:
-            path = store.root() / "machine" / f"{fp}-t{threads}.json"
+            path = store.root() / "machine" / f"{fp}-t{threads}-v2.json"  # v2: measured without contention
             got = store.load(path, "machine")
             p = got.payload
             if p is None or not all(isinstance(p.get(k), (int, float)) and p[k] > 0 for k in MEASURED):
                 if got.corrupt or p is not None:
                     STATS.rebuilds += 1
                 STATS.machine_measurements += 1
+                meter = CpuMeter()
+                meter.start()
                 p = _measure(threads, cores, caches[3])
-                store.save(path, "machine", p)
+                busy = meter.stop()
+                p["contention"] = busy
+                if busy is not None and busy >= contention_limit():
+                    # other processes lowered these figures: use them in this process, measure again next time
+                    STATS.contended_machine += 1
+                else:
+                    store.save(path, "machine", p)
             m = Machine(**base, **{k: float(p[k]) for k in MEASURED}, measured=True)
         _MEMO[key] = m
         return m

@@ -27,7 +27,8 @@ from prism.tune.candidates import Instance, Instantiation, instantiate, working_
 from prism.tune.machine import Machine
 from prism.tune.stats import STATS
 
-TUNE_VERSION = "tune/1"
+TUNE_VERSION = "tune/2"
+TOP_K = 6          # candidates compiled and measured per shape (default)
 Progress = Callable[[str], None]
 
 
@@ -138,9 +139,16 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
+SPREAD = 1.5   # the diversity pass considers instances predicted within this factor of the model's favourite
+
+
 def select(instances: Sequence[Instance], k: int) -> list[Instance]:
-    """The top-``k`` by predicted time, but with the best instance of each sGraph among them while room
-    remains (so the measurement also sees the other structures)."""
+    """The ``k`` instances to compile and measure: the model's favourite; the best instance of every other
+    sGraph (so the measurement also sees the other structures); then, in predicted order among those
+    within ``SPREAD`` of the favourite, one per not-yet-measured *block count* (the model cannot tell
+    near-ties apart -- e.g. W1's 2-, 4-, 8- and 16-block tilings, all memory-bound, predicted within 1 %
+    of each other and measured 10 % apart on the 2-core VM because wider blocks read longer contiguous
+    weight rows); then the rest in predicted order."""
     ranked = sorted(instances, key=lambda i: i.estimate.seconds)
     picked: list[Instance] = []
     seen: set[int] = set()
@@ -148,8 +156,17 @@ def select(instances: Sequence[Instance], k: int) -> list[Instance]:
         if inst.sgraph not in seen and len(picked) < k:
             seen.add(inst.sgraph)
             picked.append(inst)
-    # the overall favourite(s) first: fill the rest in predicted order
-    for inst in ranked:
+    if ranked:
+        limit = ranked[0].estimate.seconds * SPREAD
+        buckets = {(i.sgraph, i.estimate.min_blocks) for i in picked}
+        for inst in ranked:
+            if len(picked) >= k or inst.estimate.seconds > limit:
+                break
+            b = (inst.sgraph, inst.estimate.min_blocks)
+            if b not in buckets:
+                buckets.add(b)
+                picked.append(inst)
+    for inst in ranked:  # fill the rest in predicted order
         if len(picked) >= k:
             break
         if inst not in picked:
@@ -170,7 +187,7 @@ class Tuned:
     instances: dict[int, Instance]   # row index -> instance
 
 
-def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Machine, *, top_k: int = 4,
+def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Machine, *, top_k: int = TOP_K,
          workers: int | None = None, budget_s: float | None = None, seed: int = 0,
          progress: Progress | None = None, measure_s: float = 0.4) -> Tuned:
     """Tune ``sgraphs`` (verified implementations of ``program``) at batch dims ``env`` on machine ``m``."""

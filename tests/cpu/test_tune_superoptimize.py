@@ -139,3 +139,45 @@ def test_verbose_progress_is_printed(capsys: pytest.CaptureFixture[str]) -> None
     k(**_inputs(5))
     err = capsys.readouterr().err
     assert "search:" in err and "tuned at n=5" in err
+
+
+def test_a_contended_tuning_is_not_written_to_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured under contention -> kept in memory only; the next process tunes again."""
+    from prism.tune import tuner
+    clear_memory_caches()
+    reset_stats()
+    monkeypatch.setenv("PRISM_TUNE_CONTENTION_LIMIT", "0.25")
+
+    class Busy:  # another process took a whole core while the candidates were measured
+        def start(self) -> None: ...
+
+        def stop(self) -> float:
+            return 1.0
+    monkeypatch.setattr(tuner, "CpuMeter", Busy)
+    k = prism.superoptimize(_program(), limits=LIMITS)
+    x = _inputs(11)   # a shape no other test of this module uses
+    _check(k(**x), x)
+    assert STATS.tunings == 1 and STATS.contended_tunings == 1
+    assert k.specialize(n=11).tuning.contention == 1.0
+    clear_memory_caches()
+    k2 = prism.superoptimize(_program(), limits=LIMITS)
+    _check(k2(**x), x)
+    assert STATS.tunings == 2 and STATS.tune_cache_hits == 0   # nothing was persisted: tuned again
+    monkeypatch.setenv("PRISM_TUNE_CONTENTION_LIMIT", "inf")
+    clear_memory_caches()
+    k3 = prism.superoptimize(_program(), limits=LIMITS)
+    k3(**x)
+    clear_memory_caches()
+    prism.superoptimize(_program(), limits=LIMITS)(**x)
+    assert STATS.tunings == 3 and STATS.tune_cache_hits == 1
+
+
+def test_contention_limit_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prism.bench.contention import WARN_CORES, contention_limit
+    monkeypatch.delenv("PRISM_TUNE_CONTENTION_LIMIT", raising=False)
+    assert contention_limit() == WARN_CORES
+    monkeypatch.setenv("PRISM_TUNE_CONTENTION_LIMIT", "inf")
+    assert contention_limit() == float("inf")
+    monkeypatch.setenv("PRISM_TUNE_CONTENTION_LIMIT", "lots")
+    with pytest.raises(ValueError, match="PRISM_TUNE_CONTENTION_LIMIT"):
+        contention_limit()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -10,7 +11,6 @@ import pytest
 import prism
 from prism.api import Implementation, NoVerifiedKernelError, Options, SuperKernel, _verified_implementations
 from prism.errors import InputError, PrismError
-from prism.ir.block import BlockBuilder
 from prism.search import Candidate, Limits, SearchResult, Stats, StopReason
 from prism.search.cost import CostReport
 from prism.search.gate import Verdict
@@ -18,24 +18,13 @@ from prism.tune import STATS, reset_stats
 from prism.workloads import WORKLOADS
 
 pytestmark = pytest.mark.unit
+Mutant = Callable[[int, int], prism.Graph]
 
 SHAPE = {"n": 8, "d": 64, "m": 128}
 
 
 def _program() -> prism.Graph:
     return WORKLOADS["W1"].program(SHAPE)
-
-
-def _without_rms() -> prism.Graph:
-    """A wrong implementation of W1: the normalization is dropped."""
-    g = prism.Graph("wrong")
-    X, W = g.input("X", ("n", 64)), g.input("W", (64, 128))
-    bb = BlockBuilder(grid=("G",), forloop="F", inputs=[X, W])
-    acc = bb.accumulate("sum", bb.matmul(bb.iter(0, imap=(None,), fmap=1), bb.iter(1, imap=(1,), fmap=0)))
-    bb.save(acc, omap=(1,))
-    (y,) = g.customized(bb.build(), [X, W])
-    g.output(y, "Y")
-    return g
 
 
 def _candidate(g: prism.Graph, ok: bool, how: str) -> Candidate:
@@ -46,10 +35,10 @@ def _result(cands: list[Candidate], stop: StopReason = StopReason.EXHAUSTED) -> 
     return SearchResult(_program(), "symbolic", Limits(), stop, cands, Stats())
 
 
-def test_numeric_only_candidates_are_reverified_and_wrong_ones_dropped() -> None:
+def test_numeric_only_candidates_are_reverified_and_wrong_ones_dropped(w1_without_rms: Mutant) -> None:
     reset_stats()
     right = WORKLOADS["W1"].hand_written(SHAPE)
-    res = _result([_candidate(_without_rms(), True, "numeric-only"), _candidate(right, True, "numeric-only"),
+    res = _result([_candidate(w1_without_rms(64, 128), True, "numeric-only"), _candidate(right, True, "numeric-only"),
                    _candidate(right, False, "formal+numeric")])
     impls = _verified_implementations(res, _program(), None)
     assert STATS.reverifications == 2
@@ -63,12 +52,12 @@ def test_a_missing_search_module_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
         prism.superoptimize(_program())
 
 
-def test_nothing_verified_raises_with_the_stop_reason(monkeypatch: pytest.MonkeyPatch,
+def test_nothing_verified_raises_with_the_stop_reason(w1_without_rms: Mutant, monkeypatch: pytest.MonkeyPatch,
                                                        tmp_path) -> None:  # type: ignore[no-untyped-def]
     import prism.search as S
     monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(S, "search", lambda *a, **k: _result([_candidate(_without_rms(), True, "numeric-only")],
-                                                             StopReason.TIME_LIMIT))
+    wrong = _candidate(w1_without_rms(64, 128), True, "numeric-only")
+    monkeypatch.setattr(S, "search", lambda *a, **k: _result([wrong], StopReason.TIME_LIMIT))
     with pytest.raises(NoVerifiedKernelError, match="stop reason: time_limit"):
         prism.superoptimize(_program())
 

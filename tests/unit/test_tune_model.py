@@ -12,7 +12,7 @@ import prism
 from prism.ir.block import BlockBuilder
 from prism.tune import store
 from prism.tune.candidates import Instance, instantiate
-from prism.tune.cost import Estimate, block_cost, contiguous_run, estimate
+from prism.tune.cost import Estimate, OpCost, block_cost, contiguous_run, estimate
 from prism.tune.machine import Machine, cache_sizes, detect
 from prism.tune.tuner import Row, TuneResult, select, spearman
 from prism.workloads import WORKLOADS
@@ -171,3 +171,18 @@ def test_measurement_interleaves_the_candidates() -> None:
     rounds = log[3:]
     assert rounds == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]  # one call each per round, the order rotating
     assert [t.calls for t in timings] == [4, 4, 4]
+
+
+def _blocks(sec: float, blocks: int) -> Instance:
+    est = Estimate(sec, 0, 0, [OpCost("customized", sec, 0, 0, blocks)])
+    return Instance(0, {"G": blocks}, prism.Graph(), {"G": blocks}, est)
+
+
+def test_select_measures_one_of_each_block_count_among_near_ties() -> None:
+    # four tilings of 16 blocks predicted fastest, then 8, 4 and 2 blocks within 1 %: near-ties the model
+    # cannot separate, so the measurement must see each block count; 1 block is predicted far off
+    pool = [_blocks(1.000, 16), _blocks(1.001, 16), _blocks(1.002, 16), _blocks(1.003, 8), _blocks(1.004, 4),
+            _blocks(1.005, 2), _blocks(2.0, 1)]
+    assert [p.estimate.min_blocks for p in select(pool, 4)] == [16, 8, 4, 2]
+    assert [p.estimate.min_blocks for p in select(pool, 6)] == [16, 16, 16, 8, 4, 2]
+    assert 1 not in {p.estimate.min_blocks for p in select(pool, 5)}  # beyond SPREAD: only by predicted order
