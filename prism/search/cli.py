@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-block-outputs", type=int, default=d.max_block_outputs)
     p.add_argument("--max-accumulators", type=int, default=d.max_accumulators)
     p.add_argument("--max-results", type=int, default=d.max_results)
+    p.add_argument("--no-split", action="store_true",
+                   help="do not add split-reduction variants of the results (Limits.split_reductions=False)")
     p.add_argument("--workers", type=int, default=1, help="processes for independent sub-trees (default 1)")
     p.add_argument("--no-cache", action="store_true", help="ignore and do not write the result cache")
     p.add_argument("--json", default="", help="write results and statistics to this JSON file")
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         graph, env, label = _load(args.target, args.shape)
         limits = Limits(args.max_kernel_ops, args.max_customized, args.max_block_ops, args.max_block_inputs,
                         args.max_block_outputs, args.max_accumulators, args.time_limit, args.state_limit,
-                        args.max_results)
+                        args.max_results, not args.no_split)
     except PrismError as e:
         console.print(f"[red]error:[/] {e}")
         return 2

@@ -244,3 +244,49 @@ def estimate(ops: Sequence[Any], choice: Sequence[tuple[BlockStruct, tuple]], sh
         flops += f
         kernels += 1
     return CostReport(total, dram, flops, kernels, ws, params, feasible)
+
+
+def graph_cost(g: Any, m: Machine, params: dict[str, int] | None = None) -> CostReport:
+    """Cost of a *concrete* kernel graph (every symbol instantiated) under the same model as
+    :func:`block_costs` and :func:`estimate`: per customized op, iterator tiles read per block (and per
+    iteration when the loop walks them), saved tiles written per block, flops per tile operator; each
+    predefined op reads its inputs and writes its output once (``reshape`` is free)."""
+    seconds = 0.0
+    dram = flops = kernels = ws = 0
+    for n in g.nodes:
+        if n.op in ("input", "output", "result") or n.op in FREE_OPS:
+            continue
+        kernels += 1
+        if n.op == "customized":
+            bg = n.arg[0]
+            nblocks = _prod(list(bg.grid))
+            F = bg.forloop
+            b_dram = b_flops = b_ws = 0
+            for t in bg.nodes:
+                e = _prod(list(t.shape))
+                looped = bg.phase[t] == "loop"
+                if t.op == "iter":
+                    b_dram += e * nblocks * (F if looped else 1)
+                elif t.op == "save":
+                    b_dram += e * nblocks
+                    continue
+                else:
+                    reps = nblocks * (F if (looped or t.op == "acc") else 1)
+                    if t.op == "matmul" or (t.op == "acc" and t.arg[0] == "softmax_matmul"):
+                        b_flops += 2 * e * t.src[0].shape[-1] * reps
+                    else:
+                        b_flops += max(_prod(list(s.shape)) for s in t.src) * reps
+                b_ws += e * DTYPE_BYTES
+            busy = min(nblocks, m.cores)
+            seconds += max(b_dram * DTYPE_BYTES / m.bandwidth, b_flops / (m.core_flops * busy)) + m.launch_s
+            dram += b_dram * DTYPE_BYTES
+            flops += b_flops
+            ws = max(ws, b_ws)
+            continue
+        out = _prod(list(n.shape))
+        b = (sum(_prod(list(s.shape)) for s in n.src) + out) * DTYPE_BYTES
+        f = 2 * out * n.src[0].shape[-1] if n.op == "matmul" else out
+        seconds += max(b / m.bandwidth, f / (m.core_flops * m.cores)) + m.launch_s
+        dram += b
+        flops += f
+    return CostReport(seconds, dram, flops, kernels, ws, dict(params or {}), ws <= m.l2_bytes)

@@ -37,10 +37,12 @@ from prism.search.gate import UnsplitCheck, Verdict, formal_verifier
 from prism.search.gate import verify as gate_verify
 from prism.search.kernel import FREE_OPS, Bound, KernelCandidate, KernelSearch
 from prism.search.program import CoreProgram, peel
+from prism.search.space import FREE_OPS as KERNEL_FREE_OPS
 from prism.search.space import Limits, derive_opset
+from prism.search.splitk import Refusal, estimate_split, split_reduction
 from prism.search.stats import Budget, Stats, StopReason, StopSearch
 
-VERSION = "search/1"
+VERSION = "search/2"  # 2: split-reduction variants (Limits.split_reductions, Stats.split_*)
 MODES = ("symbolic", "concrete")
 CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} dividing the split dims
 MAX_VERIFY = 200         # verification attempts per search (ranked order) before giving up
@@ -334,6 +336,9 @@ def _search(graph: Graph, limits: Limits, mode: str, env: dict[str, int], worker
     finally:
         ex.close()
         _init(None)  # drop this search's memo (the inline executor's worker state lives in this process)
+    if limits.split_reductions:
+        verified += _split_variants(prog, verified, limits, env, stats, progress, t0)
+        verified.sort(key=lambda c: c.cost.key())
     return SearchResult(graph, mode, limits, stop, verified, stats, format_tree(targets[0]) if targets else "",
                         egraph_info, env, time.monotonic() - t0)
 
@@ -394,6 +399,45 @@ def _rank_and_verify(prog: CoreProgram, cands: list[KernelCandidate], limits: Li
             if progress:
                 progress({"phase": "verify", "verified": stats.verified, "rejected": stats.rejected,
                           "elapsed": time.monotonic() - t0})
+    return out
+
+
+def _kernel_ops(g: Graph) -> int:
+    return sum(1 for n in g.nodes if n.op not in ("input", "output", "result", *KERNEL_FREE_OPS))
+
+
+def _split_variants(prog: CoreProgram, bases: list[Candidate], limits: Limits, env: dict[str, int], stats: Stats,
+                    progress: Progress | None, t0: float) -> list[Candidate]:
+    """The verified split-reduction variants (:mod:`.splitk`) of the returned candidates. They come on top of
+    ``max_results``: a variant is the same structure split once more, so it never displaces a different
+    structure, and the tuner gets both to measure. The combine counts as one more kernel operator."""
+    out: list[Candidate] = []
+    seen: set[str] = set()
+    m = machine()
+    for c in bases:
+        if _kernel_ops(c.graph) + 1 > limits.max_kernel_ops or limits.max_customized < 1:
+            stats.split_refused["limits"] += 1
+            continue
+        with stats.phase("split"):
+            v = split_reduction(c.graph)
+            if isinstance(v, Refusal):
+                stats.split_refused[v.reason] += 1
+                continue
+            if v.graph.key in seen:
+                continue
+            seen.add(v.graph.key)
+            stats.split_generated += 1
+            cost = estimate_split(v, c.cost.params, env, m)
+        with stats.phase("verify"):
+            verdict = gate_verify(v.graph, prog.program)
+        if verdict.ok:
+            stats.split_verified += 1
+            out.append(Candidate(v.graph, cost, verdict, f"split-reduction[{v.describe()}] of {c.structure}"))
+        else:
+            stats.split_rejected += 1
+        if progress:
+            progress({"phase": "split", "verified": stats.split_verified, "rejected": stats.split_rejected,
+                      "elapsed": time.monotonic() - t0})
     return out
 
 

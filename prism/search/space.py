@@ -38,10 +38,14 @@ class Limits:
     time_limit: float = 60.0        # seconds of generation
     state_limit: int = 5_000_000    # generated states (kernel + block level)
     max_results: int = 5            # verified sGraphs returned (verification walks the ranking)
+    split_reductions: bool = True   # add the split-reduction variant of each result (prism.search.splitk)
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
-            if k == "time_limit":
+            if k == "split_reductions":
+                if not isinstance(v, bool):
+                    raise PrismError(f"search limit split_reductions must be True or False, got {v!r}")
+            elif k == "time_limit":
                 if not (isinstance(v, (int, float)) and v > 0):
                     raise PrismError(f"search limit time_limit must be a positive number of seconds, got {v!r}")
             elif not isinstance(v, int) or v < (0 if k == "max_customized" else 1):

@@ -91,7 +91,11 @@ class Stats:
     build_errors: int = 0
     csp_solves: int = 0
     unsplit_skipped: int = 0           # structures too big for the whole-tensor unsplit check
+    split_generated: int = 0           # split-reduction variants built (prism.search.splitk)
+    split_verified: int = 0            # ... of which passed the verification gate
+    split_rejected: int = 0            # ... of which the gate rejected
     pruned: Counter = field(default_factory=Counter)
+    split_refused: Counter = field(default_factory=Counter)  # why the move did not apply, by reason
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -110,6 +114,7 @@ class Stats:
         for k in _COUNTERS:
             setattr(self, k, getattr(self, k) + getattr(other, k))
         self.pruned.update(other.pruned)
+        self.split_refused.update(other.split_refused)
         for k, v in other.seconds.items():
             self.seconds[k] = self.seconds.get(k, 0.0) + v
 
@@ -119,7 +124,9 @@ class Stats:
                 "complete_structures": self.complete_structures, "map_assignments": self.map_assignments,
                 "sgraphs": self.sgraphs, "verified": self.verified, "rejected": self.rejected,
                 "build_errors": self.build_errors, "csp_solves": self.csp_solves,
-                "unsplit_skipped": self.unsplit_skipped,
+                "unsplit_skipped": self.unsplit_skipped, "split_generated": self.split_generated,
+                "split_verified": self.split_verified, "split_rejected": self.split_rejected,
+                "split_refused": dict(sorted(self.split_refused.items())),
                 "pruned": dict(sorted(self.pruned.items())),
                 "seconds": {k: round(v, 4) for k, v in sorted(self.seconds.items())}}
 
@@ -129,9 +136,11 @@ class Stats:
         for k in _COUNTERS:
             setattr(s, k, int(d.get(k, 0)))
         s.pruned = Counter(d.get("pruned", {}))
+        s.split_refused = Counter(d.get("split_refused", {}))
         s.seconds = dict(d.get("seconds", {}))
         return s
 
 
 _COUNTERS = ("states_kernel", "states_block", "block_searches", "block_structures", "complete_structures",
-             "map_assignments", "sgraphs", "verified", "rejected", "build_errors", "csp_solves", "unsplit_skipped")
+             "map_assignments", "sgraphs", "verified", "rejected", "build_errors", "csp_solves", "unsplit_skipped",
+             "split_generated", "split_verified", "split_rejected")

@@ -5,7 +5,8 @@
 2. **Values per size symbol.** Every ``Divisible(num, den)`` constraint whose ``num`` is concrete at the
    shape says that each symbol of ``den`` divides ``num``: a symbol's values are the common divisors of
    those ``num`` -- all powers of two among them, plus other divisors (log-spaced, at most
-   ``MAX_VALUES`` in all), always including 1. A symbol no constraint mentions splits nothing and gets
+   ``MAX_VALUES`` in all), always including 1 -- except for a split count ``P...`` of a split reduction
+   (one split is the base sGraph plus a useless combine). A symbol no constraint mentions splits nothing and gets
    powers of two up to ``FREE_MAX``. Map symbols range over None and the data dims of their tensor.
 3. **Exactness.** Assignments are enumerated with every constraint (``Divisible`` and ``DimEq``) checked
    as soon as its symbols are bound; each survivor must produce the program's output shapes and is
@@ -35,6 +36,7 @@ FREE_MAX = 64            # a symbol no constraint bounds: powers of two up to th
 MAX_ASSIGNMENTS = 50_000  # assignments examined per sGraph
 MAX_INSTANCES = 3_000    # instances kept per sGraph (each is instantiated and costed)
 MAX_MAP_CHOICES = 64
+SPLIT_PREFIX = "P"       # split counts of a split reduction (prism.search.splitk): never 1 when > 1 fits
 
 
 @dataclass(eq=False)
@@ -134,7 +136,10 @@ def symbol_values(g: Graph, env: Mapping[str, int]) -> dict[str, list[int]]:
                 allowed[s] = ds if allowed[s] is None else allowed[s] & ds  # type: ignore[operator]
     out = {}
     for s, vals in allowed.items():
-        out[s] = thin(vals) if vals is not None else [1 << k for k in range(int(math.log2(FREE_MAX)) + 1)]
+        v = thin(vals) if vals is not None else [1 << k for k in range(int(math.log2(FREE_MAX)) + 1)]
+        if s.startswith(SPLIT_PREFIX) and len(v) > 1:
+            v = [x for x in v if x != 1]  # one split = the base sGraph + a useless combine (see splitk)
+        out[s] = v
     return out
 
 

@@ -142,35 +142,50 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
 SPREAD = 1.5   # the diversity pass considers instances predicted within this factor of the model's favourite
 
 
+def family(g: Graph) -> tuple:
+    """What an sGraph computes, without its maps and sizes: the kernel-level operators and, per customized
+    operator, its block operators (accumulators by kind). sGraphs that differ only in maps share a family;
+    a split-reduction variant (an extra combine) is a family of its own."""
+    out: list[object] = []
+    for n in g.nodes:
+        if n.op == "customized":
+            out.append(tuple(m.arg[0] if m.op == "acc" else m.op for m in n.arg[0].nodes
+                             if m.op not in ("iter", "save")))
+        elif n.op not in ("input", "output", "result"):
+            out.append(n.op)
+    return tuple(out)
+
+
 def select(instances: Sequence[Instance], k: int) -> list[Instance]:
-    """The ``k`` instances to compile and measure: the model's favourite; the best instance of every other
-    sGraph (so the measurement also sees the other structures); then, in predicted order among those
-    within ``SPREAD`` of the favourite, one per not-yet-measured *block count* (the model cannot tell
-    near-ties apart -- e.g. W1's 2-, 4-, 8- and 16-block tilings, all memory-bound, predicted within 1 %
-    of each other and measured 10 % apart on the 2-core VM because wider blocks read longer contiguous
-    weight rows); then the rest in predicted order."""
+    """The ``k`` instances to compile and measure, in four passes, each in predicted order while room
+    remains: (1) the best instance of every *family* (:func:`family`: e.g. flash attention and its
+    split-KV variant), so the measurement decides between structures the model ranks apart; (2) the best
+    of every other sGraph; (3) among the instances predicted within ``SPREAD`` of the favourite, one per
+    not-yet-measured (family, block count) -- the model cannot tell memory-bound near-ties apart (W1's 4-,
+    8-, 16- and 32-block tilings, predicted within 1 % of each other, measured 10 % apart on the 2-core VM
+    because wider blocks read longer contiguous weight rows); (4) the rest."""
     ranked = sorted(instances, key=lambda i: i.estimate.seconds)
+    fam: dict[int, tuple] = {}
+    for i in ranked:
+        if i.sgraph not in fam:
+            fam[i.sgraph] = family(i.source)
     picked: list[Instance] = []
-    seen: set[int] = set()
-    for inst in ranked:  # best of each sGraph, in predicted order
-        if inst.sgraph not in seen and len(picked) < k:
-            seen.add(inst.sgraph)
-            picked.append(inst)
-    if ranked:
-        limit = ranked[0].estimate.seconds * SPREAD
-        buckets = {(i.sgraph, i.estimate.min_blocks) for i in picked}
+
+    def take(key: Callable[[Instance], object], within: float = math.inf) -> None:
+        seen = {key(i) for i in picked}
         for inst in ranked:
-            if len(picked) >= k or inst.estimate.seconds > limit:
-                break
-            b = (inst.sgraph, inst.estimate.min_blocks)
-            if b not in buckets:
-                buckets.add(b)
+            if len(picked) >= k or inst.estimate.seconds > within:
+                return
+            kk = key(inst)
+            if kk not in seen and inst not in picked:
+                seen.add(kk)
                 picked.append(inst)
-    for inst in ranked:  # fill the rest in predicted order
-        if len(picked) >= k:
-            break
-        if inst not in picked:
-            picked.append(inst)
+
+    take(lambda i: fam[i.sgraph])
+    take(lambda i: i.sgraph)
+    if ranked:
+        take(lambda i: (fam[i.sgraph], i.estimate.min_blocks), ranked[0].estimate.seconds * SPREAD)
+    take(id)
     return sorted(picked, key=lambda i: i.estimate.seconds)
 
 

@@ -186,3 +186,18 @@ def test_select_measures_one_of_each_block_count_among_near_ties() -> None:
     assert [p.estimate.min_blocks for p in select(pool, 4)] == [16, 8, 4, 2]
     assert [p.estimate.min_blocks for p in select(pool, 6)] == [16, 16, 16, 8, 4, 2]
     assert 1 not in {p.estimate.min_blocks for p in select(pool, 5)}  # beyond SPREAD: only by predicted order
+
+
+def test_select_measures_every_family_before_other_sgraphs_of_one_family() -> None:
+    from prism.tune.tuner import family
+    a = WORKLOADS["W1"].hand_written({"n": 8, "d": 64, "m": 128})
+    g = prism.Graph("other family")  # the program itself: predefined rms_norm and matmul, no customized op
+    X, W = g.input("X", ("n", 64)), g.input("W", (64, 128))
+    g.output(g.matmul(g.rms_norm(X), W), "Y")
+    assert family(a) != family(g) and family(a) == family(WORKLOADS["W1"].hand_written({"n": 8, "d": 64, "m": 128}))
+
+    def inst(sg: int, graph: prism.Graph, sec: float) -> Instance:
+        return Instance(sg, {}, graph, {}, Estimate(sec, 0, 0))
+    pool = [inst(0, a, 1.0), inst(1, a, 1.1), inst(2, g, 3.0)]
+    assert [p.sgraph for p in select(pool, 2)] == [0, 2]   # not sGraph 1: same family as 0
+    assert [p.sgraph for p in select(pool, 3)] == [0, 1, 2]
