@@ -45,6 +45,7 @@ from prism.search.stats import Budget, Stats, StopReason, StopSearch
 VERSION = "search/2"  # 2: split-reduction variants (Limits.split_reductions, Stats.split_*)
 MODES = ("symbolic", "concrete")
 CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} dividing the split dims
+MAX_CHOICES = 4096       # map assignments costed per structure (the rest: rule enumerate_budget)
 MAX_VERIFY = 200         # verification attempts per search (ranked order) before giving up
 UNSPLIT_MAX_ELEMS = 1 << 21  # the unsplit check runs a structure on whole tensors; skip it above this tile size
 
@@ -331,6 +332,8 @@ def _search(graph: Graph, limits: Limits, mode: str, env: dict[str, int], worker
                     progress({"phase": "generate", "level": level, "states": stats.states, "structures": len(found),
                               "elapsed": time.monotonic() - t0})
             verified += _rank_and_verify(prog, new, limits, env, stats, progress, t0)
+            if stats.pruned["enumerate_budget"] and stop is StopReason.EXHAUSTED:
+                stop = StopReason.TIME_LIMIT
             verified.sort(key=lambda c: c.cost.key())
             del verified[limits.max_results:]
     finally:
@@ -347,9 +350,16 @@ def _rank_and_verify(prog: CoreProgram, cands: list[KernelCandidate], limits: Li
                      stats: Stats, progress: Progress | None, t0: float) -> list[Candidate]:
     plans: list[tuple[tuple, CostReport, KernelCandidate, tuple]] = []
     m = machine()
+    # The enumeration of map assignments has its own budget: time_limit per deepening level and MAX_CHOICES
+    # per structure. Measured need: W2 at d = 2048 with 2 kernel operators has 178k sGraphs, and costing
+    # them all took 400 s after a 52 s generation. Cut assignments are counted (rule "enumerate_budget").
+    enum_deadline = time.monotonic() + limits.time_limit
     with stats.phase("enumerate"):
         unsplit_ok = UnsplitCheck(prog.program)
         for cand in cands:
+            if time.monotonic() > enum_deadline:
+                stats.pruned["enumerate_budget"] += 1
+                continue
             alternatives = [op.structs for op in cand.ops if op.custom]
             for structs in itertools.product(*alternatives):
                 firsts = [next(assignments(s), None) for s in structs]
@@ -367,7 +377,10 @@ def _rank_and_verify(prog: CoreProgram, cands: list[KernelCandidate], limits: Li
                         stats.pruned["unsplit"] += 1
                         continue
                 per_op = [[(s, a) for a in assignments(s)] for s in structs]
-                for choice in itertools.product(*per_op):
+                for n_choice, choice in enumerate(itertools.product(*per_op)):
+                    if n_choice >= MAX_CHOICES or (n_choice % 256 == 0 and time.monotonic() > enum_deadline):
+                        stats.pruned["enumerate_budget"] += 1
+                        break
                     stats.map_assignments += 1
                     cost = estimate(cand.ops, choice, cand.shapes, env, m)
                     if not cost.feasible:

@@ -37,6 +37,8 @@ RULES = {
     "final": "the last kernel operator must produce the program's outputs",
     "unsplit": "the structure is wrong with every grid size and F set to 1 (one float64 run per structure), "
                "so it is wrong under every map assignment",
+    "enumerate_budget": "map assignments not costed: the enumeration ran past its budget (time_limit per level, "
+                        "MAX_CHOICES per structure)",
 }
 
 
