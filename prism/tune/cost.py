@@ -21,8 +21,11 @@ thread and ``a = min(nb, T)`` busy threads:
 Predefined operators: inputs read and output written once, the same roofline, ``FORK_S`` when the code
 generator parallelizes them (>= 32 Ki elements), one thread otherwise; reshapes are free.
 
-The per-block *working set* (tiles touched per iteration plus accumulators) is reported for the cache
-filter of :mod:`prism.tune.candidates`. The constants were fitted on the project's 2-core VM (see
+The per-block *working set* (tiles touched per iteration plus accumulators, except the tiles that are
+only ever the right operand of a matmul: the micro-kernel streams those panel by panel) is reported for
+the cache filter of :mod:`prism.tune.candidates`. Counting the streamed weight tile dropped every wide
+block of W2/W3 at d = 4096 (2 x 2 MiB > L2) and the pipeline ran 1.6-1.7x slower than the hand-written
+2-block tiling (full-suite bench, docs/bench.md). The constants were fitted on the project's 2-core VM (see
 docs/tune.md); the model is for ranking, and the tuner measures the top of the ranking.
 """
 
@@ -159,9 +162,11 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
     active = min(nb, T)
     nodes = bg.nodes
     consumers: dict[Node, int] = {}
+    streamed: dict[Node, bool] = {}   # only ever the right operand of a matmul
     for n in nodes:
-        for s in n.src:
+        for pos, s in enumerate(n.src):
             consumers[s] = consumers.get(s, 0) + 1
+            streamed[s] = streamed.get(s, True) and n.op == "matmul" and pos == 1
     reads: dict[int, int] = {}
     runs: dict[int, int] = {}
     rmw = 0
@@ -178,7 +183,10 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
             reads[idx] = reads.get(idx, 0) + _line_bytes(tile, full) * trips * nb
             # the tiling cuts the tensor into runs; each costs a latency once (re-reads hit the cache)
             runs[idx] = max(runs.get(idx, 0), numel(full) // contiguous_run(tile, full))
-            ws += numel(tile) * BYTES
+            if not streamed.get(n, False):
+                # a right matmul operand is streamed through the registers panel by panel (the code
+                # generator's nn kernel reuses each panel from L1 across row groups): not resident
+                ws += numel(tile) * BYTES
             continue
         if n.op == "save":
             continue
