@@ -39,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="threads for every system (default: usable cores)")
     p.add_argument("--block-ms", type=float, default=50.0, help="timed block per system per round (ms)")
     p.add_argument("--warmup-ms", type=float, default=10.0, help="untimed warm-up at each visit (ms)")
+    p.add_argument("--settle-ms", type=float, default=20.0,
+                   help="idle pause after each visit, so another library's spinning threads go to sleep (ms)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--json", metavar="PATH", help="write the full report (raw samples included) as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG chart of each system's fraction of the roofline")
@@ -79,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rounds < 1:
             raise PrismError(f"--rounds must be >= 1, got {rounds}")
         cfg = Config(workloads=wl, rounds=rounds, block_ms=args.block_ms, warmup_ms=args.warmup_ms,
+                     settle_ms=args.settle_ms,
                      threads=threads, seed=args.seed, quick=args.quick)
         select_cases(cfg.workloads, cfg.quick)  # validate names before the slow part
     except PrismError as e:

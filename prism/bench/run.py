@@ -49,6 +49,7 @@ class Config:
     rounds: int = 5
     block_ms: float = 50.0
     warmup_ms: float = 10.0
+    settle_ms: float = 20.0   # idle pause after each visit: the previous system's spinning workers go to sleep
     warmup_rounds: int = 1
     threads: int = 1
     seed: int = 0
@@ -131,8 +132,15 @@ def run_case(w: Workload, shape: Shape, systems: Sequence[System], cfg: Config, 
 
     meter = CpuMeter()
     meter.start()
+    def settle(_r: int, _name: str) -> None:
+        # ONNX Runtime's intra-op workers keep spinning after a run and took a core from the next system's
+        # block: W2 n8 d4096 Prism 7544 µs right after ORT vs 3932 µs with a 20 ms pause (ORT's own time
+        # unchanged, 11.5 ms); turning ORT's spinning off instead cost ORT 8-40 % on the small cases
+        if cfg.settle_ms > 0:
+            time.sleep(cfg.settle_ms / 1e3)
+
     t = interleave({k: p.call for k, p in preps.items()}, cfg.rounds, cfg.block_ms / 1e3, cfg.warmup_ms / 1e3,
-                   cfg.warmup_rounds, before_round=before_round)
+                   cfg.warmup_rounds, before_round=before_round, after_visit=settle)
     foreign = meter.stop()
     for r in results:
         if r.name in t.errors:

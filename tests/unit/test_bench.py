@@ -198,7 +198,7 @@ def _crashing_system(name: str) -> System:
     return System(name, name, "baseline", prepare)
 
 
-CFG = Config(workloads=["W1"], rounds=2, block_ms=0.5, warmup_ms=0.1, threads=1)
+CFG = Config(workloads=["W1"], rounds=2, block_ms=0.5, warmup_ms=0.1, settle_ms=0.0, threads=1)
 
 
 def _case(systems: list[System]):
