@@ -81,3 +81,31 @@ def test_bad_calls_fail_before_any_tuning() -> None:
         k(X=[[1.0]], W=np.zeros((64, 128), np.float32))
     assert STATS.tunings == 0 and STATS.compiles == 0
     assert "no shape tuned yet" in k.explain()
+
+
+def test_search_env_defaults_and_errors() -> None:
+    from prism.api import SEARCH_DIM, search_env
+    prog = _program()
+    assert search_env(prog) == {"n": SEARCH_DIM}
+    assert search_env(prog, {"n": 3}) == {"n": 3}
+    with pytest.raises(InputError, match="not symbolic dims"):
+        search_env(prog, {"m": 4})
+    with pytest.raises(InputError, match="positive ints"):
+        search_env(prog, {"n": 0})
+
+
+def test_superoptimize_gives_the_search_one_fixed_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import prism.search as S
+    from prism.api import clear_memory_caches
+    seen = []
+    right = WORKLOADS["W1"].hand_written(SHAPE)
+
+    def fake(*a, **k):  # type: ignore[no-untyped-def]
+        seen.append(k.get("env"))
+        return _result([_candidate(right, True, "formal+numeric")], StopReason.EXHAUSTED)
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(S, "search", fake)
+    clear_memory_caches()
+    prism.superoptimize(_program())
+    prism.superoptimize(_program(), search_dims={"n": 2})
+    assert seen == [{"n": 8}, {"n": 2}]   # the ranking env is part of the memo key: two searches
