@@ -218,6 +218,17 @@ def nt_row_groups(isa: ISA, M: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def _runs(rows: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """Consecutive row groups of one height as (first row, rows R, count)."""
+    out: list[tuple[int, int, int]] = []
+    for r0, R in rows:
+        if out and out[-1][1] == R and out[-1][0] + out[-1][2] * R == r0:
+            out[-1] = (out[-1][0], R, out[-1][2] + 1)
+        else:
+            out.append((r0, R, 1))
+    return out
+
+
 def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str, sa0: int, bt: str, sbt: int,
             c: str, sc0: int, beta: str, cs: str) -> None:
     """C[M x N] (beta) A @ Bt^T, Bt rows (the keys) contiguous: for each block of J keys, every row group
@@ -231,11 +242,20 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         if nfull:
             jv = nm("j")
             with w.block(f"for (long {jv} = 0; {jv} < {nfull}; {jv} += {J})"):
-                for r0, R in rows:
+                for r0, R, count in _runs(rows):
                     fn = sup.nt(R, J)
-                    csr = "0" if cs == "0" else f"{cs} + {r0}"
-                    w.line(f"{fn}({K}, {a} + {r0 * sa0}, {sa0}, {bt} + {jv} * {sbt}, {sbt}, "
-                           f"{c} + {r0 * sc0} + {jv}, {sc0}, {beta}, {csr});")
+                    if count == 1:
+                        csr = "0" if cs == "0" else f"{cs} + {r0}"
+                        w.line(f"{fn}({K}, {a} + {r0 * sa0}, {sa0}, {bt} + {jv} * {sbt}, {sbt}, "
+                               f"{c} + {r0 * sc0} + {jv}, {sc0}, {beta}, {csr});")
+                        continue
+                    # a loop, not one call per row group: 128 inlined calls of the always-inline kernel
+                    # took gcc 5 s (W6 with 512-key tiles), the loop 0.4 s
+                    rv = nm("r")
+                    with w.block(f"for (long {rv} = {r0}; {rv} < {r0 + count * R}; {rv} += {R})"):
+                        csr = "0" if cs == "0" else f"{cs} + {rv}"
+                        w.line(f"{fn}({K}, {a} + {rv} * {sa0}, {sa0}, {bt} + {jv} * {sbt}, {sbt}, "
+                               f"{c} + {rv} * {sc0} + {jv}, {sc0}, {beta}, {csr});")
         if nfull < N:
             fn = sup.nt(1, 1)
             jv, rv = nm("j"), nm("r")
