@@ -233,6 +233,12 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
             c: str, sc0: int, beta: str, cs: str) -> None:
     """C[M x N] (beta) A @ Bt^T, Bt rows (the keys) contiguous: for each block of J keys, every row group
     (the key block stays in L1 while the row groups use it); left-over keys one dot product at a time."""
+    def call(fn: str, jv: str, row: str, a_off: str, c_off: str) -> None:
+        """One micro-kernel call for the rows starting at ``row`` (offsets precomputed where constant)."""
+        csr = "0" if cs == "0" else f"{cs} + {row}"
+        w.line(f"{fn}({K}, {a} + {a_off}, {sa0}, {bt} + {jv} * {sbt}, {sbt}, {c} + {c_off} + {jv}, {sc0}, {beta}, "
+               f"{csr});")
+
     groups = nt_row_groups(sup.isa, M)
     by_j: dict[int, list[tuple[int, int]]] = {}
     for r0, R, J in groups:
@@ -245,17 +251,13 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
                 for r0, R, count in _runs(rows):
                     fn = sup.nt(R, J)
                     if count == 1:
-                        csr = "0" if cs == "0" else f"{cs} + {r0}"
-                        w.line(f"{fn}({K}, {a} + {r0 * sa0}, {sa0}, {bt} + {jv} * {sbt}, {sbt}, "
-                               f"{c} + {r0 * sc0} + {jv}, {sc0}, {beta}, {csr});")
+                        call(fn, jv, str(r0), str(r0 * sa0), str(r0 * sc0))
                         continue
                     # a loop, not one call per row group: 128 inlined calls of the always-inline kernel
                     # took gcc 5 s (W6 with 512-key tiles), the loop 0.4 s
                     rv = nm("r")
                     with w.block(f"for (long {rv} = {r0}; {rv} < {r0 + count * R}; {rv} += {R})"):
-                        csr = "0" if cs == "0" else f"{cs} + {rv}"
-                        w.line(f"{fn}({K}, {a} + {rv} * {sa0}, {sa0}, {bt} + {jv} * {sbt}, {sbt}, "
-                               f"{c} + {rv} * {sc0} + {jv}, {sc0}, {beta}, {csr});")
+                        call(fn, jv, rv, f"{rv} * {sa0}", f"{rv} * {sc0}")
         if nfull < N:
             fn = sup.nt(1, 1)
             jv, rv = nm("j"), nm("r")
@@ -263,9 +265,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
             r_hi = max(r0 + R for r0, R in rows)
             with w.block(f"for (long {jv} = {nfull}; {jv} < {N}; {jv}++)"):
                 with w.block(f"for (long {rv} = {r_lo}; {rv} < {r_hi}; {rv}++)"):
-                    csr = "0" if cs == "0" else f"{cs} + {rv}"
-                    w.line(f"{fn}({K}, {a} + {rv} * {sa0}, {sa0}, {bt} + {jv} * {sbt}, {sbt}, "
-                           f"{c} + {rv} * {sc0} + {jv}, {sc0}, {beta}, {csr});")
+                    call(fn, jv, rv, f"{rv} * {sa0}", f"{rv} * {sc0}")
 
 
 def _generic(w: CWriter, nm: Namer, M: int, N: int, K: int, a: str, sa0: int, sa1: int, b: str, sb0: int, sb1: int,
