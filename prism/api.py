@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prism.bench.contention import contention_limit
+from prism.bench.contention import contended
 from prism.errors import InputError, PrismError, UnsupportedError
 from prism.ir import dims as D
 from prism.ir.graph import Graph
@@ -145,6 +145,12 @@ def _verified_implementations(result: Any, program: Graph, console: Any) -> list
 SEARCH_DIM = 8   # default value of every symbolic dim for the search's ranking and pruning (see superoptimize)
 
 
+def _check_positive(dims: Mapping[str, Any], what: str) -> None:
+    bad = {k: v for k, v in dims.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
+    if bad:
+        raise InputError(f"{what} must be positive ints, got {bad}")
+
+
 def search_env(graph: Graph, search_dims: Mapping[str, int] | None = None) -> dict[str, int]:
     """The concrete values the search ranks and prunes with: ``search_dims`` where given, else
     ``SEARCH_DIM`` for every symbolic dim of ``graph``. Raises on unknown or non-positive dims."""
@@ -153,9 +159,7 @@ def search_env(graph: Graph, search_dims: Mapping[str, int] | None = None) -> di
     extra = sorted(set(given) - syms)
     if extra:
         raise InputError(f"search_dims: {extra} are not symbolic dims of the program (those are {sorted(syms)})")
-    bad = {k: v for k, v in given.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
-    if bad:
-        raise InputError(f"search_dims must be positive ints, got {bad}")
+    _check_positive(given, "search_dims")
     return {s: given.get(s, SEARCH_DIM) for s in sorted(syms)}
 
 
@@ -271,9 +275,7 @@ class SuperKernel:
         if missing or extra:
             raise InputError(f"specialize: the program's symbolic dims are {sorted(syms)}"
                              + (f"; missing {missing}" if missing else "") + (f"; unknown {extra}" if extra else ""))
-        bad = {k: v for k, v in dims.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
-        if bad:
-            raise InputError(f"specialize: dims must be positive ints, got {bad}")
+        _check_positive(dims, "specialize: dims")
         key = tuple(sorted(dims.items()))
         with self._lock:
             spec = self._specs.get(key)
@@ -320,7 +322,7 @@ class SuperKernel:
                          top_k=self.options.top_k, budget_s=self.options.tune_budget_s, progress=update)
         spec = self._pick(env, tuned)
         busy = tuned.result.contention
-        if busy is not None and busy >= contention_limit():
+        if contended(busy):
             # a contended measurement may have picked the wrong winner: keep it for this process only,
             # so the next process (on a quieter machine) tunes again instead of inheriting it
             STATS.contended_tunings += 1

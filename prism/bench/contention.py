@@ -29,6 +29,11 @@ def contention_limit() -> float:
     return v
 
 
+def contended(foreign_cores: float | None) -> bool:
+    """True when a measurement saw more foreign load than :func:`contention_limit` (unknown load: False)."""
+    return foreign_cores is not None and foreign_cores >= contention_limit()
+
+
 def _machine_busy_s() -> float | None:
     try:
         with open("/proc/stat") as f:

@@ -130,8 +130,6 @@ def run_case(w: Workload, shape: Shape, systems: Sequence[System], cfg: Config, 
         step("warm-up round" if r < 0 else f"round {r + 1}/{cfg.rounds}" if r < cfg.rounds else "closing triad")
         triads.append(limits.triad_bandwidth())
 
-    meter = CpuMeter()
-    meter.start()
     def settle(_r: int, _name: str) -> None:
         # ONNX Runtime's intra-op workers keep spinning after a run and took a core from the next system's
         # block: W2 n8 d4096 Prism 7544 µs right after ORT vs 3932 µs with a 20 ms pause (ORT's own time
@@ -139,6 +137,8 @@ def run_case(w: Workload, shape: Shape, systems: Sequence[System], cfg: Config, 
         if cfg.settle_ms > 0:
             time.sleep(cfg.settle_ms / 1e3)
 
+    meter = CpuMeter()
+    meter.start()
     t = interleave({k: p.call for k, p in preps.items()}, cfg.rounds, cfg.block_ms / 1e3, cfg.warmup_ms / 1e3,
                    cfg.warmup_rounds, before_round=before_round, after_visit=settle)
     foreign = meter.stop()

@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from prism.bench.contention import CpuMeter, contention_limit
+from prism.bench.contention import CpuMeter, contended
 from prism.codegen import isa as ISA
 from prism.runtime.kernel import num_threads
 from prism.tune import store
@@ -169,7 +169,7 @@ def detect(measure: bool | None = None) -> Machine:
                 p = _measure(threads, cores, caches[3])
                 busy = meter.stop()
                 p["contention"] = busy
-                if busy is not None and busy >= contention_limit():
+                if contended(busy):
                     # other processes lowered these figures: use them in this process, measure again next time
                     STATS.contended_machine += 1
                 else:

@@ -226,7 +226,8 @@ def make_inputs(reference: Graph, env: Mapping[str, int], kind: str, seed: int, 
         rng = np.random.default_rng(seed)
         base = {name: rng.standard_normal(tuple(D.evaluate(d, env) for d in node.shape))
                 for name, node in reference.inputs.items()}
-    return {name: base[name] * _SCALE[kind] if name == target else base[name] for name in names}
+    scale = _SCALE[kind]
+    return {name: base[name] * scale if name == target and scale != 1.0 else base[name] for name in names}
 
 
 def reduction_length(reference: Graph, env: Mapping[str, int]) -> int:
