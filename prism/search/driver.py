@@ -37,7 +37,6 @@ from prism.search.gate import UnsplitCheck, Verdict, formal_verifier
 from prism.search.gate import verify as gate_verify
 from prism.search.kernel import FREE_OPS, Bound, KernelCandidate, KernelSearch
 from prism.search.program import CoreProgram, peel
-from prism.search.space import FREE_OPS as KERNEL_FREE_OPS
 from prism.search.space import Limits, derive_opset
 from prism.search.splitk import Refusal, estimate_split, split_reduction
 from prism.search.stats import Budget, Stats, StopReason, StopSearch
@@ -416,7 +415,7 @@ def _rank_and_verify(prog: CoreProgram, cands: list[KernelCandidate], limits: Li
 
 
 def _kernel_ops(g: Graph) -> int:
-    return sum(1 for n in g.nodes if n.op not in ("input", "output", "result", *KERNEL_FREE_OPS))
+    return sum(1 for n in g.nodes if n.op not in ("input", "output", "result", *FREE_OPS))
 
 
 def _split_variants(prog: CoreProgram, bases: list[Candidate], limits: Limits, env: dict[str, int], stats: Stats,

@@ -20,6 +20,7 @@ verification gate like any other candidate.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -274,10 +275,7 @@ def estimate_split(v: SplitVariant, base: Mapping[str, int], env: Mapping[str, i
                 continue  # not an exact split at these sizes
             c = graph_cost(g, m, params)
             (kbg,) = g.customized_ops()
-            blocks = 1
-            for x in kbg.grid:
-                blocks *= x
-            key = (not c.feasible, blocks < m.cores, c.seconds, c.working_set)
+            key = (not c.feasible, math.prod(kbg.grid) < m.cores, c.seconds, c.working_set)
             if best is None or key < best[0]:
                 best = (key, c)
     if best is None:
