@@ -338,11 +338,19 @@ class SuperKernel:
                         f"{'n/a' if r.spearman is None else f'{r.spearman:.2f}'}; {r.seconds.get('total', 0):.1f} s")
         return spec
 
-    def _check(self, impl: Implementation, env: Mapping[str, int], params: Mapping[str, Any], kernel: Kernel) -> Any:
+    def _check(self, impl: Implementation, env: Mapping[str, int], params: Mapping[str, Any], kernel: Kernel,
+               tuned: Tuned | None = None) -> Any:
+        """The numeric check (normal, hostile, tiny inputs against float64) of ``kernel`` at this shape;
+        after tuning it starts from the tuner's draw instead of drawing the inputs again."""
         from prism.verify import compiled_runner, numeric_check
         STATS.final_checks += 1
-        runner = compiled_runner(lambda _g, _p: kernel, name="compiled kernel")
-        return numeric_check(impl.graph, self.program, instantiations=[{**env, **params}], runners=[runner])
+        pairs = [(tuned.draw[k], tuned.inputs[k]) for k in tuned.draw] if tuned is not None else []
+        runner = compiled_runner(lambda _g, _p: kernel, name="compiled kernel", float32=pairs)
+        if tuned is None or not tuned.draw:
+            return numeric_check(impl.graph, self.program, instantiations=[{**env, **params}], runners=[runner])
+        return numeric_check(impl.graph, self.program, instantiations=[{**env, **params}], runners=[runner],
+                             seeds=(tuned.seed,), draws={tuned.seed: tuned.draw},
+                             normal_references={tuned.seed: tuned.reference} if tuned.reference else None)
 
     def _pick(self, env: dict[str, int], tuned: Tuned) -> Specialization:
         """The fastest measured candidate whose compiled kernel passes the numeric check at this shape."""
@@ -353,7 +361,7 @@ class SuperKernel:
         for i in order:
             row = r.rows[i]
             impl = self.implementations[row.sgraph]
-            check = self._check(impl, env, row.params, tuned.kernels[i])
+            check = self._check(impl, env, row.params, tuned.kernels[i], tuned)
             if check.passed:
                 r.winner = i
                 return Specialization(env, impl, dict(row.params), tuned.kernels[i], r, check, False)

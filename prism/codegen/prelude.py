@@ -54,17 +54,22 @@ def _horner(var: str, coeffs: tuple[float, ...]) -> str:
     return expr
 
 
-def prelude() -> str:
-    q = _horner("r", EXP_POLY)
-    return f"""/* prism generated code: prelude */
-#include <math.h>
+# The system headers of every generated source (the runtime precompiles exactly this text: see
+# prism.runtime.cache.precompiled_header).
+SYSTEM_HEADERS = """#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <omp.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+"""
 
+
+def prelude() -> str:
+    q = _horner("r", EXP_POLY)
+    return f"""/* prism generated code: prelude */
+{SYSTEM_HEADERS}
 #define PR_INLINE static inline __attribute__((always_inline))
 #define PR_NOINLINE static __attribute__((noinline))
 

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prism.ir import dims as D
 from prism.ir.graph import Graph
 from prism.runtime.kernel import Kernel, _aligned_empty
 from prism.runtime.kernel import compile as compile_graph
-from prism.verify.numeric import reduction_length, tolerance
+from prism.verify.numeric import reduction_length, standard_normal_inputs, to_float32, tolerance
 
 
 @dataclass(frozen=True)
@@ -47,16 +46,12 @@ def compile_all(graphs: Sequence[Graph], workers: int) -> list[Kernel | BaseExce
         return list(pool.map(one, graphs))
 
 
-def aligned_inputs(program: Graph, env: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
-    """Standard-normal float32 inputs at ``env``, 64-byte aligned (as the benchmark harness gives them)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, node in program.inputs.items():
-        shape = tuple(int(D.evaluate(d, env)) for d in node.shape)
-        a = _aligned_empty(shape)
-        a[...] = rng.standard_normal(shape, dtype=np.float32)
-        out[name] = a
-    return out
+def draw_inputs(program: Graph, env: Mapping[str, int], seed: int = 0
+                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The numeric verifier's standard-normal draw at ``env`` (float64, for the reference and the final check)
+    and its float32 copy, 64-byte aligned (as the benchmark harness gives inputs), for the candidates."""
+    base = standard_normal_inputs(program, env, seed)
+    return base, {k: to_float32(v, out=_aligned_empty(v.shape)) for k, v in base.items()}
 
 
 def output_buffers(kernel: Kernel, env: Mapping[str, int]) -> dict[str, np.ndarray]:

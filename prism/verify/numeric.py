@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,16 +54,30 @@ def interpreter_runner(dtype: object = np.float32) -> Runner:
     return Runner(f"interpreter[{np.dtype(dtype).name}]", run)
 
 
-def compiled_runner(compile_fn: Callable[[Graph, Mapping[str, int]], Callable[..., object]], name: str = "compiled"
-                    ) -> Runner:
+def compiled_runner(compile_fn: Callable[[Graph, Mapping[str, int]], Callable[..., object]], name: str = "compiled",
+                    float32: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> Runner:
     """A runner for generated code, e.g. ``compiled_runner(prism.runtime.kernel.compile)``.
 
     ``compile_fn(graph, params)`` returns a callable taking the inputs as float32 keyword arrays and
     returning a dict by output name, a tuple in output order, or the single output array.
+
+    The float32 copy of an input array is made once and reused while the next run passes the same array
+    (the input kinds share every input but the scaled one: converting W3's 360 MB of weights three times
+    took 0.9 s of a final check); ``float32`` seeds that memo with ``(float64 array, its float32 copy)``
+    pairs the caller already has.
     """
+    memo: dict[int, tuple[np.ndarray, np.ndarray]] = {id(a): (a, b) for a, b in float32}
+
+    def convert(v: np.ndarray) -> np.ndarray:
+        hit = memo.get(id(v))
+        return hit[1] if hit is not None and hit[0] is v else to_float32(v)
+
     def run(g: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, int]) -> Mapping[str, np.ndarray]:
+        nonlocal memo
         kernel = compile_fn(g, dict(params))
-        out = kernel(**{k: np.ascontiguousarray(v, dtype=np.float32) for k, v in inputs.items()})
+        x = {k: convert(v) for k, v in inputs.items()}
+        memo = {id(v): (v, x[k]) for k, v in inputs.items()}  # only this run's arrays stay alive
+        out = kernel(**x)
         names = g.output_names
         if isinstance(out, Mapping):
             return {k: np.asarray(v) for k, v in out.items()}
@@ -209,13 +225,63 @@ def choose_instantiations(candidate: Graph, reference: Graph, n: int = 3, max_wo
 
 # --- inputs and tolerances ----------------------------------------------------------------------
 
+# Draws and float32 copies of large inputs run in chunks on every core (numpy's fills and casts release
+# the GIL): drawing W3's two 4096 x 11008 weights took 1.6 s on one core of the 2-core machine, 0.5 s
+# chunked. Each chunk has its own generator, seeded by (seed, input index, chunk index), so a draw is the
+# same whatever the number of threads.
+_CHUNK = 1 << 20          # elements per chunk
+_PARALLEL_MIN = 4 * _CHUNK  # fewer elements than this in all: one thread (a pool costs more than it saves)
+
+
+def _run_chunks(tasks: Sequence[Callable[[], object]], elements: int) -> None:
+    workers = min(len(tasks), os.cpu_count() or 1)
+    if workers <= 1 or elements < _PARALLEL_MIN:
+        for t in tasks:
+            t()
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prism-draw") as pool:
+        for f in [pool.submit(t) for t in tasks]:
+            f.result()
+
+
+def standard_normal_inputs(reference: Graph, env: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
+    """Standard-normal float64 inputs of ``reference`` at ``env`` (the ``normal`` kind's draw)."""
+    out: dict[str, np.ndarray] = {}
+    tasks: list[Callable[[], object]] = []
+    for i, (name, node) in enumerate(reference.inputs.items()):
+        a = np.empty(tuple(int(D.evaluate(d, env)) for d in node.shape))
+        flat = a.reshape(-1)
+        for j, lo in enumerate(range(0, flat.size, _CHUNK)):
+            chunk = flat[lo:lo + _CHUNK]
+            tasks.append(lambda c=chunk, s=(seed, i, j): np.random.default_rng(s).standard_normal(out=c))
+        out[name] = a
+    _run_chunks(tasks, sum(a.size for a in out.values()))
+    return out
+
+
+def to_float32(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """A C-contiguous float32 copy of ``a`` (into ``out`` when given), chunked over the cores when large."""
+    a = np.asarray(a)
+    if out is None:
+        if a.dtype == np.float32 and a.flags.c_contiguous:
+            return a
+        out = np.empty(a.shape, np.float32)
+    elif out.shape != a.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise PrismError(f"to_float32: out must be a C-contiguous float32 array of shape {a.shape}, "
+                         f"got {out.dtype} {out.shape}")
+    src, dst = np.ascontiguousarray(a).reshape(-1), out.reshape(-1)
+    tasks = [lambda lo=lo: np.copyto(dst[lo:lo + _CHUNK], src[lo:lo + _CHUNK], casting="unsafe")
+             for lo in range(0, src.size, _CHUNK)]
+    _run_chunks(tasks, src.size)
+    return out
+
+
 def make_inputs(reference: Graph, env: Mapping[str, int], kind: str, seed: int, hostile_input: str | None = None,
-                base: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+                base: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Random float64 inputs at ``env``: standard normal; ``hostile``/``tiny`` scale one input by 30 / 1e-3.
 
-    ``base``: the standard-normal draw of an earlier call with the same ``env`` and ``seed`` (every kind
-    starts from the same draw), reused instead of drawn again -- drawing dominated the check of large
-    weights (W3 at d=4096, m=11008: 4.7 s of a 6.3 s check)."""
+    ``base``: the standard-normal draw (:func:`standard_normal_inputs`) of an earlier call with the same
+    ``env`` and ``seed`` -- every kind starts from the same draw -- reused instead of drawn again."""
     if kind not in _SCALE:
         raise PrismError(f"input kind must be one of {list(_SCALE)}, got {kind!r}")
     names = list(reference.inputs)
@@ -223,9 +289,7 @@ def make_inputs(reference: Graph, env: Mapping[str, int], kind: str, seed: int, 
     if target not in names:
         raise PrismError(f"hostile_input {target!r} is not an input of the reference ({names})")
     if base is None:
-        rng = np.random.default_rng(seed)
-        base = {name: rng.standard_normal(tuple(D.evaluate(d, env) for d in node.shape))
-                for name, node in reference.inputs.items()}
+        base = standard_normal_inputs(reference, env, seed)
     scale = _SCALE[kind]
     return {name: base[name] * scale if name == target and scale != 1.0 else base[name] for name in names}
 
@@ -262,24 +326,48 @@ def _compare(c: np.ndarray, r: np.ndarray, tol: float) -> tuple[float, str]:
 def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequence[Mapping[str, int]] | None = None,
                   n_instantiations: int = 3, kinds: Sequence[str] = KINDS, seeds: Sequence[int] = (0,),
                   runners: Sequence[Runner] | None = None, hostile_input: str | None = None,
-                  rtol: float = RTOL, stop_on_failure: bool = True) -> NumericResult:
-    """Compare every runner's output of ``candidate`` with the float64 reference on random inputs."""
+                  rtol: float = RTOL, stop_on_failure: bool = True,
+                  draws: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+                  normal_references: Mapping[int, Mapping[str, np.ndarray]] | None = None) -> NumericResult:
+    """Compare every runner's output of ``candidate`` with the float64 reference on random inputs.
+
+    ``draws``: standard-normal inputs by seed that the caller already drew at the single instantiation
+    given (:func:`standard_normal_inputs`; the tuner's inputs), used instead of drawing them again;
+    ``normal_references``: the float64 reference's outputs on ``draws[seed]`` (the ``normal`` kind), when
+    the caller has evaluated them already (the tuner has: W4's attention reference costs 0.3 s a time)."""
     t0 = time.perf_counter()
     runners = list(runners) if runners is not None else [interpreter_runner()]
     envs = [dict(e) for e in instantiations] if instantiations is not None else choose_instantiations(
         candidate, reference, n_instantiations)
+    if normal_references and not set(normal_references) <= set(draws or {}):
+        raise PrismError("numeric_check: normal_references= are the reference's outputs on draws= of the same "
+                         f"seeds; got references for seeds {sorted(normal_references)}, draws for "
+                         f"{sorted(draws or {})}")
+    if draws:
+        if len(envs) != 1:
+            raise PrismError(f"numeric_check: draws= needs exactly one instantiation, got {len(envs)}")
+        for seed, x in draws.items():
+            want = {k: tuple(int(D.evaluate(d, envs[0])) for d in n.shape) for k, n in reference.inputs.items()}
+            got = {k: tuple(np.shape(v)) for k, v in x.items()}
+            if got != want:
+                raise PrismError(f"numeric_check: draws[{seed}] has shapes {got}; the reference's inputs at "
+                                 f"{envs[0]} have {want}")
     checks: list[Check] = []
     for env in envs:
         k = reduction_length(reference, env)
         tol = tolerance(k, rtol)
         key = tuple(sorted(env.items()))
-        draws: dict[int, dict[str, np.ndarray]] = {}
+        drawn: dict[int, Mapping[str, np.ndarray]] = dict(draws or {})
         for kind, seed in itertools.product(kinds, seeds):
-            if seed not in draws:
-                draws[seed] = make_inputs(reference, env, "normal", seed, hostile_input)
-            x = make_inputs(reference, env, kind, seed, hostile_input, base=draws[seed])
-            with np.errstate(all="ignore"):  # non-finite results are judged below, not warned about
-                ref = reference.evaluate(x, dtype=np.float64, params=env)
+            if seed not in drawn:
+                drawn[seed] = standard_normal_inputs(reference, env, seed)
+            x = make_inputs(reference, env, kind, seed, hostile_input, base=drawn[seed])
+            known = (normal_references or {}).get(seed) if kind == "normal" and draws and seed in draws else None
+            if known is not None:
+                ref = known
+            else:
+                with np.errstate(all="ignore"):  # non-finite results are judged below, not warned about
+                    ref = reference.evaluate(x, dtype=np.float64, params=env)
             for runner in runners:
                 try:
                     with np.errstate(all="ignore"):
@@ -303,4 +391,5 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
 
 
 __all__ = ["KINDS", "RTOL", "Check", "NumericResult", "Runner", "choose_instantiations", "compiled_runner",
-           "interpreter_runner", "make_inputs", "numeric_check", "reduction_length", "tolerance"]
+           "interpreter_runner", "make_inputs", "numeric_check", "reduction_length", "standard_normal_inputs",
+           "to_float32", "tolerance"]

@@ -121,6 +121,47 @@ def test_an_entry_that_fails_to_load_is_rebuilt(fresh_cache: Path, xw) -> None:
     assert_close(y, reference(x, w, 0.125), "rebuilt after a failed load")
 
 
+def _gcc() -> bool:
+    return cache._is_gcc(tuple(cache.compiler()))
+
+
+@pytest.mark.skipif(not _gcc(), reason="precompiled headers are used with gcc only")
+def test_precompiled_headers_change_nothing_in_the_shared_object(fresh_cache: Path, xw,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    x, w = xw
+    y = prism.compile(small_graph(0.375))(X=x, W=w)
+    _, so, meta = _entry(fresh_cache)
+    used = json.loads(meta.read_text())["precompiled_header"]
+    assert used and Path(used).is_file() and Path(used + ".gch").stat().st_size > 0
+    assert Path(used).read_text() in so.with_suffix(".c").read_text()  # the source includes them itself
+    with_pch = so.read_bytes()
+    monkeypatch.setenv("PRISM_PCH", "0")
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(fresh_cache / "other"))
+    cache._LOADED.clear()
+    assert cache.precompiled_header() is None
+    prism.compile(small_graph(0.375))(X=x, W=w)
+    _, so2, meta2 = _entry(fresh_cache / "other")
+    assert json.loads(meta2.read_text())["precompiled_header"] is None
+    assert so2.read_bytes() == with_pch  # gcc's output is the same byte for byte
+    assert_close(y, reference(x, w, 0.375), "compiled with the precompiled header")
+
+
+@pytest.mark.skipif(not _gcc(), reason="precompiled headers are used with gcc only")
+def test_a_damaged_precompiled_header_is_dropped_and_the_compile_still_works(fresh_cache: Path, xw) -> None:
+    x, w = xw
+    header = cache.precompiled_header()
+    assert header is not None
+    gch = Path(str(header) + ".gch")
+    _damage(gch, gch.read_bytes()[:100_000])  # truncated: gcc stops with "cannot read PCH file"
+    y = prism.compile(small_graph(0.625))(X=x, W=w)
+    assert_close(y, reference(x, w, 0.625), "compiled without the damaged header")
+    _, _, meta = _entry(fresh_cache)
+    assert json.loads(meta.read_text())["precompiled_header"] is None
+    assert not gch.exists() and cache.precompiled_header() is None  # dropped in this process
+    cache._PCH.clear()                                              # a new process builds it again
+    assert cache.precompiled_header() == header and gch.stat().st_size > 100_000
+
+
 def test_concurrent_compiles_of_one_source_agree(fresh_cache: Path, xw) -> None:
     x, w = xw
     results: list[np.ndarray] = []

@@ -44,7 +44,9 @@ def test_tune_measures_the_top_k_and_returns_the_fastest_correct() -> None:
     blocks = {tuned.instances[i].estimate.min_blocks for i in range(len(r.rows))}
     assert len(blocks) >= 2   # near-ties of one sGraph: the measurement sees more than one block count
     assert r.candidates > 3 and r.top1_ratio is not None and r.top1_ratio >= 1.0
-    x = MS.aligned_inputs(prog, ENV, seed=3)
+    x64, x = MS.draw_inputs(prog, ENV, seed=3)
+    assert all(a.ctypes.data % 64 == 0 and a.dtype == np.float32 and np.array_equal(a, x64[k].astype(np.float32))
+               for k, a in x.items())
     y = tuned.kernels[r.winner](**x)
     np.testing.assert_allclose(y, _reference(prog, x), rtol=1e-4, atol=1e-4 * np.abs(y).max())
 

@@ -85,6 +85,28 @@ def test_cache_hits_skip_search_and_tuning() -> None:
     assert STATS.tunings == 2 and STATS.searches == before[0]
 
 
+def test_tuning_and_the_final_check_share_one_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inputs are drawn once per new shape: the final check of the winner starts from the tuner's draw
+    (drawing and converting large weights again dominated the time to serve a new shape)."""
+    from prism.tune import measure as MS
+    from prism.verify import numeric as NU
+    real, draws = NU.standard_normal_inputs, []
+
+    def counted(*a: object, **kw: object) -> dict[str, np.ndarray]:
+        draws.append(a[1])
+        return real(*a, **kw)
+    monkeypatch.setattr(NU, "standard_normal_inputs", counted)
+    monkeypatch.setattr(MS, "standard_normal_inputs", counted)
+    k = prism.superoptimize(_program(), limits=LIMITS)
+    reset_stats()
+    spec = k.specialize(n=13)
+    assert STATS.tunings == 1 and STATS.final_checks >= 1 and spec.check.passed
+    assert len(draws) == 1 and {c.kind for c in spec.check.checks} == {"normal", "hostile", "tiny"}
+    clear_memory_caches()
+    spec = prism.superoptimize(_program(), limits=LIMITS).specialize(n=13)  # a tuning-cache hit
+    assert spec.from_cache and spec.check.passed and len(draws) == 2     # its check draws for itself
+
+
 def _entries(root: Path) -> list[Path]:
     return sorted((root / "tune" / "results").rglob("*.json"))
 

@@ -97,11 +97,17 @@ def _inst(sg: int, sec: float) -> Instance:
     return Instance(sg, {"G": sg}, prism.Graph(), {"G": sg}, Estimate(sec, 0, 0))
 
 
-def test_select_keeps_the_best_of_every_sgraph() -> None:
-    pool = [_inst(0, t) for t in (1.0, 1.1, 1.2, 1.3)] + [_inst(1, 5.0), _inst(2, 9.0), _inst(2, 9.5)]
+def test_select_keeps_the_best_of_every_sgraph_the_model_does_not_rule_out() -> None:
+    from prism.tune.tuner import STRUCTURE_SPREAD
+    assert STRUCTURE_SPREAD == 4.0
+    pool = ([_inst(0, t) for t in (1.0, 1.1, 1.2, 1.3)] + [_inst(1, 3.0), _inst(2, 3.9), _inst(2, 3.95)]
+            + [_inst(3, 4.5)])
     picked = select(pool, 4)
-    assert [p.estimate.seconds for p in picked] == [1.0, 1.1, 5.0, 9.0]
-    assert [p.estimate.seconds for p in select(pool, 2)] == [1.0, 5.0]
+    assert [p.estimate.seconds for p in picked] == [1.0, 1.1, 3.0, 3.9]
+    assert [p.estimate.seconds for p in select(pool, 2)] == [1.0, 3.0]
+    # sGraph 3 is predicted 4.5x slower than the favourite: measured only if nothing else is left
+    assert 3 not in {p.sgraph for p in select(pool, 7)}
+    assert [p.sgraph for p in select(pool, 8)][-1] == 3
 
 
 def _result() -> TuneResult:

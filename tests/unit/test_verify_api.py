@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 import prism
+from prism.errors import PrismError
 from prism.ir import dims as D
 from prism.verify import NumericResult, VerifyResult, compiled_runner, interpreter_runner, numeric_check
+from prism.verify import numeric as NU
 from prism.verify.cases import MUTANTS
-from prism.verify.numeric import choose_instantiations, reduction_length, tolerance
+from prism.verify.numeric import choose_instantiations, reduction_length, standard_normal_inputs, to_float32, tolerance
 from prism.workloads import WORKLOADS
 
 pytestmark = pytest.mark.unit
@@ -104,6 +106,63 @@ def test_compiled_kernels_plug_in_as_runners() -> None:
     bad = numeric_check(hand, prog, runners=[compiled_runner(broken_compile, "broken")], n_instantiations=1,
                         kinds=("normal",))
     assert not bad.passed and math.isinf(bad.failures[0].max_error) and "shape" in bad.failures[0].detail
+
+
+def test_the_draw_is_the_same_on_any_number_of_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large draws run in independently seeded chunks on every core: the values may not depend on that."""
+    g = prism.Graph("big")
+    g.output(g.matmul(g.input("A", ("n", 1000)), g.input("B", (1000, 3000))), "C")
+    monkeypatch.setattr(NU, "_PARALLEL_MIN", 1)
+    monkeypatch.setattr(NU.os, "cpu_count", lambda: 4)
+    many = standard_normal_inputs(g, {"n": 5}, seed=7)
+    monkeypatch.setattr(NU.os, "cpu_count", lambda: 1)
+    one = standard_normal_inputs(g, {"n": 5}, seed=7)
+    assert many["B"].shape == (1000, 3000) and many["A"].shape == (5, 1000)
+    assert all(np.array_equal(many[k], one[k]) for k in one)
+    assert not np.array_equal(standard_normal_inputs(g, {"n": 5}, seed=8)["B"], one["B"])
+    b = one["B"].reshape(-1)
+    assert not np.array_equal(b[:NU._CHUNK // 2], b[NU._CHUNK:NU._CHUNK + NU._CHUNK // 2])  # chunks differ
+    assert abs(float(b.mean())) < 0.01 and abs(float(b.std()) - 1) < 0.01
+    monkeypatch.setattr(NU.os, "cpu_count", lambda: 4)
+    y = to_float32(one["B"][:, ::2])  # a strided view
+    assert y.dtype == np.float32 and y.flags.c_contiguous and np.array_equal(y, one["B"][:, ::2].astype(np.float32))
+    with pytest.raises(PrismError, match="float32 array of shape"):
+        to_float32(one["A"], out=np.empty((5, 1000)))
+
+
+def test_numeric_check_starts_from_given_draws_and_converts_shared_inputs_once() -> None:
+    w = WORKLOADS["W3"]
+    s = w.shapes[0]
+    hand, prog = w.hand_written(s), w.program(s)
+    env = choose_instantiations(hand, prog, 1)[0]
+    draw = standard_normal_inputs(prog, env, seed=3)
+    seeded = {k: to_float32(v) for k, v in draw.items()}
+    seen: list[dict[str, np.ndarray]] = []
+
+    def fake_compile(g, params):
+        def run(**x):
+            seen.append(x)
+            return g.evaluate(x, params=params)["Y"]
+        return run
+    runner = compiled_runner(fake_compile, "fake", float32=[(draw[k], seeded[k]) for k in draw])
+    r = numeric_check(hand, prog, instantiations=[env], runners=[runner], seeds=(3,), draws={3: draw})
+    assert r.passed and len(seen) == 3  # normal, hostile, tiny
+    normal, hostile, tiny = seen
+    assert all(normal[k] is seeded[k] for k in draw)                   # the caller's float32 copies
+    assert hostile["X"] is not normal["X"] and np.allclose(hostile["X"], 30 * normal["X"], rtol=1e-6)
+    assert all(hostile[k] is normal[k] is tiny[k] for k in draw if k != "X")  # weights converted once
+    ref = prog.evaluate(draw, dtype=np.float64)
+    assert numeric_check(hand, prog, instantiations=[env], seeds=(3,), draws={3: draw},
+                         normal_references={3: ref}).passed
+    wrong = numeric_check(hand, prog, instantiations=[env], seeds=(3,), draws={3: draw},
+                          normal_references={3: {k: v + 1.0 for k, v in ref.items()}})
+    assert not wrong.passed and {c.kind for c in wrong.failures} == {"normal"}  # the given outputs are used
+    with pytest.raises(PrismError, match="normal_references= are the reference's outputs on draws="):
+        numeric_check(hand, prog, instantiations=[env], normal_references={3: ref})
+    with pytest.raises(PrismError, match="draws= needs exactly one instantiation"):
+        numeric_check(hand, prog, n_instantiations=2, draws={0: draw})
+    with pytest.raises(PrismError, match=r"draws\[0\] has shapes"):
+        numeric_check(hand, prog, instantiations=[{**env, "n": env["n"] + 1}], draws={0: draw})
 
 
 def test_a_runner_that_raises_fails_the_check() -> None:

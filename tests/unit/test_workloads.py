@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from prism.ir.dims import Dim, structurally_equal
+from prism.verify.numeric import reduction_length, tolerance
 from prism.workloads import WORKLOADS, get
 from prism.workloads.check import RTOL, check_case, rel_error
 
@@ -61,10 +62,14 @@ def test_hostile_inputs_overflow_a_naive_softmax_but_not_the_stable_one() -> Non
     scores = np.matmul(x["Q"], np.swapaxes(x["K"], -1, -2)) / np.sqrt(s["D"])
     with np.errstate(over="ignore"):
         assert not np.all(np.isfinite(np.exp(scores.astype(np.float32))))
-    out = w.program(s).evaluate(x)["O"]  # float32 reference with the stable softmax
-    assert np.all(np.isfinite(out))
-    ref = w.program(s).evaluate(x, dtype=np.float64)["O"]
-    assert rel_error(out, ref) < 1e-3
+    for s in w.shapes:  # the float32 reference (stable softmax) is within the verifier's tolerance
+        x = w.inputs(s, "hostile")
+        out = w.program(s).evaluate(x)["O"]
+        assert np.all(np.isfinite(out))
+        ref = w.program(s).evaluate(x, dtype=np.float64)["O"]
+        tol = tolerance(reduction_length(w.program(s), s))
+        err = float(np.max(np.abs(out - ref) / (np.abs(ref) + np.sqrt(np.mean(ref ** 2)))))
+        assert err <= tol / 4, (s, err, tol)  # measured 1.0e-5 .. 5.5e-5 against 4e-4
 
 
 def test_a_wrong_instantiation_is_caught() -> None:
