@@ -31,6 +31,7 @@ docs/tune.md); the model is for ranking, and the tuner measures the top of the r
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -152,6 +153,21 @@ def _line_bytes(tile: tuple, full: tuple) -> int:
     return runs * LINE * math.ceil(run * BYTES / LINE)
 
 
+@functools.lru_cache(maxsize=4096)
+def _structure(bg: BlockGraph) -> tuple[tuple[Node, ...], dict[Node, int], dict[Node, bool]]:
+    """(nodes in order, consumer counts, streamed) of a block graph: the same for every instantiation, so
+    computed once per block graph (block graphs are immutable and hash by structure) instead of once per
+    candidate -- the tuner costs thousands of candidates of a few sGraphs per new shape."""
+    nodes = tuple(bg.nodes)
+    consumers: dict[Node, int] = {}
+    streamed: dict[Node, bool] = {}   # only ever the right operand of a matmul
+    for n in nodes:
+        for pos, s in enumerate(n.src):
+            consumers[s] = consumers.get(s, 0) + 1
+            streamed[s] = streamed.get(s, True) and n.op == "matmul" and pos == 1
+    return nodes, consumers, streamed
+
+
 def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
     S = S or Dims()
     grid = [S.dim(g) for g in bg.grid]
@@ -160,13 +176,7 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
     T = m.threads
     busiest = math.ceil(nb / T)
     active = min(nb, T)
-    nodes = bg.nodes
-    consumers: dict[Node, int] = {}
-    streamed: dict[Node, bool] = {}   # only ever the right operand of a matmul
-    for n in nodes:
-        for pos, s in enumerate(n.src):
-            consumers[s] = consumers.get(s, 0) + 1
-            streamed[s] = streamed.get(s, True) and n.op == "matmul" and pos == 1
+    nodes, consumers, streamed = _structure(bg)
     reads: dict[int, int] = {}
     runs: dict[int, int] = {}
     rmw = 0
