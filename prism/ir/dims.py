@@ -463,16 +463,65 @@ def _terms_mul(val: dict, factor: Iterable) -> dict:
     return out
 
 
+# Plain-variable Dims as (coefficient, ((name, exponent), ...)) terms, for evaluating them with integers
+# and no symbolic substitution; None for a Dim with a selector atom. The tuner evaluates ~300 dims per
+# candidate and thousands of candidates per shape: through subs() that was a third of instantiation.
+# Keyed by id: interned Dims live forever, and a Dim key would make the dict call Dim.__eq__ (a symbolic
+# comparison that raises when undecidable) on a hash collision -- hash(-1) == hash(-2), so A^-1 and A^-2
+# terms collide.
+_PLAIN: dict[int, tuple | None] = {}
+
+
+def _plain(x: Dim) -> tuple | None:
+    try:
+        return _PLAIN[id(x)]
+    except KeyError:
+        pass
+    terms: tuple | None = tuple((c, tuple((atom[1], k) for atom, k in m)) for m, c in x.terms)
+    if any(atom[0] != "v" for m, _ in x.terms for atom, _k in m):
+        terms = None
+    _PLAIN[id(x)] = terms
+    return terms
+
+
+def _evaluate_plain(terms: tuple, env: Mapping[str, object]) -> int | None:
+    """The exact value of plain terms when every variable has an int value, else None."""
+    total: int | Fraction = 0
+    for c, factors in terms:
+        num, den = c, 1
+        for name, k in factors:
+            v = env.get(name)
+            if type(v) is not int:
+                return None
+            if k > 0:
+                num *= v ** k
+            elif v == 0:
+                return None
+            else:
+                den *= v ** -k
+        total += num if den == 1 else Fraction(num, den)
+    if isinstance(total, Fraction):
+        if total.denominator != 1:
+            return None  # an inexact result: subs() raises the error that names it
+        return int(total.numerator)
+    return total
+
+
 def evaluate(x: DimLike, env: Mapping[str, object]) -> int:
     """The concrete value of ``x``; raises DimError naming missing symbols or an inexact result."""
     if isinstance(x, int):
         return x
-    missing = sorted(n for n in symbols(x) if n not in env)
+    terms = _plain(x) if isinstance(x, Dim) else None
+    if terms is not None:
+        r = _evaluate_plain(terms, env)
+        if r is not None:
+            return r
     try:
         r = subs(x, env)
     except DimError as e:
         raise DimError(f"{x} is not an integer at {_fmt_env(env, x)}: {e}") from None
     if not isinstance(r, int):
+        missing = sorted(n for n in symbols(x) if n not in env)
         raise DimError(f"cannot evaluate {x}: no value for {missing}")
     return r
 

@@ -69,14 +69,17 @@ class Dims:
 
     def __init__(self, env: Mapping[str, object] | None = None) -> None:
         self.env = dict(env or {})
-        self._memo: dict[object, int] = {}
+        # keyed by id (Dims are interned and live forever): a Dim key makes the dict call Dim.__eq__, a
+        # symbolic comparison that raises when undecidable, whenever two hashes collide (hash(-1) ==
+        # hash(-2): terms in A^-1 and A^-2 collide)
+        self._memo: dict[int, int] = {}
 
     def dim(self, d: object) -> int:
         if isinstance(d, int):
             return d
-        v = self._memo.get(d)
+        v = self._memo.get(id(d))
         if v is None:
-            v = self._memo[d] = int(D.evaluate(d, self.env))  # type: ignore[arg-type]
+            v = self._memo[id(d)] = int(D.evaluate(d, self.env))  # type: ignore[arg-type]
         return v
 
     def __call__(self, shape: tuple) -> tuple[int, ...]:

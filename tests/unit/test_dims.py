@@ -382,3 +382,29 @@ def test_comparisons_are_not_vacuous() -> None:
             except InconclusiveDimError:
                 pass
     assert decided >= 12
+
+
+@given(_tree, _env)
+def test_the_integer_fast_path_agrees_with_substitution(t: tuple, env: dict[str, int]) -> None:
+    """evaluate() computes plain-variable dims with integers; numpy ints take the symbolic path (subs).
+    Both give the same value, or the same error."""
+    import numpy as np
+    x = built(t)
+    slow_env = {k: np.int64(v) for k, v in env.items()}
+    try:
+        fast = evaluate(x, env)
+    except DimError as e:
+        with pytest.raises(DimError) as slow:
+            evaluate(x, slow_env)
+        assert str(slow.value) == str(e)
+    else:
+        assert evaluate(x, slow_env) == fast and type(fast) is int
+
+
+def test_the_fast_path_leaves_missing_and_selector_symbols_to_substitution() -> None:
+    with pytest.raises(DimError, match=r"no value for \['C'\]"):
+        evaluate(B * C + 1, {"B": 2})
+    with pytest.raises(DimError, match="not an integer"):
+        evaluate(div_exact(B, 4), {"B": 6})
+    s = sel("m", 0, B)
+    assert evaluate(s * C, {"m": 0, "B": 3, "C": 2}) == 6 and evaluate(s * C, {"m": None, "B": 3, "C": 2}) == 2
