@@ -40,7 +40,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-ms", type=float, default=50.0, help="timed block per system per round (ms)")
     p.add_argument("--warmup-ms", type=float, default=10.0, help="untimed warm-up at each visit (ms)")
     p.add_argument("--settle-ms", type=float, default=20.0,
-                   help="idle pause after each visit, so another library's spinning threads go to sleep (ms)")
+                   help="pause after each visit (ms), then wait (at most 500 ms) until this process's other "
+                        "threads -- a library's spinning workers -- are idle")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--json", metavar="PATH", help="write the full report (raw samples included) as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG chart of each system's fraction of the roofline")

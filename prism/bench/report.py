@@ -8,7 +8,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from prism.bench.contention import WARN_CORES
+from prism.bench.contention import SETTLE_MAX_S, WARN_CORES
 from prism.bench.results import CaseResult, Report, SystemResult
 
 SHORT = {"torch": "eager", "torch-sdpa": "sdpa", "compile": "compile", "max-autotune": "max-auto", "jax": "jax",
@@ -108,6 +108,12 @@ def notes(report: Report) -> Text:
         out.append("warning: other processes used CPU while these cases were timed (average cores in brackets); "
                    "their numbers are unreliable, rerun on a quiet machine: " + "; ".join(busy) + "\n",
                    style="yellow")
+    spin = [f"{c.workload} {c.label}" for c in report.cases
+            if c.settle_ms_max is not None and c.settle_ms_max >= SETTLE_MAX_S * 1e3]
+    if spin:
+        out.append(f"warning: threads of this process were still busy {SETTLE_MAX_S * 1e3:.0f} ms after a visit "
+                   "(a library's workers never went idle), so a following system may have lost a core: "
+                   + "; ".join(spin) + "\n", style="yellow")
     for (name, status, reason), cases in seen.items():
         where = "all cases" if len(cases) == len(report.cases) else "; ".join(cases)
         out.append(f"{name} {status}", style="red" if status in ("wrong", "failed") else "dim")

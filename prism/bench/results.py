@@ -62,6 +62,7 @@ class CaseResult:
     prism_roofline_fraction: float | None = None
     prism_speedup: float | None = None   # best baseline time / Prism time (> 1: Prism is faster)
     foreign_cores: float | None = None   # CPU other processes used while timing (see contention.py)
+    settle_ms_max: float | None = None   # the longest wait after a visit for this process to go idle
 
     def system(self, name: str) -> SystemResult | None:
         return next((s for s in self.systems if s.name == name), None)

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from prism.bench.accounting import program_cost, roofline_seconds
-from prism.bench.contention import CpuMeter
+from prism.bench.contention import CpuMeter, wait_until_idle
 from prism.bench.data import case_inputs, check_outputs, reference
 from prism.bench.results import CaseResult, Report, SystemResult, finish_case
 from prism.bench.schedule import interleave
@@ -49,7 +49,7 @@ class Config:
     rounds: int = 5
     block_ms: float = 50.0
     warmup_ms: float = 10.0
-    settle_ms: float = 20.0   # idle pause after each visit: the previous system's spinning workers go to sleep
+    settle_ms: float = 20.0   # idle pause after each visit (at least; then until the process is idle)
     warmup_rounds: int = 1
     threads: int = 1
     seed: int = 0
@@ -130,12 +130,15 @@ def run_case(w: Workload, shape: Shape, systems: Sequence[System], cfg: Config, 
         step("warm-up round" if r < 0 else f"round {r + 1}/{cfg.rounds}" if r < cfg.rounds else "closing triad")
         triads.append(limits.triad_bandwidth())
 
+    waits: list[float] = []
+
     def settle(_r: int, _name: str) -> None:
         # ONNX Runtime's intra-op workers keep spinning after a run and took a core from the next system's
         # block: W2 n8 d4096 Prism 7544 µs right after ORT vs 3932 µs with a 20 ms pause (ORT's own time
-        # unchanged, 11.5 ms); turning ORT's spinning off instead cost ORT 8-40 % on the small cases
+        # unchanged, 11.5 ms); turning ORT's spinning off instead cost ORT 8-40 % on the small cases. A
+        # fixed pause was not always enough (W4 q128: ~40 ms of spinning), so wait until the process is idle
         if cfg.settle_ms > 0:
-            time.sleep(cfg.settle_ms / 1e3)
+            waits.append(wait_until_idle(cfg.settle_ms / 1e3))
 
     meter = CpuMeter()
     meter.start()
@@ -154,7 +157,7 @@ def run_case(w: Workload, shape: Shape, systems: Sequence[System], cfg: Config, 
     case = CaseResult(w.id, w.name, dict(shape), case_label(w, shape), cost.bytes, cost.flops, peak_flops / 1e9,
                       [b / 1e9 for b in triads], bw / 1e9, roof * 1e6,
                       "memory" if cost.bytes / bw >= cost.flops / peak_flops else "compute", results,
-                      foreign_cores=foreign)
+                      foreign_cores=foreign, settle_ms_max=max(waits) * 1e3 if waits else None)
     preps.clear()
     for s in systems:
         if s.cleanup is not None:

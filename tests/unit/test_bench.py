@@ -374,3 +374,43 @@ def test_render_shows_statuses_and_the_hand_written_note(monkeypatch: pytest.Mon
     text = buf.getvalue()
     assert "HAND-WRITTEN" in text and "not a search result" in text
     assert "unavailable" in text and "✗" in text and "excluded from best baseline" in text
+
+
+def test_the_settle_waits_until_this_process_is_idle() -> None:
+    """After a visit the bench sleeps at least --settle-ms, then until the process's other threads (a
+    library's spinning workers) stop using CPU, at most SETTLE_MAX_S. A fake clock: the workers spin at
+    1.5 cores until t = 0.042 s."""
+    from prism.bench.contention import SETTLE_MAX_S, wait_until_idle
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    def cpu() -> float:  # 1.5 cores of spinning until `until`, nothing after
+        return 1.5 * min(now[0], until)
+
+    def sleep(s: float) -> None:
+        now[0] += s
+    until = 0.042
+    waited = wait_until_idle(0.02, clock=clock, cpu=cpu, sleep=sleep)
+    assert waited == pytest.approx(0.05)          # 20 ms, then 5 ms steps until a step with no spinning
+    now[0], until = 0.0, 0.0
+    assert wait_until_idle(0.02, clock=clock, cpu=cpu, sleep=sleep) == pytest.approx(0.025)  # one idle step
+    now[0], until = 0.0, 10.0
+    assert wait_until_idle(0.02, clock=clock, cpu=cpu, sleep=sleep) == pytest.approx(SETTLE_MAX_S)  # capped
+
+
+def test_notes_warn_when_the_process_never_went_idle() -> None:
+    from prism.bench.contention import SETTLE_MAX_S
+    from prism.bench.report import notes
+    from prism.bench.results import CaseResult, Report
+
+    def case(label: str, settle: float | None) -> CaseResult:
+        return CaseResult("W4", "x", {}, label, bytes=1, flops=0, peak_gflops=1.0, triad_gbs=[1.0],
+                          bandwidth_gbs=1.0, roofline_us=1.0, bound="memory", settle_ms_max=settle)
+    rep = Report(machine={}, limits={}, config={}, cases=[case("quiet", 41.0), case("spun", SETTLE_MAX_S * 1e3),
+                                                          case("old report", None)])
+    text = notes(rep).plain
+    assert "still busy 500 ms after a visit" in text and "W4 spun" in text
+    assert "quiet" not in text and "old report" not in text
+    assert Report.from_json(rep.to_json()).cases[1].settle_ms_max == SETTLE_MAX_S * 1e3
