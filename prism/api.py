@@ -344,13 +344,14 @@ class SuperKernel:
         after tuning it starts from the tuner's draw instead of drawing the inputs again."""
         from prism.verify import compiled_runner, numeric_check
         STATS.final_checks += 1
-        pairs = [(tuned.draw[k], tuned.inputs[k]) for k in tuned.draw] if tuned is not None else []
+        seed, draws, refs, pairs = 0, None, None, []
+        if tuned is not None:
+            seed, pairs = tuned.seed, [(tuned.draw[k], tuned.inputs[k]) for k in tuned.draw]
+            draws = {seed: tuned.draw} if tuned.draw else None
+            refs = {seed: tuned.reference} if tuned.reference else None
         runner = compiled_runner(lambda _g, _p: kernel, name="compiled kernel", float32=pairs)
-        if tuned is None or not tuned.draw:
-            return numeric_check(impl.graph, self.program, instantiations=[{**env, **params}], runners=[runner])
         return numeric_check(impl.graph, self.program, instantiations=[{**env, **params}], runners=[runner],
-                             seeds=(tuned.seed,), draws={tuned.seed: tuned.draw},
-                             normal_references={tuned.seed: tuned.reference} if tuned.reference else None)
+                             seeds=(seed,), draws=draws, normal_references=refs)
 
     def _pick(self, env: dict[str, int], tuned: Tuned) -> Specialization:
         """The fastest measured candidate whose compiled kernel passes the numeric check at this shape."""

@@ -477,9 +477,9 @@ def _plain(x: Dim) -> tuple | None:
         return _PLAIN[id(x)]
     except KeyError:
         pass
-    terms: tuple | None = tuple((c, tuple((atom[1], k) for atom, k in m)) for m, c in x.terms)
-    if any(atom[0] != "v" for m, _ in x.terms for atom, _k in m):
-        terms = None
+    terms: tuple | None = None
+    if all(atom[0] == "v" for m, _ in x.terms for atom, _k in m):
+        terms = tuple((c, tuple((atom[1], k) for atom, k in m)) for m, c in x.terms)
     _PLAIN[id(x)] = terms
     return terms
 

@@ -137,20 +137,19 @@ def _compile(key: str, source: str, src: Path, so: Path, meta: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=so.name + ".", suffix=".tmp.so", dir=so.parent)
     os.close(fd)
     pch = precompiled_header()
-    cmd = [*cc, *FLAGS, *(["-include", str(pch)] if pch else []), str(src), "-o", tmp, "-lm"]
 
-    def run() -> subprocess.CompletedProcess:
+    def run(pch: Path | None) -> tuple[list[str], subprocess.CompletedProcess]:
+        cmd = [*cc, *FLAGS, *(["-include", str(pch)] if pch else []), str(src), "-o", tmp, "-lm"]
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+            return cmd, subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise CompileError(f"could not run the C compiler on {src}: {e}\ncommand: {shlex.join(cmd)}") from None
     try:
-        r = run()
+        cmd, r = run(pch)
         if r.returncode != 0 and pch is not None:
             # gcc ignores a precompiled header it cannot use, but one damaged on disk is a fatal error:
             # compile again without it, and if that works, drop the header (rebuilt by the next process)
-            cmd = [*cc, *FLAGS, str(src), "-o", tmp, "-lm"]
-            r = run()
+            cmd, r = run(None)
             if r.returncode == 0:
                 _drop_pch(pch)
                 pch = None

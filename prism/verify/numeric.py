@@ -346,8 +346,8 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
     if draws:
         if len(envs) != 1:
             raise PrismError(f"numeric_check: draws= needs exactly one instantiation, got {len(envs)}")
+        want = {k: tuple(int(D.evaluate(d, envs[0])) for d in n.shape) for k, n in reference.inputs.items()}
         for seed, x in draws.items():
-            want = {k: tuple(int(D.evaluate(d, envs[0])) for d in n.shape) for k, n in reference.inputs.items()}
             got = {k: tuple(np.shape(v)) for k, v in x.items()}
             if got != want:
                 raise PrismError(f"numeric_check: draws[{seed}] has shapes {got}; the reference's inputs at "
@@ -362,7 +362,8 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
             if seed not in drawn:
                 drawn[seed] = standard_normal_inputs(reference, env, seed)
             x = make_inputs(reference, env, kind, seed, hostile_input, base=drawn[seed])
-            known = (normal_references or {}).get(seed) if kind == "normal" and draws and seed in draws else None
+            # (checked above: a reference given for a seed is of draws[seed], the inputs used here)
+            known = (normal_references or {}).get(seed) if kind == "normal" else None
             if known is not None:
                 ref = known
             else:
