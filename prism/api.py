@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -25,9 +26,10 @@ from prism.bench.contention import contended
 from prism.errors import InputError, PrismError, UnsupportedError
 from prism.ir import dims as D
 from prism.ir.graph import Graph
+from prism.ir.serialize import graph_from_json, graph_to_json
+from prism.runtime import store
 from prism.runtime.kernel import Kernel
 from prism.runtime.kernel import compile as compile_graph
-from prism.tune import store
 from prism.tune.machine import Machine, detect
 from prism.tune.stats import STATS
 from prism.tune.tuner import TOP_K, TUNE_VERSION, Row, Tuned, TuneResult, tune
@@ -296,41 +298,57 @@ class SuperKernel:
         return path, material
 
     def _build(self, env: dict[str, int]) -> Specialization:
-        console = _console(self.options.verbose)
         path, material = self._cache_path(env)
+        spec = self._from_store(env, path, material)
+        return spec if spec is not None else self._tune(env, path, material)
+
+    def _from_store(self, env: dict[str, int], path: Any, material: dict[str, Any]) -> Specialization | None:
+        """The cached tuning of this shape, its winner compiled and checked again; None when there is none
+        or it is unusable (then it is rebuilt). Entries measured under contention are served too (and
+        counted): ``prism cache retune`` measures them again."""
         got = store.load(path, "tuning")
-        if got.payload is not None:
-            try:
-                if got.payload.get("key") != material:
-                    raise ValueError("key mismatch")
-                cached = TuneResult.from_json(got.payload["result"])
-            except (ValueError, KeyError, TypeError) as e:
-                got = store.Loaded(None, True, f"unusable entry: {e}")
-            else:
-                spec = self._from_cached(env, cached)
-                if spec is not None:
-                    STATS.tune_cache_hits += 1
-                    return spec
-                got = store.Loaded(None, True, "the cached winner no longer passes the numeric check")
-        if got.corrupt:
+        if got.payload is None:
+            if got.corrupt:
+                STATS.rebuilds += 1
+            return None
+        try:
+            if got.payload.get("key") != material:
+                raise ValueError("its key does not match the program, shapes and machine")
+            cached = TuneResult.from_json(got.payload["result"])
+        except (ValueError, KeyError, TypeError) as e:
+            store.corrupt(path, "tuning", f"unusable entry: {e}")
             STATS.rebuilds += 1
-            if console is not None:
-                console.log(f"tuning cache entry {path.name} is corrupt ({got.why}); re-tuning")
+            return None
+        spec = self._from_cached(env, cached)
+        if spec is None:
+            store.corrupt(path, "tuning", "the cached winner no longer passes the numeric check")
+            STATS.rebuilds += 1
+            return None
+        STATS.tune_cache_hits += 1
+        if got.payload.get("contended") is not None:
+            STATS.contended_served += 1
+        return spec
+
+    def _tune(self, env: dict[str, int], path: Any, material: dict[str, Any]) -> Specialization:
+        console = _console(self.options.verbose)
         shape = ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "the fixed shape"
         with _status(console, self.options.verbose, f"tuning at {shape}") as update:
             tuned = tune([i.graph for i in self.implementations], self.program, env, self.machine,
                          top_k=self.options.top_k, budget_s=self.options.tune_budget_s, progress=update)
         spec = self._pick(env, tuned)
         busy = tuned.result.contention
-        if contended(busy):
-            # a contended measurement may have picked the wrong winner: keep it for this process only,
-            # so the next process (on a quieter machine) tunes again instead of inheriting it
+        marked = contended(busy)
+        if marked:
+            # a contended measurement may have picked a slower winner than a quiet one would: store it marked,
+            # so later processes use it instead of tuning again, and `prism cache retune` re-measures it
             STATS.contended_tunings += 1
             if console is not None:
-                console.log(f"other processes used {busy:.2f} cores while tuning at {shape}: the result is kept "
-                            "in memory only (not written to the tuning cache)")
-        else:
-            store.save(path, "tuning", {"key": material, "result": tuned.result.to_json()})
+                console.log(f"other processes used {busy:.2f} cores while tuning at {shape}: stored marked as "
+                            "measured under contention (`prism cache retune` measures it again)")
+        store.save(path, "tuning", {"key": material, "result": tuned.result.to_json(),
+                                    "contended": busy if marked else None,
+                                    "program": json.loads(graph_to_json(self.program)),
+                                    "sgraphs": [json.loads(graph_to_json(i.graph)) for i in self.implementations]})
         if console is not None:
             r = tuned.result
             console.log(f"tuned at {shape}: sGraph {spec.implementation.index} [{r.best.label}] "
@@ -419,3 +437,58 @@ class SuperKernel:
     def __repr__(self) -> str:
         return (f"<prism.SuperKernel {self.program.name!r} inputs={list(self.input_names)} "
                 f"sgraphs={len(self.implementations)} shapes tuned={len(self._specs)}>")
+
+
+# --- re-measuring tunings taken under contention ------------------------------------------------------
+
+@dataclass
+class Retuned:
+    path: str
+    program: str
+    shape: dict[str, int]
+    status: str          # "retuned" | "still contended" | "skipped: ..." | "dropped: ..."
+
+
+def contended_entries() -> list[Any]:
+    """The tuning cache's entries marked as measured under contention."""
+    out = []
+    for path in sorted((store.root() / "results").glob("*/*.json")):
+        got = store.load(path, "tuning")
+        if got.payload is not None and got.payload.get("contended") is not None:
+            out.append(path)
+    return out
+
+
+def retune_contended(progress: Any = None) -> list[Retuned]:
+    """Tune again every tuning-cache entry marked as measured under contention (``prism cache retune``).
+    Each entry's sGraphs are proved again before they are tuned; an entry stays marked when the new
+    measurement is contended too. ``progress(i, n, text)`` is called before each entry."""
+    from prism.verify.egraph import prove
+    paths = contended_entries()
+    out: list[Retuned] = []
+    for i, path in enumerate(paths):
+        p = store.load(path, "tuning").payload or {}
+        try:
+            program = graph_from_json(json.dumps(p["program"]))
+            graphs = [graph_from_json(json.dumps(g)) for g in p["sgraphs"]]
+            env = program.bind({k: tuple(v) for k, v in p["key"]["shapes"].items()})
+        except (PrismError, KeyError, TypeError, ValueError) as e:
+            out.append(Retuned(str(path), "?", {}, f"skipped: unreadable entry ({e})"))
+            continue
+        if progress is not None:
+            progress(i, len(paths), f"{program.name or program.key} at {env}")
+        if not all(prove(g, program).proved for g in graphs):
+            path.unlink(missing_ok=True)
+            out.append(Retuned(str(path), program.name, env, "dropped: an sGraph no longer proves"))
+            continue
+        impls = [Implementation(j, g, "formal+numeric", "proved again for retune", "") for j, g in enumerate(graphs)]
+        sk = SuperKernel(program, None, impls, Options())
+        new_path, material = sk._cache_path(env)
+        if new_path != path:
+            out.append(Retuned(str(path), program.name, env, "skipped: tuned on another machine or version"))
+            continue
+        before = STATS.contended_tunings
+        sk._tune(env, path, material)
+        out.append(Retuned(str(path), program.name, env,
+                           "still contended" if STATS.contended_tunings > before else "retuned"))
+    return out

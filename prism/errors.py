@@ -47,3 +47,17 @@ class InputError(PrismError):
 class CompileError(PrismError):
     """The C compiler rejected a generated source (or could not be run). The message names the source
     file, the command and the compiler's output; the source stays on disk for inspection."""
+
+
+class CacheError(PrismError):
+    """A cache entry could not be written anywhere (neither the cache directory nor a private temporary
+    one). The message names both places and the fix (``PRISM_CACHE_DIR``)."""
+
+
+class PrismWarning(UserWarning):
+    """Base class of the warnings Prism emits (a corrupt cache entry rebuilt, a read-only cache, ...)."""
+
+
+class CacheWarning(PrismWarning):
+    """Something in the on-disk caches was damaged or unwritable; Prism worked around it (the message says
+    how) and the result is unaffected."""

@@ -1,4 +1,4 @@
-"""``prism optimize FILE.py`` and ``prism cache ls|clear`` (wired into ``prism.cli``).
+"""``prism optimize FILE.py`` and ``prism cache ls|clear|retune`` (wired into ``prism.cli``).
 
 ``prism optimize FILE.py``: FILE is run as a script; it must define
 
@@ -11,7 +11,8 @@ progress bar, prints which pieces run on Prism and what stays in PyTorch, checks
 eager PyTorch, and with ``--bench`` times both. Exit status: 0 ok, 1 the check failed, 2 bad file/usage.
 
 ``prism cache ls`` lists ``$PRISM_CACHE_DIR`` (compiled kernels, search results, tuning results,
-machine measurements); ``prism cache clear [kernels|search|tuning|all]`` deletes them.
+machine measurements); ``prism cache clear [kernels|search|tuning|all]`` deletes them; ``prism cache retune``
+tunes again the entries stored as measured under contention (other processes loaded the machine).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def cache_main(argv: list[str] | None = None) -> int:
     ls = sub.add_parser("ls", help="list the cache's contents per category")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.add_argument("-v", "--verbose", action="store_true", help="also list every entry")
+    rt = sub.add_parser("retune", help="tune again the entries stored as measured under contention (run it when "
+                        "the machine is quiet)")
+    rt.add_argument("--list", action="store_true", help="only list the marked entries")
     cl = sub.add_parser("clear", help="delete cache entries")
     cl.add_argument("what", nargs="*", metavar="{" + ",".join([*CATEGORIES, "all"]) + "}",
                     help="categories to delete (default: all)")
@@ -73,6 +77,8 @@ def cache_main(argv: list[str] | None = None) -> int:
             p.error(f"unknown cache categories {bad}; choose from {[*CATEGORIES, 'all']}")
         args.what = args.what or ["all"]
     root = _root()
+    if args.cmd == "retune":
+        return _retune(args.list)
     if args.cmd == "ls":
         rows = []
         for name, (sub_path, what) in CATEGORIES.items():
@@ -111,13 +117,54 @@ def cache_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _retune(only_list: bool) -> int:
+    from prism.api import contended_entries, retune_contended
+    marked = contended_entries()
+    print(f"{len(marked)} tuning entries are marked as measured under contention")
+    if only_list:
+        for path in marked:
+            print(f"  {path}")
+        return 0
+
+    def progress(i: int, n: int, text: str) -> None:
+        print(f"[{i + 1}/{n}] tuning {text} again", flush=True)
+    rows = retune_contended(progress)
+    for r in rows:
+        print(f"  {r.status:16} {r.program} {r.shape}")
+    still = sum(r.status == "still contended" for r in rows)
+    if still:
+        print(f"{still} entries were measured under contention again and stay marked: run this when the machine "
+              "is quiet")
+    return 0
+
+
 # --- prism optimize ---------------------------------------------------------------------------------------
+
+class _BadFile(Exception):
+    """The user's file cannot be used (exit status 2, one message, no traceback)."""
+
 
 def _load(path: str) -> dict[str, Any]:
     import runpy
+    import traceback
     if not os.path.isfile(path):
-        raise SystemExit(f"prism optimize: no such file {path!r}")
-    return runpy.run_path(path, run_name="__prism_optimize__")
+        raise _BadFile(f"no such file {path!r}")
+    try:
+        return runpy.run_path(path, run_name="__prism_optimize__")
+    except SyntaxError as e:
+        raise _BadFile(f"{path} has a syntax error at line {e.lineno}: {e.msg}") from None
+    except Exception as e:
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        raise _BadFile(f"running {path} raised {type(e).__name__}: {e} (at {where.filename}:{where.lineno})") from None
+
+
+def _check_inputs(ex: Any, path: str) -> None:
+    import torch
+    bad = [f"argument {i}: {type(a).__name__}" for i, a in enumerate(ex)
+           if not isinstance(a, (torch.Tensor, int, float, bool))]
+    if bad:
+        raise _BadFile(f"{path}: example_inputs must be a tensor or a tuple of tensors (and Python numbers); "
+                       f"got {', '.join(bad)}")
 
 
 def _max_rel_err(got: Any, ref: Any) -> float:
@@ -157,12 +204,21 @@ def optimize_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     if "torch" not in sys.modules:  # see docs/frontend.md "Threads": PyTorch and Prism share libgomp
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        return _optimize(args)
+    except _BadFile as e:
+        print(f"prism optimize: {e}", file=sys.stderr)
+        return 2
+
+
+def _optimize(args: argparse.Namespace) -> int:
     ns = _load(args.file)
     model = ns.get("model", ns.get("fn"))
     if model is None or "example_inputs" not in ns:
-        print(f"prism optimize: {args.file} must define `model` (an nn.Module or a function) and "
-              "`example_inputs` (a tensor or a tuple of arguments)", file=sys.stderr)
-        return 2
+        raise _BadFile(f"{args.file} must define `model` (an nn.Module or a function) and `example_inputs` (a tensor "
+                       "or a tuple of arguments)")
+    if not callable(model):
+        raise _BadFile(f"{args.file}: `model` must be an nn.Module or a function, got {type(model).__name__}")
     import torch
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -171,7 +227,16 @@ def optimize_main(argv: list[str] | None = None) -> int:
     from prism.frontend.api import _as_args
 
     console = Console(stderr=True)
-    ex = _as_args(ns["example_inputs"])
+    try:
+        ex = _as_args(ns["example_inputs"])
+    except TypeError as e:
+        raise _BadFile(f"{args.file}: {e}") from None
+    _check_inputs(ex, args.file)
+    try:
+        with torch.no_grad():
+            ref = model(*ex)
+    except Exception as e:
+        raise _BadFile(f"the model in {args.file} raised {type(e).__name__} on example_inputs: {e}") from None
     options = dict(ns.get("options") or {})
     if args.time_limit is not None:
         options["time_limit"] = args.time_limit
@@ -193,7 +258,6 @@ def optimize_main(argv: list[str] | None = None) -> int:
     console.print(f"[bold]optimized in {time.perf_counter() - t0:.1f} s[/]")
     print(opt.explain(kernels=args.explain))
     with torch.no_grad():
-        ref = model(*ex)
         got = opt(*ex)
     err = _max_rel_err(got, ref)
     ok = err <= args.tolerance

@@ -12,29 +12,51 @@ machine fingerprint (``-march=native`` code is only valid on the CPU that built 
 written to a unique temporary name and moved into place with ``os.replace``, so concurrent processes
 never see a partial file; the .so is published before its sidecar. An entry whose sidecar is missing,
 unreadable or does not match the .so (truncated, overwritten, stale) is rebuilt, and so is one that
-fails to load.
+fails to load or lacks the entry points.
+
+Every cache of Prism (kernels, precompiled headers, search, tuning, machine) writes through
+:func:`make_tmp`/:func:`atomic_write` and reads through :func:`readable`, which give two guarantees:
+
+* **No writable cache is needed.** When the cache directory cannot be written (read-only, full, not a
+  directory), the write goes to the same relative path under a private temporary directory of this
+  process, removed at exit, with one :class:`~prism.errors.CacheWarning` naming both places and the fix
+  (``PRISM_CACHE_DIR``). Reads look there first, then in the cache directory, so entries already in a
+  read-only cache are still served.
+* **No stale temporary files.** A temporary file is named ``<entry>.<host>-<pid>.<random>.tmp``; the first
+  write of a process into a cache directory removes the temporary files of dead processes of this host
+  (a ``kill -9`` during a compile or a save) and any older than a day.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import hashlib
 import json
+import logging
 import os
+import re
 import shlex
+import shutil
+import socket
 import subprocess
 import tempfile
 import threading
+import time
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from prism.codegen.isa import machine_fingerprint
-from prism.errors import CompileError
+from prism.errors import CacheError, CacheWarning, CompileError, PrismError
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-std=gnu11")
-COMPILE_TIMEOUT_S = 600
+COMPILE_TIMEOUT_S = 600     # default of PRISM_CC_TIMEOUT
+COMPILE_PROGRESS_S = 10.0   # a compile running longer than this prints a progress line (then every 30 s)
 PCH_NAME = "prism_pch.h"
+STALE_TMP_S = 24 * 3600     # a temporary file older than this is stale whoever wrote it
+LOG = logging.getLogger("prism")
 
 
 @dataclass
@@ -65,6 +87,149 @@ def cache_dir() -> Path:
         return Path(d)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "prism"
+
+
+# --- writing into the cache: unwritable directories, stale temporary files ----------------------------
+
+_FALLBACK: dict[str, Path] = {}   # cache dir -> this process's temporary stand-in for writes
+_CLEANED: set[str] = set()        # cache dirs whose stale temporary files this process removed
+_HOST = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname())[:40] or "host"
+_TMP_RE = re.compile(r"\.(?P<host>[A-Za-z0-9_]+)-(?P<pid>\d+)\.[^.]+\.tmp")
+
+
+def fallback_dir() -> Path | None:
+    """This process's stand-in for the cache directory, once a write there failed (else None)."""
+    return _FALLBACK.get(str(cache_dir()))
+
+
+def _mirror(path: Path) -> Path | None:
+    fb = fallback_dir()
+    if fb is None:
+        return None
+    try:
+        return fb / path.relative_to(cache_dir())
+    except ValueError:
+        return None
+
+
+def readable(path: Path) -> Path:
+    """Where to read the cache entry ``path``: its copy written by this process under the fallback
+    directory if there is one, else ``path`` itself."""
+    m = _mirror(path)
+    return m if m is not None and m.exists() else path
+
+
+def _use_fallback(err: OSError, where: Path) -> Path:
+    root = cache_dir()
+    with _LOCK:
+        fb = _FALLBACK.get(str(root))
+        if fb is None:
+            try:
+                fb = Path(tempfile.mkdtemp(prefix="prism-cache-"))
+            except OSError as e:
+                raise CacheError(f"cannot write Prism's cache under {root} ({err}) nor in a temporary directory "
+                                 f"({e}); set PRISM_CACHE_DIR to a writable directory") from None
+            atexit.register(shutil.rmtree, fb, True)
+            _FALLBACK[str(root)] = fb
+            warnings.warn(f"Prism cannot write its cache directory {root} ({err.strerror or err} at {where}); this "
+                          f"process keeps new cache entries in {fb}, removed at exit, so the next process "
+                          "searches, tunes and compiles them again. Set PRISM_CACHE_DIR to a writable "
+                          "directory to keep them.", CacheWarning, stacklevel=3)
+        return fb
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True   # exists, owned by someone else
+    return True
+
+
+def remove_stale_tmp(root: Path, now: float | None = None) -> int:
+    """Delete the temporary files under ``root`` left by dead processes of this host (or older than
+    ``STALE_TMP_S``); returns how many. Files of live processes are kept: they are being written."""
+    now = time.time() if now is None else now
+    removed = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            if ".tmp" not in f:
+                continue
+            p = Path(dirpath) / f
+            m = _TMP_RE.search(f)
+            try:
+                old = now - p.stat().st_mtime > STALE_TMP_S
+                dead = m is not None and m["host"] == _HOST and not _pid_alive(int(m["pid"]))
+                if old or dead:
+                    p.unlink()
+                    removed += 1
+            except OSError:
+                continue
+    return removed
+
+
+def _clean_once() -> None:
+    root = cache_dir()
+    with _LOCK:
+        if str(root) in _CLEANED:
+            return
+        _CLEANED.add(str(root))
+    if root.is_dir():
+        remove_stale_tmp(root)
+
+
+def make_tmp(directory: Path, name: str, suffix: str = ".tmp") -> tuple[int, Path]:
+    """A new temporary file (fd, path) for publishing ``directory/name`` atomically with ``os.replace``:
+    in ``directory``, or in its mirror under the fallback directory when ``directory`` cannot be written.
+    Publish it in the temporary file's own directory."""
+    _clean_once()
+    prefix = f"{name}.{_HOST}-{os.getpid()}."
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
+        return fd, Path(tmp)
+    except OSError as e:
+        if not _under(directory, cache_dir()):   # already the fallback (or outside the cache): nowhere else to go
+            raise CacheError(f"cannot write {directory / name}: {e}; set PRISM_CACHE_DIR to a writable "
+                             "directory") from None
+        _use_fallback(e, directory)
+        alt = _mirror(directory)
+        assert alt is not None
+        alt.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=alt)
+        return fd, Path(tmp)
+
+
+def _under(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+        return True
+    except ValueError:
+        return False
+
+
+def atomic_write(path: Path, data: bytes) -> Path:
+    """Publish ``data`` as ``path`` (readers never see a partial file); returns where it was written
+    (``path``, or its mirror under the fallback directory when the cache directory is not writable)."""
+    fd, tmp = make_tmp(path.parent, path.name)
+    target = tmp.parent / path.name
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache may be shared
+        os.replace(tmp, target)
+    except OSError as e:  # a full disk while writing, a rename refused
+        tmp.unlink(missing_ok=True)
+        if target != path or not _under(path, cache_dir()):
+            raise CacheError(f"cannot write {target}: {e}; set PRISM_CACHE_DIR to a writable directory") from None
+        _use_fallback(e, path.parent)
+        return atomic_write(path, data)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
 
 
 def compiler() -> list[str]:
@@ -109,41 +274,72 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache may be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _valid(key: str, so: Path, meta: Path) -> bool:
     try:
-        m = json.loads(meta.read_text())
-        return (m.get("key") == key and so.stat().st_size == m.get("size")
+        m = json.loads(meta.read_bytes())
+        return (isinstance(m, dict) and m.get("key") == key and so.stat().st_size == m.get("size")
                 and _sha256(so) == m.get("sha256"))
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # ValueError: undecodable bytes or not JSON
         return False
 
 
-def _compile(key: str, source: str, src: Path, so: Path, meta: Path) -> None:
+def compile_timeout() -> float:
+    """Seconds one compile may take: ``PRISM_CC_TIMEOUT`` (default ``COMPILE_TIMEOUT_S``)."""
+    raw = os.environ.get("PRISM_CC_TIMEOUT", "").strip()
+    if not raw:
+        return float(COMPILE_TIMEOUT_S)
+    try:
+        v = float(raw)
+    except ValueError:
+        raise CompileError(f"PRISM_CC_TIMEOUT must be a number of seconds, got {raw!r}") from None
+    if not v > 0:
+        raise CompileError(f"PRISM_CC_TIMEOUT must be > 0 seconds, got {raw!r}")
+    return v
+
+
+def run_compiler(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+    """Run one compiler command with the ``PRISM_CC_TIMEOUT`` limit, logging a progress line (logger
+    ``prism``) when it runs longer than ``COMPILE_PROGRESS_S``. A hung compiler is killed."""
+    limit = compile_timeout()
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as e:
+        raise CompileError(f"could not run the C compiler for {what}: {e}\ncommand: {shlex.join(cmd)}; install "
+                           "gcc or clang, or point PRISM_CC at one") from None
+    next_note = COMPILE_PROGRESS_S
+    while True:
+        elapsed = time.monotonic() - t0
+        try:
+            out, err = proc.communicate(timeout=max(0.01, min(next_note, limit) - elapsed))
+            return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            elapsed = time.monotonic() - t0
+            if elapsed >= limit:
+                proc.kill()
+                proc.communicate()
+                raise CompileError(f"the C compiler did not finish {what} within {limit:g} s and was stopped\n"
+                                   f"command: {shlex.join(cmd)}\nraise the limit with PRISM_CC_TIMEOUT=<seconds>, "
+                                   "or check the compiler (PRISM_CC)") from None
+            LOG.warning("prism: still compiling %s after %.0f s (limit %g s, PRISM_CC_TIMEOUT)", what, elapsed, limit)
+            next_note += 30.0
+
+
+def _compile(key: str, source: str, src: Path, so: Path) -> Path:
+    """Compile ``source`` into the entry ``so`` (or its mirror when the cache is read-only); returns the
+    path of the published shared object. Its sidecar is written last."""
     cc = compiler()
-    src.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(src, source.encode())
-    fd, tmp = tempfile.mkstemp(prefix=so.name + ".", suffix=".tmp.so", dir=so.parent)
+    fd, tmp_path = make_tmp(so.parent, so.name, ".tmp.so")
     os.close(fd)
+    tmp = str(tmp_path)
+    where = tmp_path.parent
+    src, so, meta = where / src.name, where / so.name, where / f"{key}.json"
+    atomic_write(src, source.encode())
     pch = precompiled_header()
 
     def run(pch: Path | None) -> tuple[list[str], subprocess.CompletedProcess]:
         cmd = [*cc, *FLAGS, *(["-include", str(pch)] if pch else []), str(src), "-o", tmp, "-lm"]
-        try:
-            return cmd, subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise CompileError(f"could not run the C compiler on {src}: {e}\ncommand: {shlex.join(cmd)}") from None
+        return cmd, run_compiler(cmd, f"the generated source {src}")
     try:
         cmd, r = run(pch)
         if r.returncode != 0 and pch is not None:
@@ -151,6 +347,8 @@ def _compile(key: str, source: str, src: Path, so: Path, meta: Path) -> None:
             # compile again without it, and if that works, drop the header (rebuilt by the next process)
             cmd, r = run(None)
             if r.returncode == 0:
+                warnings.warn(f"the precompiled header {pch}.gch is damaged (a compile failed with it and succeeded "
+                              "without); dropped, the next process builds it again", CacheWarning, stacklevel=2)
                 _drop_pch(pch)
                 pch = None
         if r.returncode != 0:
@@ -158,6 +356,12 @@ def _compile(key: str, source: str, src: Path, so: Path, meta: Path) -> None:
             tail = "\n".join(msg[-40:])
             raise CompileError(f"the C compiler failed (exit {r.returncode}) on the generated source {src}\n"
                                f"command: {shlex.join(cmd)}\ncompiler output (last lines):\n{tail}")
+        with open(tmp, "rb") as f:
+            magic = f.read(4)
+        if magic != b"\x7fELF":
+            raise CompileError(f"the C compiler exited 0 on {src} but wrote no shared library (its output "
+                               f"{tmp} is {'empty' if not magic else 'not an ELF file'})\ncommand: {shlex.join(cmd)}"
+                               "\ncheck the compiler (PRISM_CC)")
         digest, size = _sha256(Path(tmp)), Path(tmp).stat().st_size
         os.chmod(tmp, 0o755)
         os.replace(tmp, so)
@@ -165,7 +369,8 @@ def _compile(key: str, source: str, src: Path, so: Path, meta: Path) -> None:
         Path(tmp).unlink(missing_ok=True)
     info = {"key": key, "size": size, "sha256": digest, "compiler": compiler_version(), "flags": list(FLAGS),
             "command": cmd[:1], "precompiled_header": str(pch) if pch else None}
-    _atomic_write(meta, json.dumps(info, indent=1).encode())
+    atomic_write(meta, json.dumps(info, indent=1).encode())
+    return so
 
 
 # --- precompiled system headers -----------------------------------------------------------------
@@ -221,28 +426,36 @@ def _build_pch(cc: tuple[str, ...], text: str) -> Path | None:
                                         machine_fingerprint()]).encode()).hexdigest()[:32]
         d = cache_dir() / "pch" / key
         header, gch = d / PCH_NAME, d / (PCH_NAME + ".gch")
-        if header.is_file() and gch.is_file() and header.read_text() == text:
-            return header
-        d.mkdir(parents=True, exist_ok=True)
-        _atomic_write(header, text.encode())
-        fd, tmp = tempfile.mkstemp(prefix=gch.name + ".", suffix=".tmp", dir=d)
+        header, gch = readable(header), readable(gch)
+        check = gch.parent / (gch.name + ".sha256")   # the .gch's checksum, written after it
+        if header.is_file() and gch.is_file():
+            if header.read_bytes() == text.encode() and check.is_file() and check.read_bytes() == _sha256(gch).encode():
+                return header
+            warnings.warn(f"the precompiled header {gch} is damaged (its text or checksum does not match); "
+                          "rebuilding it", CacheWarning, stacklevel=2)
+        header = atomic_write(header, text.encode())
+        fd, tmp_path = make_tmp(header.parent, gch.name)
         os.close(fd)
+        tmp, gch = str(tmp_path), header.parent / gch.name
         try:
-            r = subprocess.run([*cc, *flags, "-x", "c-header", str(header), "-o", tmp], capture_output=True,
-                               text=True, timeout=COMPILE_TIMEOUT_S)
+            r = run_compiler([*cc, *flags, "-x", "c-header", str(header), "-o", tmp], "the precompiled header")
             if r.returncode != 0:
                 return None
             os.chmod(tmp, 0o644)
+            digest = _sha256(Path(tmp))
             os.replace(tmp, gch)
         finally:
             Path(tmp).unlink(missing_ok=True)
+        atomic_write(gch.parent / (gch.name + ".sha256"), digest.encode())
         return header
-    except (OSError, subprocess.TimeoutExpired, CompileError):
+    except (OSError, ValueError, subprocess.TimeoutExpired, PrismError):
+        # no precompiled header (compiles then parse the headers): never a reason to fail a compile
         return None
 
 
 def _drop_pch(header: Path) -> None:
     Path(str(header) + ".gch").unlink(missing_ok=True)
+    Path(str(header) + ".gch.sha256").unlink(missing_ok=True)
     with _PCH_LOCK:
         for k, v in list(_PCH.items()):
             if v == header:
@@ -254,39 +467,61 @@ def _key_lock(key: str) -> threading.Lock:
         return _KEY_LOCKS.setdefault(key, threading.Lock())
 
 
+def _find(key: str) -> tuple[Path, Path, Path]:
+    """The entry's paths: under the fallback directory where this process wrote it, else the cache's."""
+    src, so, meta = _paths(key)
+    so = readable(so)
+    return so.parent / src.name, so, so.parent / meta.name
+
+
 def build(source: str) -> Path:
     """The path of a valid shared object for ``source`` (compiled unless a valid cache entry exists)."""
     key = cache_key(source)
-    src, so, meta = _paths(key)
     with _key_lock(key):
+        src, so, meta = _find(key)
         if _valid(key, so, meta):
             STATS.hits += 1
             return so
         if so.exists() or meta.exists():
             STATS.rebuilds += 1
+            warnings.warn(f"compiled kernel {so} is damaged or stale (its sidecar does not match); rebuilding it",
+                          CacheWarning, stacklevel=2)
         STATS.misses += 1
-        _compile(key, source, src, so, meta)
-        return so
+        return _compile(key, source, src, so)
 
 
-def load(source: str) -> tuple[ctypes.CDLL, Path]:
-    """Build (or find) and dlopen the shared object for ``source``; a file that fails to load is rebuilt."""
+def _open(so: Path, symbols: tuple[str, ...]) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(so))
+    missing = [name for name in symbols if not hasattr(lib, name)]
+    if missing:
+        raise OSError(f"{so} has no entry point {missing}")
+    return lib
+
+
+def load(source: str, symbols: tuple[str, ...] = ()) -> tuple[ctypes.CDLL, Path]:
+    """Build (or find) and dlopen the shared object for ``source``, which must export ``symbols``; a file
+    that fails to load or lacks them is rebuilt once, then it is a :class:`CompileError`."""
     key = cache_key(source)
     lib = _LOADED.get(key)
     if lib is not None:
         STATS.memo_hits += 1
-        return lib, _paths(key)[1]
+        return lib, _find(key)[1]
     so = build(source)
     try:
         STATS.loads += 1
-        lib = ctypes.CDLL(str(so))
-    except OSError:
+        lib = _open(so, symbols)
+    except OSError as first:
         with _key_lock(key):
             STATS.rebuilds += 1
-            src, so, meta = _paths(key)
+            warnings.warn(f"compiled kernel {so} does not load ({first}); rebuilding it", CacheWarning, stacklevel=2)
+            src, so, meta = _find(key)
             meta.unlink(missing_ok=True)
-            _compile(key, source, src, so, meta)
+            so = _compile(key, source, src, so)
         STATS.loads += 1
-        lib = ctypes.CDLL(str(so))
+        try:
+            lib = _open(so, symbols)
+        except OSError as e:
+            raise CompileError(f"the shared object {so} built from {so.with_suffix('.c')} does not load: {e}\n"
+                               "the C compiler (PRISM_CC) produced an unusable library; check it") from None
     _LOADED[key] = lib
     return lib, so

@@ -30,6 +30,7 @@ from prism.runtime import cache
 
 Params = Union[Mapping[str, object], Callable[[dict[str, int]], Mapping[str, object]], None]
 ALIGN_BYTES = 64
+ENTRY_POINTS = ("prism_entry", "prism_max_threads")  # what every generated library exports (codegen/kernel.py)
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
@@ -89,6 +90,10 @@ def _check_array(name: str, x: object, role: str) -> _Arg:
                              f"{tuple(t.shape)}); pass x.contiguous()")
         if role == "output" and t.requires_grad:
             raise InputError(f"output {name!r}: the tensor requires grad; pass a buffer without requires_grad")
+        if t.requires_grad and sys.modules["torch"].is_grad_enabled():
+            raise InputError(f"{role} {name!r} requires grad and autograd is recording, but Prism kernels are "
+                             "inference-only (no backward): call them under torch.no_grad() or "
+                             "torch.inference_mode(), or pass x.detach()")
         return _Arg(int(t.data_ptr()), tuple(t.shape), True)
     raise InputError(f"{role} {name!r}: expected a numpy.ndarray or a torch.Tensor, got {type(x).__name__}; "
                      "wrap it with numpy.asarray(x, dtype=numpy.float32)")
@@ -186,7 +191,7 @@ class Kernel:
             self._check_params(dict(params))
         g = self.graph.instantiate({**dims, **params})
         gen = generate(g, self.isa)
-        lib, path = cache.load(gen.source)
+        lib, path = cache.load(gen.source, ENTRY_POINTS)
         v = Variant(gen, lib, path, dict(dims))
         self._variants[key] = v
         return v

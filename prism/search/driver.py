@@ -15,7 +15,6 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -26,6 +25,8 @@ from prism.errors import PrismError
 from prism.ir import dims as D
 from prism.ir.graph import Graph
 from prism.ir.serialize import graph_from_json, graph_to_json
+from prism.runtime import store
+from prism.runtime.cache import cache_dir
 from prism.search import maps as M
 from prism.search.abstract import TreeAlgebra, format_tree, graph_exprs
 from prism.search.block import BlockContext, BlockSearch, BlockStruct, HardwareSpec, compile_templates
@@ -41,7 +42,7 @@ from prism.search.space import Limits, derive_opset
 from prism.search.splitk import Refusal, estimate_split, split_reduction
 from prism.search.stats import Budget, Stats, StopReason, StopSearch
 
-VERSION = "search/2"  # 2: split-reduction variants (Limits.split_reductions, Stats.split_*)
+VERSION = "search/3"  # 2: split-reduction variants; 3: checksummed envelope, verifier fingerprint in the key
 MODES = ("symbolic", "concrete")
 CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} dividing the split dims
 MAX_CHOICES = 4096       # map assignments costed per structure (the rest: rule enumerate_budget)
@@ -253,30 +254,64 @@ def search(graph: Graph, limits: Limits | None = None, mode: str = "symbolic", *
     env = {s: int((env or {}).get(s, 16)) for s in sorted(graph.symbols())}
     axioms = tuple(axioms) if axioms is not None else DEFAULT_AXIOMS
     path = _cache_path(graph, limits, mode, env, axioms) if cache else None
-    if path is not None and path.exists():
-        try:
-            r = SearchResult.from_json(json.loads(path.read_text()))
-            r.cached = True
+    if path is not None:
+        r = _load_cached(path, graph)
+        if r is not None:
             return r
-        except (PrismError, ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)  # corrupt or stale: rebuild
     r = _search(graph, limits, mode, env, workers, executor, progress, axioms)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(r.to_json()))
-        tmp.replace(path)
+        store.save(path, "search", r.to_json())
     return r
 
 
+def _load_cached(path: Path, graph: Graph) -> SearchResult | None:
+    """The cached result at ``path`` with every candidate proved again (an entry is data on disk that
+    anyone can edit: "every returned kernel is proved" must hold with any cache content), or None when
+    there is none or it is corrupt, stale, or a candidate no longer proves (then the search runs again)."""
+    got = store.load(path, "search")
+    if got.payload is None:
+        return None
+    try:
+        r = SearchResult.from_json(got.payload)
+        if r.program.key != graph.key:
+            raise PrismError(f"the entry holds another program ({r.program.key}, expected {graph.key})")
+        for c in r.candidates:
+            why = _reprove(c, graph)
+            if why:
+                raise PrismError(f"a cached candidate ({c.structure}) {why}")
+    except (PrismError, ValueError, KeyError, TypeError) as e:
+        store.corrupt(path, "search", str(e).splitlines()[0][:300])
+        return None
+    r.cached = True
+    return r
+
+
+def _reprove(c: Candidate, graph: Graph) -> str:
+    """Why the cached candidate ``c`` cannot be served as it is verified ("" when it can). A formal
+    verdict is proved again (milliseconds: docs/reliability.md); a numeric-only one is tested again."""
+    if not c.verdict.ok:
+        return "is marked as not verified"
+    if c.verdict.how == "formal+numeric" and formal_verifier() is not None:
+        from prism.verify.egraph import prove
+        res = prove(c.graph, graph)
+        return "" if res.proved else f"no longer proves: {str(res).splitlines()[0]}"
+    v = gate_verify(c.graph, graph)
+    return "" if v.ok else f"fails verification: {v.detail}"
+
+
 def _cache_path(graph: Graph, limits: Limits, mode: str, env: Mapping[str, int], axioms: tuple[str, ...]) -> Path:
-    # the project's cache rule: $PRISM_CACHE_DIR, else $XDG_CACHE_HOME/prism, else ~/.cache/prism
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    root = Path(os.environ.get("PRISM_CACHE_DIR") or (Path(xdg) if xdg else Path.home() / ".cache") / "prism")
     material = json.dumps({"v": VERSION, "program": graph.key, "limits": limits.key(), "mode": mode, "env": env,
-                           "axioms": axioms, "verifier": "formal" if formal_verifier() else "numeric"},
-                          sort_keys=True)
-    return root / "search" / (hashlib.sha256(material.encode()).hexdigest()[:32] + ".json")
+                           "axioms": axioms, "verifier": _verifier_key()}, sort_keys=True)
+    return cache_dir() / "search" / (hashlib.sha256(material.encode()).hexdigest()[:32] + ".json")
+
+
+def _verifier_key() -> str:
+    """The verifier part of the cache key: its rules, schedule and egglog version (numeric-only builds:
+    the gate's name)."""
+    if formal_verifier() is None:
+        return "numeric"
+    from prism.verify.egraph import rules_fingerprint
+    return "formal:" + rules_fingerprint()
 
 
 def _search(graph: Graph, limits: Limits, mode: str, env: dict[str, int], workers: int,

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from prism.bench.contention import CpuMeter, contended
 from prism.codegen import isa as ISA
+from prism.runtime import store
 from prism.runtime.kernel import num_threads
-from prism.tune import store
 from prism.tune.stats import STATS
 
 _SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")

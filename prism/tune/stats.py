@@ -21,7 +21,8 @@ class TuneStats:
     measured: int = 0            # candidate kernels timed
     wrong_results: int = 0       # candidates whose output did not match the reference
     final_checks: int = 0        # numeric checks of a winner's compiled kernel
-    contended_tunings: int = 0   # tunings measured under contention (kept in memory, not written to disk)
+    contended_tunings: int = 0   # tunings measured under contention (stored marked; `prism cache retune`)
+    contended_served: int = 0    # marked (contended) tuning entries served from the disk cache
     contended_machine: int = 0   # machine measurements taken under contention (not written to disk)
 
     def to_json(self) -> dict[str, int]:

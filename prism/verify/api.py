@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from prism.errors import InputError
 from prism.ir.graph import Graph
 from prism.verify.egraph import FormalResult, Limits, prove
 from prism.verify.numeric import KINDS, NumericResult, Runner, numeric_check
@@ -36,6 +37,10 @@ def verify(candidate: Graph, reference: Graph, *, limits: Limits | None = None, 
     (e.g. ``compiled_runner(prism.compile)``); ``hostile_input`` names the input scaled for hostile runs.
     Raises :class:`~prism.errors.UnsupportedError` for constructs the formal verifier does not model yet.
     """
+    for what, g in (("candidate", candidate), ("reference", reference)):
+        if not isinstance(g, Graph):
+            raise InputError(f"prism.verify: the {what} must be a prism.Graph, got {type(g).__name__} ({g!r:.60}); "
+                             "build it with prism.Graph() or load it with prism.ir.serialize.graph_from_json")
     formal = prove(candidate, reference, limits, explain=explain)
     numeric = numeric_check(candidate, reference, instantiations=instantiations, n_instantiations=n_instantiations,
                             kinds=kinds, seeds=seeds, runners=runners, hostile_input=hostile_input)

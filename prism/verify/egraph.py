@@ -18,6 +18,9 @@ iteration, e-node or time limit.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.metadata
 import threading
 import time
 from collections.abc import Collection, Iterable
@@ -110,6 +113,19 @@ def _rules_text(active: Collection[str] | None) -> str:
         lines += [r.egglog() for r in rules if active is None or r.name in active]
     lines += [f"(unstable-combined-ruleset stage{i} {' '.join(sets)})" for i, sets in enumerate(STAGES)]
     return "\n".join(lines)
+
+
+@functools.cache
+def rules_fingerprint() -> str:
+    """A hash of everything a proof depends on -- the term declarations, every rule, the staged schedule,
+    the default limits and egglog's version -- for cache keys: a cached verdict is only as good as the
+    verifier that gave it."""
+    try:
+        version = importlib.metadata.version("egglog")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    text = "\n".join([declarations(), _rules_text(None), repr(STAGES), repr(Limits()), version])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def build_program(candidate: Graph, reference: Graph, active: Collection[str] | None = None) -> _Program:

@@ -13,8 +13,9 @@ import pytest
 
 import prism
 from prism.api import clear_memory_caches
+from prism.runtime import store
 from prism.search import Limits
-from prism.tune import STATS, reset_stats, store
+from prism.tune import STATS, reset_stats
 
 pytestmark = pytest.mark.cpu
 
@@ -163,8 +164,10 @@ def test_verbose_progress_is_printed(capsys: pytest.CaptureFixture[str]) -> None
     assert "search:" in err and "tuned at n=5" in err
 
 
-def test_a_contended_tuning_is_not_written_to_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Measured under contention -> kept in memory only; the next process tunes again."""
+def test_a_contended_tuning_is_stored_marked_served_and_retuned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured under contention -> stored marked; the next process serves it (counted) instead of tuning
+    again; ``retune_contended`` (``prism cache retune``) measures it again and, quiet, clears the mark."""
+    from prism.api import contended_entries, retune_contended
     from prism.tune import tuner
     clear_memory_caches()
     reset_stats()
@@ -181,17 +184,23 @@ def test_a_contended_tuning_is_not_written_to_the_cache(monkeypatch: pytest.Monk
     _check(k(**x), x)
     assert STATS.tunings == 1 and STATS.contended_tunings == 1
     assert k.specialize(n=11).tuning.contention == 1.0
+    (path,) = [p for p in contended_entries() if store.load(p, "tuning").payload["key"]["shapes"]["X"][0] == 11]
     clear_memory_caches()
     k2 = prism.superoptimize(_program(), limits=LIMITS)
     _check(k2(**x), x)
-    assert STATS.tunings == 2 and STATS.tune_cache_hits == 0   # nothing was persisted: tuned again
-    monkeypatch.setenv("PRISM_TUNE_CONTENTION_LIMIT", "inf")
+    assert STATS.tunings == 1 and STATS.tune_cache_hits == 1 and STATS.contended_served == 1  # served, not re-tuned
+    assert k2.specialize(n=11).from_cache
+    rows = retune_contended()                          # still busy: measured again, stays marked
+    assert any(r.path == str(path) and r.status == "still contended" for r in rows)
+    assert STATS.tunings == 1 + len(rows) and path in contended_entries()
+    monkeypatch.setenv("PRISM_TUNE_CONTENTION_LIMIT", "inf")   # quiet now
+    rows = retune_contended()
+    assert all(r.status == "retuned" for r in rows) and rows
+    assert contended_entries() == []
     clear_memory_caches()
-    k3 = prism.superoptimize(_program(), limits=LIMITS)
-    k3(**x)
-    clear_memory_caches()
+    before = STATS.contended_served
     prism.superoptimize(_program(), limits=LIMITS)(**x)
-    assert STATS.tunings == 3 and STATS.tune_cache_hits == 1
+    assert STATS.contended_served == before and STATS.tune_cache_hits == 2
 
 
 def test_contention_limit_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,6 +22,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(tmp_path: Path) -> Iterator[Path]:
+    from prism.api import clear_memory_caches
+    from prism.runtime import cache
+    cache._LOADED.clear()      # libraries loaded by earlier tests would skip this test's (empty) kernel cache
+    clear_memory_caches()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PRISM_CACHE_DIR", str(tmp_path / "cache"))
         mp.setenv("PRISM_POISON_WS", "1")

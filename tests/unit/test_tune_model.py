@@ -10,7 +10,7 @@ import pytest
 
 import prism
 from prism.ir.block import BlockBuilder
-from prism.tune import store
+from prism.runtime import store
 from prism.tune.candidates import Instance, instantiate
 from prism.tune.cost import Estimate, OpCost, block_cost, contiguous_run, estimate
 from prism.tune.machine import Machine, cache_sizes, detect
