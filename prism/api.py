@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -33,6 +34,8 @@ from prism.runtime.kernel import compile as compile_graph
 from prism.tune.machine import Machine, detect
 from prism.tune.stats import STATS
 from prism.tune.tuner import TOP_K, TUNE_VERSION, Row, Tuned, TuneResult, tune
+
+LOG = logging.getLogger("prism")
 
 
 class NoVerifiedKernelError(PrismError):
@@ -74,6 +77,24 @@ class Options:
     verbose: int = 0
     measure_machine: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    time_limit: float | None = None     # the search's time limit: also the budget of the first shape's tuning
+    deadline: float | None = None       # perf_counter time by which the superoptimize call's work should end
+
+
+SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
+BUDGET_TOP_K = 2      # candidates tuned when the call's time budget is already spent
+
+
+def _log_slow(what: str, seconds: float, parts: Mapping[str, float], limit: float | None) -> None:
+    """One line on the ``prism`` logger when ``what`` took long: the phases that took the time and the
+    overrun of the time limit, if any."""
+    if seconds < SLOW_S:
+        return
+    top = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.05)
+    over = ""
+    if limit is not None and seconds > limit:
+        over = f"; {seconds - limit:.1f} s over its time_limit of {limit:g} s"
+    LOG.warning("prism: %s took %.1f s (%s)%s", what, seconds, top or "no phase recorded", over)
 
 
 _SEARCH_MEMO: dict[tuple, tuple[Any, list[Implementation]]] = {}
@@ -180,6 +201,7 @@ def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None 
     search could not apply its size-dependent pruning and W2 generated 1.7M states (time limit, 153 s)
     instead of 16k (7 s). Raises :class:`NoVerifiedKernelError` when nothing verifies.
     """
+    t_start = time.perf_counter()
     if not isinstance(graph, Graph):
         raise UnsupportedError(f"prism.superoptimize expects a prism.Graph, got {type(graph).__name__}")
     graph.check()
@@ -208,6 +230,8 @@ def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None 
             STATS.search_cache_hits += 1
         else:
             STATS.searches += 1
+            _log_slow(f"the search of {graph.name or 'the program'!r}", result.seconds,
+                      dict(getattr(result.stats, "seconds", {})), limits.time_limit)
         impls = _verified_implementations(result, graph, console)
         if console is not None:
             console.log(f"search: {len(result.candidates)} candidates, {len(impls)} verified, stop reason "
@@ -221,7 +245,9 @@ def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None 
             f"{result.stop_reason.value}; {len(result.candidates)} candidates returned, states visited "
             f"{result.stats.states}); raise the search limits (limits=prism.search.Limits(time_limit=..., "
             "max_kernel_ops=...)) or use prism.compile on a hand-written block graph")
-    return SuperKernel(graph, result, impls, Options(top_k, tune_budget_s, verbose, measure_machine))
+    return SuperKernel(graph, result, impls, Options(top_k, tune_budget_s, verbose, measure_machine,
+                                                     time_limit=limits.time_limit,
+                                                     deadline=t_start + limits.time_limit))
 
 
 class SuperKernel:
@@ -332,10 +358,28 @@ class SuperKernel:
     def _tune(self, env: dict[str, int], path: Any, material: dict[str, Any]) -> Specialization:
         console = _console(self.options.verbose)
         shape = ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "the fixed shape"
+        t0 = time.perf_counter()
+        top_k, budget = self.options.top_k, self.options.tune_budget_s
+        deadline = self.options.deadline
+        if deadline is not None and not self._specs:
+            # the first shape is tuned within the superoptimize call's time limit (prism.optimize, or a call
+            # right after superoptimize); once it is spent, fewer candidates are compiled and measured
+            left = deadline - t0
+            if budget is None:
+                budget = max(0.5, left)
+            if left <= 0 and top_k > BUDGET_TOP_K:
+                LOG.warning("prism: the time_limit of %g s is spent: tuning %r at %s with %d candidates instead of %d",
+                            self.options.time_limit, self.program.name, shape, BUDGET_TOP_K, top_k)
+                top_k = BUDGET_TOP_K
         with _status(console, self.options.verbose, f"tuning at {shape}") as update:
             tuned = tune([i.graph for i in self.implementations], self.program, env, self.machine,
-                         top_k=self.options.top_k, budget_s=self.options.tune_budget_s, progress=update)
+                         top_k=top_k, budget_s=budget, progress=update)
+        t1 = time.perf_counter()
         spec = self._pick(env, tuned)
+        parts = {k: v for k, v in tuned.result.seconds.items() if k != "total"}
+        parts["final check"] = time.perf_counter() - t1
+        _log_slow(f"tuning {self.program.name or 'the program'!r} at {shape}", time.perf_counter() - t0, parts,
+                  None)
         busy = tuned.result.contention
         marked = contended(busy)
         if marked:

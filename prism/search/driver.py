@@ -47,6 +47,7 @@ MODES = ("symbolic", "concrete")
 CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} dividing the split dims
 MAX_CHOICES = 4096       # map assignments costed per structure (the rest: rule enumerate_budget)
 MAX_VERIFY = 200         # verification attempts per search (ranked order) before giving up
+GRACE = 0.1              # share of time_limit the phases after generation get even when generation used it all
 UNSPLIT_MAX_ELEMS = 1 << 21  # the unsplit check runs a structure on whole tensors; skip it above this tile size
 
 Progress = Callable[[dict[str, Any]], None]
@@ -365,8 +366,8 @@ def _search(graph: Graph, limits: Limits, mode: str, env: dict[str, int], worker
                 if progress:
                     progress({"phase": "generate", "level": level, "states": stats.states, "structures": len(found),
                               "elapsed": time.monotonic() - t0})
-            verified += _rank_and_verify(prog, new, limits, env, stats, progress, t0)
-            if stats.pruned["enumerate_budget"] and stop is StopReason.EXHAUSTED:
+            verified += _rank_and_verify(prog, new, limits, env, stats, progress, t0, deadline, bool(verified))
+            if (stats.pruned["enumerate_budget"] or stats.pruned["verify_budget"]) and stop is StopReason.EXHAUSTED:
                 stop = StopReason.TIME_LIMIT
             verified.sort(key=lambda c: c.cost.key())
             del verified[limits.max_results:]
@@ -374,20 +375,22 @@ def _search(graph: Graph, limits: Limits, mode: str, env: dict[str, int], worker
         ex.close()
         _init(None)  # drop this search's memo (the inline executor's worker state lives in this process)
     if limits.split_reductions:
-        verified += _split_variants(prog, verified, limits, env, stats, progress, t0)
+        verified += _split_variants(prog, verified, limits, env, stats, progress, t0, deadline)
         verified.sort(key=lambda c: c.cost.key())
     return SearchResult(graph, mode, limits, stop, verified, stats, format_tree(targets[0]) if targets else "",
                         egraph_info, env, time.monotonic() - t0)
 
 
 def _rank_and_verify(prog: CoreProgram, cands: list[KernelCandidate], limits: Limits, env: dict[str, int],
-                     stats: Stats, progress: Progress | None, t0: float) -> list[Candidate]:
+                     stats: Stats, progress: Progress | None, t0: float, deadline: float,
+                     have_verified: bool) -> list[Candidate]:
     plans: list[tuple[tuple, CostReport, KernelCandidate, tuple]] = []
     m = machine()
-    # The enumeration of map assignments has its own budget: time_limit per deepening level and MAX_CHOICES
-    # per structure. Measured need: W2 at d = 2048 with 2 kernel operators has 178k sGraphs, and costing
-    # them all took 400 s after a 52 s generation. Cut assignments are counted (rule "enumerate_budget").
-    enum_deadline = time.monotonic() + limits.time_limit
+    # The enumeration of map assignments is bounded by the search's deadline, but gets at least GRACE of
+    # the time limit after generation (which may have used all of it) and MAX_CHOICES per structure.
+    # Measured need: W2 at d = 2048 with 2 kernel operators has 178k sGraphs, and costing them all took
+    # 400 s after a 52 s generation. Cut assignments are counted (rule "enumerate_budget").
+    enum_deadline = max(deadline, time.monotonic() + GRACE * limits.time_limit)
     with stats.phase("enumerate"):
         unsplit_ok = UnsplitCheck(prog.program)
         for cand in cands:
@@ -429,6 +432,11 @@ def _rank_and_verify(prog: CoreProgram, cands: list[KernelCandidate], limits: Li
         for attempt, (_, cost, cand, choice) in enumerate(plans):
             if len(out) >= limits.max_results or attempt >= MAX_VERIFY:
                 break
+            if (out or have_verified) and time.monotonic() > deadline:
+                # the budget is spent and something is verified: stop (verifying one candidate at a big fixed
+                # shape takes seconds); with nothing verified yet, go on to the first one (the overrun is stated)
+                stats.pruned["verify_budget"] += len(plans) - attempt
+                break
             try:
                 g = build_graph(prog, cand, choice)
             except PrismError:
@@ -454,7 +462,7 @@ def _kernel_ops(g: Graph) -> int:
 
 
 def _split_variants(prog: CoreProgram, bases: list[Candidate], limits: Limits, env: dict[str, int], stats: Stats,
-                    progress: Progress | None, t0: float) -> list[Candidate]:
+                    progress: Progress | None, t0: float, deadline: float) -> list[Candidate]:
     """The verified split-reduction variants (:mod:`.splitk`) of the returned candidates. They come on top of
     ``max_results``: a variant is the same structure split once more, so it never displaces a different
     structure, and the tuner gets both to measure. The combine counts as one more kernel operator."""
@@ -462,6 +470,9 @@ def _split_variants(prog: CoreProgram, bases: list[Candidate], limits: Limits, e
     seen: set[str] = set()
     m = machine()
     for c in bases:
+        if time.monotonic() > deadline:
+            stats.split_refused["time_limit"] += 1
+            continue
         if _kernel_ops(c.graph) + 1 > limits.max_kernel_ops or limits.max_customized < 1:
             stats.split_refused["limits"] += 1
             continue

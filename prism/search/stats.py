@@ -37,8 +37,9 @@ RULES = {
     "final": "the last kernel operator must produce the program's outputs",
     "unsplit": "the structure is wrong with every grid size and F set to 1 (one float64 run per structure), "
                "so it is wrong under every map assignment",
-    "enumerate_budget": "map assignments not costed: the enumeration ran past its budget (time_limit per level, "
-                        "MAX_CHOICES per structure)",
+    "enumerate_budget": "map assignments not costed: the enumeration ran past its budget (the search's deadline, "
+                        "at least GRACE of time_limit after generation; MAX_CHOICES per structure)",
+    "verify_budget": "ranked sGraphs not verified: the time limit was reached with a verified candidate in hand",
 }
 
 

@@ -262,14 +262,15 @@ def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Ma
         ref = program.evaluate(draw, dtype=np.float64)
     tol = MS.reference_tolerance(program, env)
     kernels: dict[int, Kernel] = {}
-    outs: dict[int, dict[str, np.ndarray]] = {}
+    out: dict[str, np.ndarray] | None = None  # one set of output buffers for every candidate: bounded memory
     for i, (row, k) in enumerate(zip(rows, compiled)):
         if isinstance(k, BaseException):
             row.status, row.detail = "compile error", f"{type(k).__name__}: {str(k).splitlines()[0][:200]}"
             STATS.compile_failures += 1
             continue
         try:
-            out = MS.output_buffers(k, {})
+            if out is None:
+                out = MS.output_buffers(k, {})
             k.call(inputs, out=out)
             row.error = MS.max_error(out, ref)
         except Exception as e:  # a kernel that cannot run is a failed candidate
@@ -279,7 +280,7 @@ def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Ma
             row.status, row.detail = "wrong result", f"error {row.error:.3g} > tolerance {tol:.3g}"
             STATS.wrong_results += 1
             continue
-        kernels[i], outs[i] = k, out
+        kernels[i] = k
     if progress and kernels:
         progress(f"measuring {len(kernels)} candidates (interleaved, {measure_s:.1f} s)")
     idx = list(kernels)
@@ -287,7 +288,7 @@ def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Ma
     meter.start()
     # the correctness call above was each kernel's first call on these very buffers (page faults, thread
     # pool start-up): one more warm-up call is enough (W3 m11008, 6 candidates of 15-80 ms: 0.25 s saved)
-    timings = MS.time_interleaved([lambda k=kernels[i], out=outs[i]: k.call(inputs, out=out) for i in idx],
+    timings = MS.time_interleaved([lambda k=kernels[i]: k.call(inputs, out=out) for i in idx],
                                   budget_s=measure_s, deadline=deadline, warmup=1)
     for i, t in zip(idx, timings):
         STATS.measured += 1
