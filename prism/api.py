@@ -240,14 +240,32 @@ def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None 
         with _MEMO_LOCK:
             _SEARCH_MEMO[key] = (result, impls)
     if not impls:
-        raise NoVerifiedKernelError(
-            f"the search found no verified implementation of {graph.name or 'the program'!r} (stop reason: "
-            f"{result.stop_reason.value}; {len(result.candidates)} candidates returned, states visited "
-            f"{result.stats.states}); raise the search limits (limits=prism.search.Limits(time_limit=..., "
-            "max_kernel_ops=...)) or use prism.compile on a hand-written block graph")
+        raise NoVerifiedKernelError(_no_kernel_message(graph, result, limits))
     return SuperKernel(graph, result, impls, Options(top_k, tune_budget_s, verbose, measure_machine,
                                                      time_limit=limits.time_limit,
                                                      deadline=t_start + limits.time_limit))
+
+
+def _no_kernel_message(graph: Graph, result: Any, limits: Any) -> str:
+    """Why superoptimize has nothing to return, truthfully by stop reason: a search that ran out of time or
+    states may succeed with more; one that exhausted its space will not, whatever its time budget."""
+    st = result.stats
+    head = (f"the search found no verified implementation of {graph.name or 'the program'!r} (stop reason: "
+            f"{result.stop_reason.value}; {st.states} states, {st.complete_structures} complete structures, "
+            f"{len(result.candidates)} candidates returned, {st.rejected} rejected by verification)")
+    if result.stop_reason.value != "exhausted":
+        return (f"{head}; the search stopped early: raise its budget (limits=prism.search.Limits(time_limit=..., "
+                "state_limit=...)) or use prism.compile on a hand-written block graph")
+    if st.complete_structures == 0:
+        why = (f"no kernel graph within max_kernel_ops={limits.max_kernel_ops}, max_block_ops="
+               f"{limits.max_block_ops} computes every output of the program: it needs something "
+               "the search space does not contain (docs/search.md, 'Space restrictions': e.g. reshape, concat or "
+               "split inside a kernel, per-iteration savers, reductions split across blocks)")
+    else:
+        why = ("every structure that computes the program failed verification (the lax abstraction let through "
+               "structures that are wrong on real values)")
+    return (f"{head}. It exhausted its space, so more time will not help: {why}. Use prism.compile on a "
+            "hand-written block graph, or report the program")
 
 
 class SuperKernel:

@@ -84,6 +84,7 @@ SIGS: dict[str, tuple[str, ...]] = {
                                      "enable_gqa"),
     "view": ("input", "*shape"), "reshape": ("input", "*shape"), "_unsafe_view": ("input", "*shape"),
     "permute": ("input", "*dims"), "transpose": ("input", "dim0", "dim1"), "t": ("input",),
+    "T": ("input", "attr"), "mT": ("input", "attr"),
     "unsqueeze": ("input", "dim"), "squeeze": ("input", "dim"), "expand": ("input", "*size"),
     "contiguous": ("input", "memory_format"), "clone": ("input", "memory_format"), "detach": ("input",),
     "alias": ("input",), "dropout": ("input", "p", "training", "inplace"), "float": ("input",),
@@ -94,6 +95,7 @@ SIGS: dict[str, tuple[str, ...]] = {
 }
 ALIASES = {"truediv": "div", "__matmul__": "matmul", "true_divide": "div", "multiply": "mul", "subtract": "sub",
            "negative": "neg", "concat": "cat", "concatenate": "cat", "swapaxes": "transpose", "swapdims": "transpose"}
+_ATTRS = ("T", "mT")  # tensor attributes that are operators (transposes)
 _INPLACE = {"iadd", "isub", "imul", "itruediv", "silu_", "relu_", "div_", "add_", "mul_"}
 
 
@@ -149,6 +151,9 @@ def canonical_name(node: Any) -> str:
         t = node.target
         if t in _OPERATOR:
             return _OPERATOR[t]
+        if t is getattr:  # Dynamo records ``w.T`` / ``w.mT`` as getattr(w, "T")
+            attr = node.args[1] if len(node.args) == 2 else None
+            return attr if attr in _ATTRS else ""
         if isinstance(t, torch._ops.OpOverload):
             name = t.overloadpacket.__name__
         else:
@@ -615,6 +620,23 @@ def _transpose(c: Conv) -> Lowered:
         d0, d1 = _ndim(c.get("dim0"), r, "transpose"), _ndim(c.get("dim1"), r, "transpose")
     i = c.tensor(x)
     return Lowered("transpose", "layout", c.operands, lambda g, t: g.transpose(t[i], d0, d1))
+
+
+@_conv("T", "mT")
+def _attr_transpose(c: Conv) -> Lowered:
+    """``x.T`` (every dim reversed; a transpose for a matrix) and ``x.mT`` (the last two dims swapped)."""
+    x = c.get("input")
+    r = c.rank(x)
+    if c.call.name == "mT":
+        if r < 2:
+            raise Unsupported(f"mT: needs a tensor of rank >= 2, got rank {r}")
+        perm = (*range(r - 2), r - 1, r - 2)
+    elif r < 2:
+        return _identity_conv(c)
+    else:
+        perm = tuple(reversed(range(r)))
+    i = c.tensor(x)
+    return Lowered("permute", "layout", c.operands, lambda g, t: g.permute(t[i], perm))
 
 
 @_conv("unsqueeze")

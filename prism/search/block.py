@@ -61,6 +61,18 @@ class BlockContext:
     inputs: tuple[tuple[int, tuple[DimLike, ...]], ...]
     final: bool = False
 
+    # structural equality (contexts key a memo): the generated ``==`` would compare symbolic dims with
+    # ``Dim.__eq__``, which raises on an undecidable ``n == 8`` whenever two different contexts' hashes collide
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BlockContext):
+            return NotImplemented
+        return self.final == other.final and len(self.inputs) == len(other.inputs) and all(
+            c1 == c2 and len(s1) == len(s2) and all(_beq(a, b) for a, b in zip(s1, s2))
+            for (c1, s1), (c2, s2) in zip(self.inputs, other.inputs))
+
+    def __hash__(self) -> int:
+        return hash((self.inputs, self.final))
+
     def domains(self) -> dict[M.Var, tuple[int, ...]]:
         dom: dict[M.Var, tuple[int, ...]] = {}
         for i, (_, shape) in enumerate(self.inputs):
@@ -108,9 +120,23 @@ def _is_one(s: DimLike) -> bool:
 
 
 def _beq(a: DimLike, b: DimLike) -> bool:
+    """Structural equality of two dims (never raises: ``n`` and ``8`` are different dims here, although
+    ``n == 8`` is undecidable)."""
     if isinstance(a, int) and isinstance(b, int):
         return a == b
     return a is b
+
+
+def _same_tdim(a: TDim, b: TDim) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a[1] == b[1] and a[2] == b[2] and _beq(a[0], b[0])
+
+
+def _same_tshape(a: tuple[TDim, ...], b: tuple[TDim, ...]) -> bool:
+    """Structural identity of two tile shapes (same origins). Never ``==`` on tuples holding dims: that
+    compares a symbolic full size with ``Dim.__eq__``, which raises when undecidable (``n`` vs ``8``)."""
+    return len(a) == len(b) and all(_same_tdim(x, y) for x, y in zip(a, b))
 
 
 class _State:
@@ -202,9 +228,7 @@ class BlockSearch:
         self.budget.tick()
         self.stats.states_block += 1
         if st.nops:
-            s = self._complete(st)
-            if s is not None:
-                yield s
+            yield from self._complete(st)
         if st.nops >= self.limits.max_block_ops:
             return
         for tmpl_i, tmpl, srcs, cls in self._candidates(st):
@@ -269,7 +293,7 @@ class BlockSearch:
                 else:
                     sinks -= 1
         remaining = self.limits.max_block_ops - st.nops - 1
-        max_out = 1 if self._ctx.final else self.limits.max_block_outputs
+        max_out = self._max_outputs()
         if unused_iters + sinks - remaining > max_out or unused_iters > 2 * remaining:
             raise _Prune("limits")
         if t.kind == "permute" and xs[0].op != "iter":
@@ -299,7 +323,7 @@ class BlockSearch:
                 if d is not None:
                     new.append(("ne", M.mvar(d[1], M.L), d[2]))
         for x in ts:
-            if x.cls == cls and x.phase == phase and x.shape == shape:
+            if x.cls == cls and x.phase == phase and _same_tshape(x.shape, shape):
                 raise _Prune("duplicate")
         cons = st.cons
         if new:
@@ -366,34 +390,70 @@ class BlockSearch:
             raise _Prune("hardware")
 
     # --- completion ---------------------------------------------------------------------------
-    def _complete(self, st: _State) -> BlockStruct | None:
+    def _max_outputs(self) -> int:
+        """Savers a complete structure may have: the last kernel operator saves program outputs only (at most
+        one per program output), any other up to ``max_block_outputs``."""
+        if self._ctx.final:
+            return max(1, min(len(self.roots), self.limits.max_block_outputs))
+        return self.limits.max_block_outputs
+
+    def _root_of(self, x: BT, taken: list[int]) -> int | None:
+        """The first program output (index into ``roots``) not in ``taken`` that tile ``x`` computes whole
+        (same abstract class and full shape), else None."""
+        full = tuple(1 if d is None else d[0] for d in x.shape)
+        for k, (r, rs) in enumerate(zip(self.roots, self.root_shapes)):
+            if k not in taken and x.cls == r and len(rs) == len(full) and all(_beq(a, b) for a, b in zip(full, rs)):
+                return k
+        return None
+
+    def _complete(self, st: _State) -> Iterator[BlockStruct]:
+        """The complete structures of ``st``: its unused tensors saved (the sinks) and, for a program with
+        several outputs, a second structure that also saves every tile the block uses further that is one of
+        the remaining program outputs (``h`` of ``h = x + r; y = f(h)``), so one kernel can produce them all."""
         ts, uses = st.tensors, st.uses
         sinks = []
         for i, x in enumerate(ts):
             if uses[i]:
                 continue
             if x.op == "iter":
-                return None
+                return
             sinks.append(i)
-        if not sinks:
-            return None
+        if not sinks or len(sinks) > self._max_outputs():
+            return
+        taken: list[int] = []
+        if self._ctx.final:  # every saved tensor is a different program output
+            for i in sinks:
+                k = self._root_of(ts[i], taken)
+                if k is None:
+                    self.stats.pruned["final"] += 1
+                    return
+                taken.append(k)
+        s = self._structure(st, tuple(sinks))
+        if s is not None:
+            yield s
+        if len(self.roots) < 2:
+            return
+        extra = []
+        for i, x in enumerate(ts):
+            if uses[i] and x.op != "iter" and len(taken) + len(extra) < len(self.roots):
+                k = self._root_of(x, taken)
+                if k is not None:
+                    taken.append(k)
+                    extra.append(i)
+        if extra and len(sinks) + len(extra) <= self._max_outputs():
+            s = self._structure(st, tuple(sorted(sinks + extra)))
+            if s is not None:
+                yield s
+
+    def _structure(self, st: _State, saved: tuple[int, ...]) -> BlockStruct | None:
+        """The structure of ``st`` saving ``saved`` (with the saver constraints), or None if unsatisfiable."""
+        ts = st.tensors
         ctx = self._ctx
-        if ctx.final:
-            if len(sinks) != 1:
-                return None
-        elif len(sinks) > self.limits.max_block_outputs:
-            return None
-        out_shapes = tuple(tuple(1 if d is None else d[0] for d in ts[i].shape) for i in sinks)
-        if ctx.final:
-            ok = any(ts[sinks[0]].cls == r and len(rs) == len(out_shapes[0]) and all(
-                _beq(a, b) for a, b in zip(out_shapes[0], rs)) for r, rs in zip(self.roots, self.root_shapes))
-            if not ok:
-                self.stats.pruned["final"] += 1
-                return None
+        out_shapes = tuple(tuple(1 if d is None else d[0] for d in ts[i].shape) for i in saved)
         n = len(ctx.inputs)
         new: list[M.Constraint] = []
         every = tuple(M.mvar(a, M.G) for a in range(n))
-        for k, i in enumerate(sinks):
+        for k, i in enumerate(saved):
             x = ts[i]
             if x.phase == "pre":  # saved without an accumulator: must not change per iteration
                 new.extend(M.not_looped(x.cone))
@@ -412,7 +472,7 @@ class BlockSearch:
             self.stats.pruned["maps"] += 1
             return None
         self.stats.block_structures += 1
-        return BlockStruct(ctx, ts, tuple(sinks), cons, tuple(ts[i].cls for i in sinks), out_shapes,
+        return BlockStruct(ctx, ts, saved, cons, tuple(ts[i].cls for i in saved), out_shapes,
                            self._fixed, self._sizes)
 
 

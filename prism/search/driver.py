@@ -37,12 +37,15 @@ from prism.search.executor import Executor, make_executor
 from prism.search.gate import UnsplitCheck, Verdict, formal_verifier
 from prism.search.gate import verify as gate_verify
 from prism.search.kernel import FREE_OPS, Bound, KernelCandidate, KernelSearch
-from prism.search.program import CoreProgram, peel
+from prism.search.program import CoreProgram, check_searchable_sizes, peel
 from prism.search.space import Limits, derive_opset
 from prism.search.splitk import Refusal, estimate_split, split_reduction
 from prism.search.stats import Budget, Stats, StopReason, StopSearch
 
 VERSION = "search/3"  # 2: split-reduction variants; 3: checksummed envelope, verifier fingerprint in the key
+# part of the cache key only (the file format is unchanged): results of an older space are not reused.
+# 1: several program outputs (savers of used tiles, outputs needing no user), level 0, square permutes
+SPACE = 1
 MODES = ("symbolic", "concrete")
 CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} dividing the split dims
 MAX_CHOICES = 4096       # map assignments costed per structure (the rest: rule enumerate_budget)
@@ -252,6 +255,7 @@ def search(graph: Graph, limits: Limits | None = None, mode: str = "symbolic", *
         raise PrismError(f"search mode must be one of {MODES}, got {mode!r}")
     limits = limits or Limits()
     graph.check()
+    check_searchable_sizes(graph)
     env = {s: int((env or {}).get(s, 16)) for s in sorted(graph.symbols())}
     axioms = tuple(axioms) if axioms is not None else DEFAULT_AXIOMS
     path = _cache_path(graph, limits, mode, env, axioms) if cache else None
@@ -301,8 +305,8 @@ def _reprove(c: Candidate, graph: Graph) -> str:
 
 
 def _cache_path(graph: Graph, limits: Limits, mode: str, env: Mapping[str, int], axioms: tuple[str, ...]) -> Path:
-    material = json.dumps({"v": VERSION, "program": graph.key, "limits": limits.key(), "mode": mode, "env": env,
-                           "axioms": axioms, "verifier": _verifier_key()}, sort_keys=True)
+    material = json.dumps({"v": VERSION, "space": SPACE, "program": graph.key, "limits": limits.key(), "mode": mode,
+                           "env": env, "axioms": axioms, "verifier": _verifier_key()}, sort_keys=True)
     return cache_dir() / "search" / (hashlib.sha256(material.encode()).hexdigest()[:32] + ".json")
 
 
@@ -333,6 +337,16 @@ def _search(graph: Graph, limits: Limits, mode: str, env: dict[str, int], worker
     verified: list[Candidate] = []
     stop = StopReason.EXHAUSTED
     try:
+        # level 0: every program output is a program input (an identity program, after boundary reshapes are
+        # peeled): the kernel graph with no operator is complete, and compiled it copies the inputs
+        probe0 = _CTX if _CTX is not None and _CTX.p is payload else _Context(payload)
+        ks0 = probe0.kernel_search(1, Stats(), Budget(deadline, limits.state_limit))
+        st0 = ks0.initial()
+        outs0 = ks0._outputs(st0)
+        if outs0 is not None:
+            stats.complete_structures += 1
+            level0 = KernelCandidate((), outs0, len(st0.tensors), tuple(x.shape for x in st0.tensors))
+            verified += _rank_and_verify(prog, [level0], limits, env, stats, progress, t0)
         # iterative deepening over the number of kernel operators: level k only completes graphs of exactly
         # k operators, and is bounded by the best verified cost of the levels before it
         for level in range(1, limits.max_kernel_ops + 1):
@@ -377,7 +391,7 @@ def _search(graph: Graph, limits: Limits, mode: str, env: dict[str, int], worker
     if limits.split_reductions:
         verified += _split_variants(prog, verified, limits, env, stats, progress, t0, deadline)
         verified.sort(key=lambda c: c.cost.key())
-    return SearchResult(graph, mode, limits, stop, verified, stats, format_tree(targets[0]) if targets else "",
+    return SearchResult(graph, mode, limits, stop, verified, stats, "; ".join(format_tree(t) for t in targets),
                         egraph_info, env, time.monotonic() - t0)
 
 
@@ -506,6 +520,8 @@ def _unsplit_elems(s: BlockStruct, env: Mapping[str, int]) -> int:
 
 def describe(cand: KernelCandidate, choice: tuple) -> str:
     """One line per kernel operator: predefined ``op[srcs]`` or the chosen block structure."""
+    if not cand.ops:
+        return "no kernel operator: every output is an input (the compiled kernel copies it)"
     parts = []
     ci = 0
     for op in cand.ops:

@@ -108,7 +108,10 @@ class KernelSearch:
         by the remaining operators (no dead code), so the last operator must take all of them."""
         n = len(st.tensors)
         n_in = len(self.inputs)
-        pending = {i for i in range(n_in, n) if st.uses[i] == 0}
+        # with several program outputs, an earlier operator may produce one of them: it needs no user (with
+        # one output, a state holding it is complete and never extended)
+        multi = len(self.roots) > 1
+        pending = {i for i in range(n_in, n) if st.uses[i] == 0 and not (multi and self._is_root(st.tensors[i]))}
         remaining = self.limits.max_kernel_ops - len(st.ops)
         if len(pending) > remaining * self.limits.max_block_inputs:
             self.stats.pruned["limits"] += 1
@@ -207,9 +210,12 @@ class KernelSearch:
 
     def _push(self, st: _KState, srcs: tuple[int, ...], outs: list[_KT], op: KOp, key: tuple, final: bool,
               custom: bool = False) -> _KState | None:
+        # a permute keeps the abstract class (layouts are invisible to it), so on equal dims (a square
+        # transpose) class and shape cannot tell its result from its operand: never a duplicate
+        layout = op.tmpl is not None and op.tmpl.op == "permute"
         for o in outs:
             for x in st.tensors:
-                if x.cls == o.cls and len(x.shape) == len(o.shape) and all(
+                if not layout and x.cls == o.cls and len(x.shape) == len(o.shape) and all(
                         _beq(a, b) for a, b in zip(x.shape, o.shape)):
                     self.stats.pruned["duplicate"] += 1
                     return None
@@ -243,6 +249,9 @@ class KernelSearch:
                 inter += 2 * b.size(x.shape)
         kernels = sum(1 for op in st.ops if op.custom or op.tmpl.op not in FREE_OPS)
         return (b.io_bytes + inter * b.dtype_bytes) / b.bandwidth + kernels * b.launch
+
+    def _is_root(self, x: _KT) -> bool:
+        return any(x.cls == r and _same_shape(x.shape, rs) for r, rs in zip(self.roots, self.root_shapes))
 
     # --- completion and DFS -----------------------------------------------------------------------
     def _outputs(self, st: _KState) -> tuple[int, ...] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from prism.errors import UnsupportedError
 from prism.ir import dims as D
 from prism.ir.builder import Tensor
 from prism.ir.graph import Graph
@@ -91,3 +92,22 @@ def peel(program: Graph) -> CoreProgram:
     for o, c in zip(program.outputs, cores):
         core.output(new[c], o.arg[0])
     return CoreProgram(program, core, prologue, epilogue)
+
+
+def check_searchable_sizes(program: Graph) -> None:
+    """Reject a program with a fixed zero-size dim, naming it.
+
+    Search, its cost model and its verification assume every dim is >= 1 (as the dims module does for
+    symbols): a zero-size dim makes every tensor that carries it empty, or, where it is contracted, the
+    output all zeros. There is nothing to fuse or tune, and no numeric check could tell a right candidate
+    from a wrong one (it would compare empty arrays), so no candidate could ever be verified.
+    """
+    for name, node in program.inputs.items():
+        for i, d in enumerate(node.shape):
+            if isinstance(d, int) and d == 0:
+                raise UnsupportedError(
+                    f"input {name!r} has a fixed zero-size dim (dim {i} of {D.format_shape(node.shape)}): search "
+                    "and superoptimize need every dim >= 1 -- with a zero-size dim the program computes empty "
+                    "tensors (or all zeros where the dim is contracted), so there is nothing to optimize and no "
+                    "candidate could be verified numerically. Fix: give the dim a size >= 1, or skip the "
+                    "computation when it is empty (its outputs are empty, or zeros where the dim is contracted)")
