@@ -346,7 +346,7 @@ def _search(graph: Graph, limits: Limits, mode: str, env: dict[str, int], worker
         if outs0 is not None:
             stats.complete_structures += 1
             level0 = KernelCandidate((), outs0, len(st0.tensors), tuple(x.shape for x in st0.tensors))
-            verified += _rank_and_verify(prog, [level0], limits, env, stats, progress, t0)
+            verified += _rank_and_verify(prog, [level0], limits, env, stats, progress, t0, deadline, False)
         # iterative deepening over the number of kernel operators: level k only completes graphs of exactly
         # k operators, and is bounded by the best verified cost of the levels before it
         for level in range(1, limits.max_kernel_ops + 1):
