@@ -190,6 +190,11 @@ class Kernel:
         if callable(self.params):
             self._check_params(dict(params))
         g = self.graph.instantiate({**dims, **params})
+        for n in g.nodes:   # the matmul micro-kernels are planned for non-empty panels
+            if n.op == "matmul" and 0 in (*n.shape, *n.src[0].shape[-1:]):
+                raise UnsupportedError(f"a matmul of shapes {[tuple(s.shape) for s in n.src]} has a zero-size dim at "
+                                       f"{dims or 'the fixed shape'}; Prism compiles no empty contraction or output: "
+                                       "handle empty tensors before calling the kernel")
         gen = generate(g, self.isa)
         lib, path = cache.load(gen.source, ENTRY_POINTS)
         v = Variant(gen, lib, path, dict(dims))

@@ -126,3 +126,19 @@ def test_prism_optimize_missing_file_exits_2(tmp_path: Path, capsys: pytest.Capt
     from prism.frontend.cli import optimize_main
     assert optimize_main([str(tmp_path / "nope.py")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_compile_of_a_zero_size_matmul_names_the_dim() -> None:
+    g = prism.Graph("fault_empty_mm")
+    A, B = g.input("A", (4, 0)), g.input("B", (0, 3))
+    g.output(g.matmul(A, B), "Y")
+    with pytest.raises(prism.errors.UnsupportedError, match="zero-size dim"):
+        prism.compile(g)(A=np.ones((4, 0), np.float32), B=np.ones((0, 3), np.float32))
+
+
+def test_compile_of_a_zero_size_elementwise_program_works() -> None:
+    g = prism.Graph("fault_empty_exp")
+    X = g.input("X", (0, 16))
+    g.output(g.exp(X), "Y")
+    y = prism.compile(g)(X=np.ones((0, 16), np.float32))
+    assert y.shape == (0, 16)
