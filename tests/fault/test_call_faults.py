@@ -142,3 +142,10 @@ def test_compile_of_a_zero_size_elementwise_program_works() -> None:
     g.output(g.exp(X), "Y")
     y = prism.compile(g)(X=np.ones((0, 16), np.float32))
     assert y.shape == (0, 16)
+
+
+def test_prism_cache_retune_lists_and_retunes(capsys: pytest.CaptureFixture[str]) -> None:
+    from prism.frontend.cli import cache_main
+    assert cache_main(["retune", "--list"]) == 0
+    assert "0 tuning entries are marked" in capsys.readouterr().out
+    assert cache_main(["retune"]) == 0
