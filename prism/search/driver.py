@@ -416,7 +416,8 @@ def _rank_and_verify(prog: CoreProgram, cands: list[KernelCandidate], limits: Li
                 firsts = [next(assignments(s), None) for s in structs]
                 if any(a is None for a in firsts):
                     continue
-                if max((_unsplit_elems(s, unsplit_ok.env) for s in structs), default=0) > UNSPLIT_MAX_ELEMS:
+                if unsplit_ok.big or max((_unsplit_elems(s, unsplit_ok.env) for s in structs),
+                                         default=0) > UNSPLIT_MAX_ELEMS:
                     stats.unsplit_skipped += 1  # too big to run whole (e.g. a broadcast [q, kv, D] product)
                 else:
                     try:
