@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from prism.errors import InputError
 from prism.ir.graph import Graph
 from prism.verify.egraph import FormalResult, Limits, prove
-from prism.verify.numeric import KINDS, NumericResult, Runner, numeric_check
+from prism.verify.numeric import KINDS, SEEDS, NumericResult, Runner, numeric_check
 
 
 @dataclass(frozen=True)
@@ -28,13 +28,14 @@ class VerifyResult:
 def verify(candidate: Graph, reference: Graph, *, limits: Limits | None = None, explain: bool = False,
            instantiations: Sequence[Mapping[str, int]] | None = None, n_instantiations: int = 3,
            kinds: Sequence[str] = KINDS,
-           seeds: Sequence[int] = (0,), runners: Sequence[Runner] | None = None,
-           hostile_input: str | None = None) -> VerifyResult:
+           seeds: Sequence[int] = SEEDS, runners: Sequence[Runner] | None = None,
+           hostile_input: str | Sequence[str] | None = None) -> VerifyResult:
     """Check that ``candidate`` computes ``reference``: an e-graph proof for every value of the symbols
     (grid sizes, for-loop ranges, batch dims) and numeric testing at small instantiations.
 
     ``explain=True`` also reports the rules the proof needs; ``runners`` adds ways to run the candidate
-    (e.g. ``compiled_runner(prism.compile)``); ``hostile_input`` names the input scaled for hostile runs.
+    (e.g. ``compiled_runner(prism.compile)``); ``hostile_input`` names the input(s) scaled for hostile and tiny
+    runs (default: every input in turn). See :func:`~prism.verify.numeric.numeric_check`.
     Raises :class:`~prism.errors.UnsupportedError` for constructs the formal verifier does not model yet.
     """
     for what, g in (("candidate", candidate), ("reference", reference)):

@@ -145,12 +145,20 @@ def test_numeric_check_starts_from_given_draws_and_converts_shared_inputs_once()
             return g.evaluate(x, params=params)["Y"]
         return run
     runner = compiled_runner(fake_compile, "fake", float32=[(draw[k], seeded[k]) for k in draw])
-    r = numeric_check(hand, prog, instantiations=[env], runners=[runner], seeds=(3,), draws={3: draw})
-    assert r.passed and len(seen) == 3  # normal, hostile, tiny
+    # as the final check runs it (SuperKernel._check): hostile and tiny scale the first input only
+    r = numeric_check(hand, prog, instantiations=[env], runners=[runner], seeds=(3,), draws={3: draw},
+                      hostile_input="X")
+    assert r.passed and len(seen) == 3  # normal, hostile, tiny (no input is small enough to be negated)
     normal, hostile, tiny = seen
     assert all(normal[k] is seeded[k] for k in draw)                   # the caller's float32 copies
     assert hostile["X"] is not normal["X"] and np.allclose(hostile["X"], 30 * normal["X"], rtol=1e-6)
     assert all(hostile[k] is normal[k] is tiny[k] for k in draw if k != "X")  # weights converted once
+    # by default every input is scaled in turn (each such run converts the scaled input only), then tiny
+    # scales all of them at once
+    seen.clear()
+    assert numeric_check(hand, prog, instantiations=[env], runners=[runner], seeds=(3,), draws={3: draw}).passed
+    assert len(seen) == 1 + 2 * len(draw) + 1
+    assert [sum(run[k] is not seeded[k] for k in draw) for run in seen] == [0] + [1] * 2 * len(draw) + [len(draw)]
     ref = prog.evaluate(draw, dtype=np.float64)
     assert numeric_check(hand, prog, instantiations=[env], seeds=(3,), draws={3: draw},
                          normal_references={3: ref}).passed
