@@ -59,38 +59,6 @@ def output_buffers(kernel: Kernel, env: Mapping[str, int]) -> dict[str, np.ndarr
     return {n: _aligned_empty(s) for n, s in zip(kernel.output_names, v.gen.output_shapes)}
 
 
-CHUNK = 1 << 18   # elements compared at a time: the check needs ~10 MB of temporaries, not copies of the output
-
-
-def max_error(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> float:
-    """max over outputs of ``|c - r| / (|r| + rms(r))`` (the numeric verifier's measure); inf if not finite.
-    Works in chunks of ``CHUNK`` elements: a 1 GB output needs no float64 copy of itself."""
-    worst = 0.0
-    for name, r in ref.items():
-        c = np.asarray(got[name])
-        if c.shape != r.shape:
-            return math.inf
-        cf, rf = c.reshape(-1), r.reshape(-1)
-        sq, count = 0.0, 0
-        for i in range(0, rf.size, CHUNK):
-            rc = rf[i:i + CHUNK]
-            fin = np.isfinite(rc)
-            if not np.all(np.isfinite(cf[i:i + CHUNK][fin])):
-                return math.inf
-            sq += float(np.sum(np.square(rc[fin])))
-            count += int(fin.sum())
-        if count == 0:
-            continue
-        scale = math.sqrt(sq / count) or 1.0
-        for i in range(0, rf.size, CHUNK):
-            rc = rf[i:i + CHUNK]
-            fin = np.isfinite(rc)
-            if fin.any():
-                cc = cf[i:i + CHUNK][fin].astype(np.float64)
-                worst = max(worst, float(np.max(np.abs(cc - rc[fin]) / (np.abs(rc[fin]) + scale))))
-    return worst
-
-
 def reference_tolerance(program: Graph, env: Mapping[str, int]) -> float:
     return tolerance(reduction_length(program, env))
 

@@ -26,6 +26,7 @@ from prism.tune import measure as MS
 from prism.tune.candidates import Instance, Instantiation, instantiate, working_sizes
 from prism.tune.machine import Machine
 from prism.tune.stats import STATS
+from prism.verify.numeric import max_error
 
 TUNE_VERSION = "tune/2"
 TOP_K = 6          # candidates compiled and measured per shape (default)
@@ -272,7 +273,7 @@ def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Ma
             if out is None:
                 out = MS.output_buffers(k, {})
             k.call(inputs, out=out)
-            row.error = MS.max_error(out, ref)
+            row.error = max_error(out, ref)
         except Exception as e:  # a kernel that cannot run is a failed candidate
             row.status, row.detail = "error", f"{type(e).__name__}: {e}"[:200]
             continue

@@ -42,6 +42,7 @@ import functools
 import itertools
 import math
 import os
+import re
 import time
 import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -421,36 +422,77 @@ class _Float32Program:
             except Exception:  # no baseline: nothing is excused
                 self.outputs = {}
         out = self.outputs.get(name)
-        return None if out is None else np.asarray(out, dtype=np.float64)
+        return None if out is None else np.asarray(out)
+
+
+CHUNK = 1 << 18   # elements compared at a time: ~10 MB of temporaries, never a float64 copy of a whole output
 
 
 def _compare(c: np.ndarray, r: np.ndarray, tol: float,
              program32: Callable[[], np.ndarray | None] | None = None) -> tuple[float, str]:
-    """(error, why): inf when the NaN / +inf / -inf positions differ, else the largest relative difference.
+    """(error, why): inf when the NaN / +inf / -inf positions differ, else the largest relative difference
+    ``|c - r| / (|r| + rms(r))`` over the positions where both are finite.
 
     ``program32``: the reference program's output in float32; where the candidate is non-finite and the
     float64 reference finite, the position is excused if the program itself is non-finite the same way in
-    float32 (the candidate overflows exactly as the program does)."""
+    float32 (the candidate overflows exactly as the program does). Works in chunks of ``CHUNK`` elements,
+    so a 1 GB output is compared without gigabytes of float64 temporaries."""
     if c.shape != r.shape:
         return math.inf, f"shape {c.shape} != reference shape {r.shape}"
-    c, r = c.astype(np.float64, copy=False), r.astype(np.float64, copy=False)
-    excused = np.zeros(c.shape, dtype=bool)
-    over = ~np.isfinite(c) & np.isfinite(r)
-    if program32 is not None and over.any():
-        p = program32()
-        if p is not None and p.shape == c.shape:
-            excused = over & _same_class(c, p)
-    why = _nonfinite_mismatch(c, r, ~excused)
-    if why:
-        return math.inf, why
-    note = (f"{int(np.count_nonzero(excused))} positions non-finite as in the program run in float32"
-            if excused.any() else "")
-    finite = np.isfinite(r) & ~excused  # = np.isfinite(c) & ~excused here
-    if not np.any(finite):
+    cf, rf = np.asarray(c).reshape(-1), np.asarray(r).reshape(-1)
+    p: np.ndarray | None = None
+    excused_total, sq, count = 0, 0.0, 0
+    masks: list[np.ndarray | None] = []   # excused positions per chunk (None: none), for the second pass
+    for i in range(0, rf.size, CHUNK):
+        cc = cf[i:i + CHUNK].astype(np.float64)
+        rc = rf[i:i + CHUNK].astype(np.float64, copy=False)
+        over = ~np.isfinite(cc) & np.isfinite(rc)
+        excused = None
+        if program32 is not None and over.any():
+            if p is None:
+                got = program32()
+                p = got.reshape(-1) if got is not None and got.shape == c.shape else np.zeros(0)
+            if p.size:
+                excused = over & _same_class(cc, p[i:i + CHUNK])
+        why = _nonfinite_mismatch(cc, rc, np.ones(cc.shape, bool) if excused is None else ~excused)
+        if why:
+            return math.inf, _at_full_index(why, i, c.shape)
+        fin = np.isfinite(rc) if excused is None else np.isfinite(rc) & ~excused
+        excused_total += 0 if excused is None else int(np.count_nonzero(excused))
+        masks.append(excused)
+        sq += float(np.sum(np.square(rc[fin])))
+        count += int(np.count_nonzero(fin))
+    note = f"{excused_total} positions non-finite as in the program run in float32" if excused_total else ""
+    if count == 0:
         return 0.0, note
-    scale = float(np.sqrt(np.mean(np.square(r[finite])))) or 1.0
-    err = np.abs(c[finite] - r[finite]) / (np.abs(r[finite]) + scale)
-    return float(np.max(err, initial=0.0)), note
+    scale = math.sqrt(sq / count) or 1.0
+    worst = 0.0
+    for j, i in enumerate(range(0, rf.size, CHUNK)):
+        rc = rf[i:i + CHUNK].astype(np.float64, copy=False)
+        fin = np.isfinite(rc) if masks[j] is None else np.isfinite(rc) & ~masks[j]
+        if fin.any():
+            cc = cf[i:i + CHUNK][fin].astype(np.float64)
+            worst = max(worst, float(np.max(np.abs(cc - rc[fin]) / (np.abs(rc[fin]) + scale))))
+    return worst, note
+
+
+def _at_full_index(why: str, offset: int, shape: tuple[int, ...]) -> str:
+    """``_nonfinite_mismatch``'s message of a flat chunk starting at ``offset``, with the position in
+    ``shape`` coordinates."""
+    m = re.search(r"first at \((\d+),?\)", why)
+    if m is None:
+        return why
+    at = tuple(int(x) for x in np.unravel_index(offset + int(m.group(1)), shape)) if shape else ()
+    return why[:m.start()] + f"first at {at}" + why[m.end():]
+
+
+def max_error(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> float:
+    """max over outputs of :func:`_compare`'s error (inf when the non-finite positions differ): the measure
+    the tuner checks each candidate with."""
+    worst = 0.0
+    for name, r in ref.items():
+        worst = max(worst, _compare(np.asarray(got[name]), np.asarray(r), 0.0)[0])
+    return worst
 
 
 def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequence[Mapping[str, int]] | None = None,

@@ -100,3 +100,26 @@ def test_tuning_memory_is_a_small_multiple_of_the_programs_tensors() -> None:
     assert sum(r.status == "ok" for r in tuned.result.rows) >= 2
     # the output (f32) + its float64 reference (2x) + one chunk of temporaries: well under 5x the output
     assert peak <= 5 * out_bytes, f"peak {peak / 2**20:.0f} MiB for a {out_bytes / 2**20:.0f} MiB output"
+
+
+def test_chunked_comparison_equals_the_whole_array_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numeric check compares in chunks (bounded memory): same error, same non-finite verdicts, and
+    positions reported in the array's own coordinates, whatever the chunk size."""
+    from prism.verify import numeric
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal((6, 9))
+    c = (r + 1e-5 * rng.standard_normal(r.shape)).astype(np.float32)
+    r[2, 3] = c[2, 3] = np.inf
+    r[4, 0] = c[4, 0] = np.nan
+    whole = numeric._compare(c, r, 1e-4)
+    for chunk in (1, 7, 10, 1 << 18):
+        monkeypatch.setattr(numeric, "CHUNK", chunk)
+        err, why = numeric._compare(c, r, 1e-4)
+        assert err == pytest.approx(whole[0], rel=1e-12) and why == whole[1]   # only the rms's summation order
+        bad = c.copy()
+        bad[5, 7] = np.nan
+        err, why = numeric._compare(bad, r, 1e-4)
+        assert err == np.inf and "first at (5, 7)" in why
+    ref = np.abs(c.astype(np.float64) - r)[np.isfinite(r)] / (np.abs(r[np.isfinite(r)])
+                                                              + np.sqrt(np.mean(r[np.isfinite(r)] ** 2)))
+    assert whole[0] == pytest.approx(float(ref.max()), rel=1e-12)
