@@ -34,6 +34,7 @@ from prism.runtime.kernel import compile as compile_graph
 from prism.tune.machine import Machine, detect
 from prism.tune.stats import STATS
 from prism.tune.tuner import TOP_K, TUNE_VERSION, Row, Tuned, TuneResult, tune
+from prism.verify.numeric import forget_normal_reference
 
 LOG = logging.getLogger("prism")
 
@@ -393,7 +394,10 @@ class SuperKernel:
             tuned = tune([i.graph for i in self.implementations], self.program, env, self.machine,
                          top_k=top_k, budget_s=budget, progress=update)
         t1 = time.perf_counter()
-        spec = self._pick(env, tuned)
+        try:
+            spec = self._pick(env, tuned)
+        finally:
+            forget_normal_reference()   # the shared draw and float64 reference of this shape: memory back
         parts = {k: v for k, v in tuned.result.seconds.items() if k != "total"}
         parts["final check"] = time.perf_counter() - t1
         _log_slow(f"tuning {self.program.name or 'the program'!r} at {shape}", time.perf_counter() - t0, parts,

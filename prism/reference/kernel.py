@@ -41,7 +41,13 @@ def evaluate_graph(g: Graph, inputs: Mapping[str, Any], dtype: Any = None,
         env.update(params)
     vals: dict[Node, Any] = {}
     bgs: dict[Node, Any] = {}
-    for n in g.nodes:
+    nodes = list(g.nodes)
+    last_use = {s: i for i, n in enumerate(nodes) for s in n.src}   # a value is dropped after its last use:
+    for i, n in enumerate(nodes):                                     # memory is the live set, not every value
+        if i:
+            for s in set(nodes[i - 1].src):
+                if last_use[s] == i - 1:
+                    vals.pop(s, None)
         if n.op == "input":
             name, _, dt = n.arg
             a = arrays[name]

@@ -46,7 +46,6 @@ def formal_verifier() -> Any | None:
 
 
 BIG_WORK = 1 << 30   # element operations (a matmul counts m*n*k) above which an instantiation is "big"
-_BIG: dict[str, tuple[dict[str, int], dict, dict]] = {}   # program key -> (env, draw, float64 reference): one entry
 
 
 def work(program: Graph, env: Mapping[str, int]) -> int:
@@ -99,7 +98,7 @@ def _verify_big(candidate: Graph, program: Graph, env: dict[str, int], seed: int
     compiled kernel at its real shape before it is returned (prism.superoptimize's final check)."""
     from prism.runtime.kernel import compile as compile_kernel
     from prism.verify.egraph import prove
-    from prism.verify.numeric import compiled_runner, numeric_check, standard_normal_inputs
+    from prism.verify.numeric import compiled_runner, normal_reference, numeric_check
     try:
         formal = prove(candidate, program)
     except UnsupportedError as e:
@@ -108,15 +107,7 @@ def _verify_big(candidate: Graph, program: Graph, env: dict[str, int], seed: int
         return Verdict(False, "formal+numeric", f"verifier error: {e}")
     if not formal.proved:
         return Verdict(False, "formal+numeric", f"formal: {str(formal).splitlines()[0]}")
-    penv = {k: env[k] for k in sorted(program.symbols())}
-    memo = _BIG.get(program.key)
-    if memo is None or memo[0] != penv:
-        _BIG.clear()   # one program's tensors at a time
-        draw = standard_normal_inputs(program, penv, seed)
-        with np.errstate(all="ignore"):
-            ref = program.evaluate(draw, dtype=np.float64)
-        memo = _BIG[program.key] = (penv, draw, ref)
-    _, draw, ref = memo
+    draw, ref = normal_reference(program, env, seed)
     try:
         r = numeric_check(candidate, program, instantiations=[env], kinds=("normal",), seeds=(seed,),
                           draws={seed: draw}, normal_references={seed: ref},

@@ -299,6 +299,30 @@ def standard_normal_inputs(reference: Graph, env: Mapping[str, int], seed: int) 
     return out
 
 
+_NORMAL: dict[tuple, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+
+
+def normal_reference(reference: Graph, env: Mapping[str, int], seed: int
+                     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(:func:`standard_normal_inputs`, the float64 reference's outputs on them), kept for the last
+    (program, env, seed) only: the search's big-shape check, the tuner and the final check of one shape
+    share them (a 2048-cube matmul's float64 reference takes seconds; a 1 GB output's takes 2 GB).
+    :func:`forget_normal_reference` drops it."""
+    key = (reference.key, tuple(sorted((k, int(v)) for k, v in env.items() if k in reference.symbols())), seed)
+    hit = _NORMAL.get(key)
+    if hit is None:
+        _NORMAL.clear()
+        draw = standard_normal_inputs(reference, env, seed)
+        with np.errstate(all="ignore"):
+            ref = reference.evaluate(draw, dtype=np.float64)
+        hit = _NORMAL[key] = (draw, dict(ref))
+    return hit
+
+
+def forget_normal_reference() -> None:
+    _NORMAL.clear()
+
+
 def to_float32(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """A C-contiguous float32 copy of ``a`` (into ``out`` when given), chunked over the cores when large."""
     a = np.asarray(a)
@@ -425,7 +449,7 @@ class _Float32Program:
         return None if out is None else np.asarray(out)
 
 
-CHUNK = 1 << 18   # elements compared at a time: ~10 MB of temporaries, never a float64 copy of a whole output
+COMPARE_CHUNK = 1 << 18   # elements compared at a time: ~10 MB of temporaries, never a float64 copy of a whole output
 
 
 def _compare(c: np.ndarray, r: np.ndarray, tol: float,
@@ -435,7 +459,7 @@ def _compare(c: np.ndarray, r: np.ndarray, tol: float,
 
     ``program32``: the reference program's output in float32; where the candidate is non-finite and the
     float64 reference finite, the position is excused if the program itself is non-finite the same way in
-    float32 (the candidate overflows exactly as the program does). Works in chunks of ``CHUNK`` elements,
+    float32 (the candidate overflows exactly as the program does). Works in chunks of ``COMPARE_CHUNK`` elements,
     so a 1 GB output is compared without gigabytes of float64 temporaries."""
     if c.shape != r.shape:
         return math.inf, f"shape {c.shape} != reference shape {r.shape}"
@@ -443,9 +467,9 @@ def _compare(c: np.ndarray, r: np.ndarray, tol: float,
     p: np.ndarray | None = None
     excused_total, sq, count = 0, 0.0, 0
     masks: list[np.ndarray | None] = []   # excused positions per chunk (None: none), for the second pass
-    for i in range(0, rf.size, CHUNK):
-        cc = cf[i:i + CHUNK].astype(np.float64)
-        rc = rf[i:i + CHUNK].astype(np.float64, copy=False)
+    for i in range(0, rf.size, COMPARE_CHUNK):
+        cc = cf[i:i + COMPARE_CHUNK].astype(np.float64)
+        rc = rf[i:i + COMPARE_CHUNK].astype(np.float64, copy=False)
         over = ~np.isfinite(cc) & np.isfinite(rc)
         excused = None
         if program32 is not None and over.any():
@@ -453,7 +477,7 @@ def _compare(c: np.ndarray, r: np.ndarray, tol: float,
                 got = program32()
                 p = got.reshape(-1) if got is not None and got.shape == c.shape else np.zeros(0)
             if p.size:
-                excused = over & _same_class(cc, p[i:i + CHUNK])
+                excused = over & _same_class(cc, p[i:i + COMPARE_CHUNK])
         why = _nonfinite_mismatch(cc, rc, np.ones(cc.shape, bool) if excused is None else ~excused)
         if why:
             return math.inf, _at_full_index(why, i, c.shape)
@@ -467,11 +491,11 @@ def _compare(c: np.ndarray, r: np.ndarray, tol: float,
         return 0.0, note
     scale = math.sqrt(sq / count) or 1.0
     worst = 0.0
-    for j, i in enumerate(range(0, rf.size, CHUNK)):
-        rc = rf[i:i + CHUNK].astype(np.float64, copy=False)
+    for j, i in enumerate(range(0, rf.size, COMPARE_CHUNK)):
+        rc = rf[i:i + COMPARE_CHUNK].astype(np.float64, copy=False)
         fin = np.isfinite(rc) if masks[j] is None else np.isfinite(rc) & ~masks[j]
         if fin.any():
-            cc = cf[i:i + CHUNK][fin].astype(np.float64)
+            cc = cf[i:i + COMPARE_CHUNK][fin].astype(np.float64)
             worst = max(worst, float(np.max(np.abs(cc - rc[fin]) / (np.abs(rc[fin]) + scale))))
     return worst, note
 

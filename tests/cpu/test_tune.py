@@ -13,6 +13,7 @@ import prism
 from prism.errors import CompileError
 from prism.tune import STATS, TuningError, detect, reset_stats, tune
 from prism.tune import measure as MS
+from prism.verify import numeric as NU
 from prism.workloads import WORKLOADS
 
 pytestmark = pytest.mark.cpu
@@ -44,7 +45,8 @@ def test_tune_measures_the_top_k_and_returns_the_fastest_correct() -> None:
     blocks = {tuned.instances[i].estimate.min_blocks for i in range(len(r.rows))}
     assert len(blocks) >= 2   # near-ties of one sGraph: the measurement sees more than one block count
     assert r.candidates > 3 and r.top1_ratio is not None and r.top1_ratio >= 1.0
-    x64, x = MS.draw_inputs(prog, ENV, seed=3)
+    x64, _ = NU.normal_reference(prog, ENV, seed=3)
+    x = MS.float32_inputs(x64)
     assert all(a.ctypes.data % 64 == 0 and a.dtype == np.float32 and np.array_equal(a, x64[k].astype(np.float32))
                for k, a in x.items())
     y = tuned.kernels[r.winner](**x)

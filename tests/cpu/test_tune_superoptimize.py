@@ -89,7 +89,6 @@ def test_cache_hits_skip_search_and_tuning() -> None:
 def test_tuning_and_the_final_check_share_one_draw(monkeypatch: pytest.MonkeyPatch) -> None:
     """The inputs are drawn once per new shape: the final check of the winner starts from the tuner's draw
     (drawing and converting large weights again dominated the time to serve a new shape)."""
-    from prism.tune import measure as MS
     from prism.verify import numeric as NU
     real, draws = NU.standard_normal_inputs, []
 
@@ -97,7 +96,6 @@ def test_tuning_and_the_final_check_share_one_draw(monkeypatch: pytest.MonkeyPat
         draws.append(a[1])
         return real(*a, **kw)
     monkeypatch.setattr(NU, "standard_normal_inputs", counted)
-    monkeypatch.setattr(MS, "standard_normal_inputs", counted)
     k = prism.superoptimize(_program(), limits=LIMITS)
     reset_stats()
     spec = k.specialize(n=13)

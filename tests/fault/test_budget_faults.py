@@ -113,7 +113,7 @@ def test_chunked_comparison_equals_the_whole_array_one(monkeypatch: pytest.Monke
     r[4, 0] = c[4, 0] = np.nan
     whole = numeric._compare(c, r, 1e-4)
     for chunk in (1, 7, 10, 1 << 18):
-        monkeypatch.setattr(numeric, "CHUNK", chunk)
+        monkeypatch.setattr(numeric, "COMPARE_CHUNK", chunk)
         err, why = numeric._compare(c, r, 1e-4)
         assert err == pytest.approx(whole[0], rel=1e-12) and why == whole[1]   # only the rms's summation order
         bad = c.copy()
