@@ -25,7 +25,7 @@ from typing import Any
 from prism.errors import CacheWarning
 from prism.runtime.cache import atomic_write, cache_dir, readable
 
-FORMAT = "prism-tune/1"
+FORMAT = "prism-tune/1"   # the envelope's name predates the search cache using it; kept so caches stay valid
 
 
 def root() -> Path:

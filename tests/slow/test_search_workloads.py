@@ -124,7 +124,8 @@ def test_result_cache(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None
     files[0].write_text("{ not json")
     rebuilt = search(w.program(s), lim, env=w.env(s))
     assert not rebuilt.cached and rebuilt.best is not None
-    assert json.loads(files[0].read_text())["format"] == "search/2"
+    entry = json.loads(files[0].read_text())
+    assert entry["kind"] == "search" and entry["payload"]["format"] == "search/3"
 
 
 def test_cli_json(tmp_path: object) -> None:
