@@ -12,7 +12,8 @@ Shape of the generated function::
 Tiles read from inputs are strided views (no copies; permutes and splits of them are free). Element-
 wise chains are fused into the loop of their single consumer (an element-wise op of the same shape, a
 reduction, an accumulator or a save), so ``save(div(acc, rms))`` writes the output directly. A matmul
-whose only consumer is a ``sum`` accumulator accumulates in place (micro-kernel beta = 1). Online
+whose only consumer is a ``sum`` accumulator accumulates in place (micro-kernel beta = 1; over a long
+loop the iterations' products are added in groups, see matmul.py). Online
 softmax: the accumulators over the same scores share one running max; each iteration computes the new
 row max, the rescale factor alpha = exp(m_old - m_new), p = exp(x - m_new) once, then l = l*alpha +
 rowsum(p) and o = o*alpha + p @ v (the rescale is fused into the micro-kernel, beta = 2).
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prism.codegen import loops as LP
+from prism.codegen import microkernels as mk
 from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.matmul import Support, emit_matmul
 from prism.codegen.prelude import c_float
@@ -156,7 +158,7 @@ class BlockLowering:
                     w = self.w[self.phase[n]]
                     a, b = (self.view(self.vals[s], self.phase[n]) for s in n.src)
                     c = self.alloc(_ints(n.shape))
-                    emit_matmul(w, self.nm, self.sup, c, a, b)
+                    emit_matmul(w, self.nm, self.sup, c, a, b, scratch=self.scratch_ptr)
                     self.vals[n] = c
             else:
                 self.vals[n] = lower_layout_or_reduce(n, self.vals, self.w[self.phase[n]], self.nm, self.alloc,
@@ -227,17 +229,19 @@ class BlockLowering:
             else:
                 o = self.alloc(_ints(n.shape))
                 v = self.view(self.vals[n.src[1]], "loop")
-                emit_matmul(body, nm, self.sup, o, g["p"], v, beta="(it > 0 ? 2 : 0)", rowscale=g["alpha"])
+                emit_matmul(body, nm, self.sup, o, g["p"], v, beta="(it > 0 ? 2 : 0)", rowscale=g["alpha"],
+                            scratch=self.scratch_ptr)
                 self.vals[n] = o
             return
         st = self.alloc(_ints(n.shape))
         if kind == "sum":
             if self.fused_matmul(x):
                 a, b = (self.view(self.vals[s], "loop") for s in x.src)
-                emit_matmul(body, nm, self.sup, st, a, b, beta="(it > 0)")
+                emit_matmul(body, nm, self.sup, st, a, b, beta="(it > 0)", scratch=self.scratch_ptr,
+                            outer=("it", self.F))
             else:
                 LP.assign(pre, nm, st, _const(st.shape, 0.0))
-                LP.assign(body, nm, st, self.vals[x], "+=")
+                self.sum_over_loop(st, self.vals[x])
         elif kind in ("sum_last", "rms", "max"):
             init = -math.inf if kind == "max" else 0.0
             LP.assign(pre, nm, st, _const(st.shape, init))
@@ -254,6 +258,26 @@ class BlockLowering:
         else:  # pragma: no cover - the builder rejects unknown kinds
             raise UnsupportedError(f"no lowering for accumulator {kind!r}")
         self.vals[n] = st
+
+    def scratch_ptr(self, nfloats: int) -> str:
+        return self.alloc((nfloats,)).ptr
+
+    def sum_over_loop(self, st: View, x: Operand) -> None:
+        """st += x every iteration, in groups of ``ACC_GROUP`` iterations when the loop is longer: a group
+        sums in its own tile and adds into st once (as matmul.py does for K; not one running sum)."""
+        body, nm, G = self.w["loop"], self.nm, mk.ACC_GROUP
+        if self.F <= G:
+            LP.assign(body, nm, st, x, "+=")
+            return
+        pv = self.alloc(st.shape)
+        tp = nm("T")
+        body.line(f"float* {tp} = it < {G} ? {st.ptr} : {pv.ptr};")
+        with body.block(f"if (it >= {G} && it % {G} == 0)"):
+            LP.assign(body, nm, pv, x)
+        with body.block("else"):
+            LP.assign(body, nm, View(tp, st.shape, st.strides), x, "+=")
+        with body.block(f"if (it >= {G} && (it % {G} == {G - 1} || it == {self.F - 1}))"):
+            LP.assign(body, nm, st, pv, "+=")
 
     def softmax_group(self, x: Node) -> dict:
         """Running max m, rescale alpha and p = exp(x - m) for the accumulators over scores ``x``."""

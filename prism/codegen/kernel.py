@@ -88,6 +88,12 @@ class _KernelLowering:
         self.ws += -(-max(1, nfloats) // ALIGN) * ALIGN
         return f"(ws + {off})"
 
+    def thread_scratch(self, nfloats: int) -> str:
+        """The calling thread's scratch area (kernel-level code runs between the block functions, which are
+        the only other users of it)."""
+        self.scratch = max(self.scratch, nfloats)
+        return "(scr + (long)omp_get_thread_num() * scr_stride)"
+
     # --- storage plan: which nodes compute straight into an output buffer ---------------------
     def claim_outputs(self) -> dict[Node, int]:
         claims: dict[Node, int] = {}
@@ -148,7 +154,7 @@ class _KernelLowering:
             elif op == "matmul":
                 a, b = (self.as_view(self.vals[s]) for s in n.src)
                 c = self.target(n, _ints(n.shape))
-                emit_matmul(self.body, self.nm, self.sup, c, a, b, par="nth")
+                emit_matmul(self.body, self.nm, self.sup, c, a, b, par="nth", scratch=self.thread_scratch)
                 self.vals[n] = c
             elif op == "reshape":
                 self.vals[n] = self.as_view(self.vals[n.src[0]]).reshape(_ints(n.shape))  # dense: free

@@ -6,17 +6,24 @@ row stride and A with unit column stride (a transposed operand such as K^T) -> `
 -> a plain loop nest. ``nn`` splits the rows into groups of at most MR and the columns into panels
 that fit the registers; the loop order is panel -> K chunk -> row group, so each panel of B comes from
 memory once and is reused from L1 by the other row groups.
+
+Accuracy: K is never one running sum. The micro-kernels sum chunks of ``mk.ACC_CHUNK`` from zero and add
+the chunk sums in groups (microkernels.py); where K is cut into calls (the K-chunk loop below, and the
+iterations of a block graph's for-loop that accumulate one matmul), the calls of one group of
+``mk.ACC_ROWS`` rows add into C for the first group and into a scratch copy ``P`` for the later ones,
+and each later group's ``P`` is added into C once (three levels, so the error grows like BLAS's).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prism.codegen import microkernels as mk
 from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.isa import ISA
-from prism.codegen.loops import PAR_MIN, make_nest, offset
+from prism.codegen.loops import PAR_MIN, assign, make_nest, offset
 from prism.codegen.tiles import View
 
 # K chunk = B rows per micro-kernel call (see emit_nn): 4 rows per C row, at least 8. Measured on W1
@@ -35,8 +42,9 @@ class Support:
         self.funcs.setdefault(name, text)
         return name
 
-    def nn(self, mr: int, nv: int, tail: int) -> str:
-        return self.need(mk.nn_name(self.isa, mr, nv, tail), mk.nn_kernel(self.isa, mr, nv, tail))
+    def nn(self, mr: int, nv: int, tail: int, blocked: bool = False) -> str:
+        """The nn micro-kernel; ``blocked`` for calls whose K may exceed ``mk.ACC_CHUNK``."""
+        return self.need(mk.nn_name(self.isa, mr, nv, tail, blocked), mk.nn_kernel(self.isa, mr, nv, tail, blocked))
 
     def nt(self, r: int, j: int) -> str:
         if self.isa.vector and r * j > 1:
@@ -78,6 +86,7 @@ def plan_nn(isa: ISA, M: int, N: int, K: int) -> NNPlan:
     npanels, rc = divmod(N, pw)
     nv_last, tail = (-(-rc // W), rc % W) if rc else (0, 0)
     kc = min(K, max(8, 4 * mr))
+    assert kc <= mk.ACC_CHUNK, "the K-chunk calls use the unblocked micro-kernel"
     return NNPlan(mr, nfull, mr_rem, nv, pw, npanels, nv_last, tail, rc, kc)
 
 
@@ -99,10 +108,18 @@ def _nn_calls(w: CWriter, sup: Support, p: NNPlan, j0: str, nv: int, tail: int, 
         call(p.mr_rem, str(p.nfull * p.mr))
 
 
+Scratch = Callable[[int], str]  # floats -> C pointer expression to that many floats of this thread's scratch
+
+
+def parallel_nn(p: NNPlan, M: int, N: int, K: int, par: str | None) -> bool:
+    """Whether a kernel-level nn product runs as one task per (row group, panel), each over the whole K."""
+    return bool(par) and M * N * K >= PAR_MIN * 4 and (p.npanels + (1 if p.rc else 0)) * (p.nfull + bool(p.mr_rem)) > 1
+
+
 def emit_nn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str, sa0: int, sa1: int, b: str,
             sb0: int, c: str, sc0: int, beta: str, cs: str = "0", par: str | None = None) -> None:
     p = plan_nn(sup.isa, M, N, K)
-    if par and M * N * K >= PAR_MIN * 4 and (p.npanels + (1 if p.rc else 0)) * (p.nfull + bool(p.mr_rem)) > 1:
+    if parallel_nn(p, M, N, K, par):
         _emit_nn_parallel(w, nm, sup, p, M, N, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, par)
         return
     if p.kc >= K:
@@ -115,6 +132,36 @@ def emit_nn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         w.line(f"const long {kn} = pr_minl({p.kc}, {K} - {kv});")
         _nn_panels(w, nm, sup, p, kn, f"({a} + {kv} * {sa1})", sa0, sa1, f"({b} + {kv} * {sb0})", sb0, c, sc0,
                    f"({kv} == 0 ? {beta} : 1)", cs)
+
+
+def _grouped(w: CWriter, nm: Namer, product: Callable[[str, str, str, str], None], M: int, N: int, K: int,
+             kr: int, grp: int, c: str, sc0: int, pbuf: str | None, beta: str, it: str, F: int) -> None:
+    """The sum over ``F`` iterations (of ``it``) of K rows each, cut into calls of ``kr`` rows (call ``gc``
+    of ``F * nch``) whose sums are added in groups of ``grp`` calls: group 0 into C, each later group into
+    ``pbuf`` (C's layout), which is then added into C once. ``pbuf`` None: there is only group 0.
+    ``product(kv, kn, target, beta)`` emits the calls for rows [kv, kv + kn) of this iteration."""
+    nch = -(-K // kr)
+
+    def body(kv: str, kn: str) -> None:
+        if pbuf is None:
+            product(kv, kn, c, f"({kv} == 0 ? {beta} : 1)" if kv != "0" else beta)
+            return
+        gc, tp, bt = nm("gc"), nm("T"), nm("bt")
+        terms = ([it if nch == 1 else f"{it} * {nch}"] if F > 1 else []) + ([f"{kv} / {kr}"] if nch > 1 else [])
+        w.line(f"const long {gc} = {' + '.join(terms)};")
+        w.line(f"float* {tp} = {gc} < {grp} ? {c} : {pbuf};")
+        w.line(f"const int {bt} = {gc} % {grp} ? 1 : {gc} ? 0 : {beta};")
+        product(kv, kn, tp, bt)
+        with w.block(f"if ({gc} >= {grp} && ({gc} % {grp} == {grp - 1} || {gc} == {F * nch - 1}))"):
+            assign(w, nm, View(c, (M, N), (sc0, 1)), View(pbuf, (M, N), (sc0, 1)), "+=")
+
+    if nch == 1:
+        body("0", str(K))
+        return
+    kv, kn = nm("kc"), nm("kn")
+    with w.block(f"for (long {kv} = 0; {kv} < {K}; {kv} += {kr})"):
+        w.line(f"const long {kn} = pr_minl({kr}, {K} - {kv});")
+        body(kv, kn)
 
 
 def _nn_panels(w: CWriter, nm: Namer, sup: Support, p: NNPlan, K: str, a: str, sa0: int, sa1: int, b: str,
@@ -153,7 +200,7 @@ def _emit_nn_parallel(w: CWriter, nm: Namer, sup: Support, p: NNPlan, M: int, N:
                                         f"{tp} {'<' if pan_full else '=='} {p.npanels}"])
                     variants.append((cond, mr, nv, tail))
             for k, (cond, mr, nv, tail) in enumerate(variants):
-                fn = sup.nn(mr, nv, tail)
+                fn = sup.nn(mr, nv, tail, blocked=K > mk.ACC_CHUNK)
                 csr = "0" if cs == "0" else f"{cs} + r0"
                 head = ("if" if k == 0 else "else if") + f" ({cond})"
                 with w.block(head):
@@ -162,8 +209,14 @@ def _emit_nn_parallel(w: CWriter, nm: Namer, sup: Support, p: NNPlan, M: int, N:
 
 
 def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, beta: str = "0",
-                rowscale: View | None = None, par: str | None = None) -> None:
-    """C (beta) A @ B over views (C must have unit column stride). ``rowscale`` (beta 2) has C's rows."""
+                rowscale: View | None = None, par: str | None = None, scratch: Scratch | None = None,
+                outer: tuple[str, int] | None = None) -> None:
+    """C (beta) A @ B over views (C must have unit column stride). ``rowscale`` (beta 2) has C's rows.
+
+    ``outer`` = (loop variable, trips): the product is one iteration of a loop whose products all add
+    into C (a block graph's ``sum`` accumulator; ``beta`` is then the iteration's, e.g. ``(it > 0)``).
+    ``scratch`` gives this thread's scratch for the group sums when K (times the trips) is long; it must
+    stay the same across the loop's iterations."""
     M, N = C.shape[-2], C.shape[-1]
     K = A.shape[-1]
     if C.strides[-1] != 1 and N != 1:
@@ -177,6 +230,34 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     sa0, sa1 = A.strides[-2], A.strides[-1]
     sb0, sb1 = B.strides[-2], B.strides[-1]
     sc0 = C.strides[-2]
+    inner_par = par if not vars_ else None
+    nt_ok = sa1 == 1 and (sb0 == 1 or K == 1)
+    nn_ok = sb1 == 1 or N == 1
+    path = "nn" if nn_ok and not (N == 1 and nt_ok) else "nt" if nt_ok else "generic"
+    # calls of kr rows of K each, their sums added in groups of grp calls (see _grouped): nn cuts K into
+    # its chunks of kc rows (a kernel-level task takes the whole K; the micro-kernel groups inside);
+    # nt into chunks of W * ACC_CHUNK (ACC_CHUNK products per vector lane); the generic loop sums in
+    # levels itself. Over an outer loop every iteration adds its own calls.
+    p = plan_nn(sup.isa, M, N, K) if path == "nn" else None
+    if p is not None:
+        kr = K if parallel_nn(p, M, N, K, inner_par) else min(p.kc, K)
+        grp = max(1, mk.ACC_ROWS // kr)
+    elif path == "nt":
+        W = mk.lanes(sup.isa)
+        kr = min(K, W * mk.ACC_CHUNK)
+        grp = max(1, W * mk.ACC_ROWS // kr)
+    else:
+        kr, grp = K, max(1, mk.ACC_ROWS // K)
+    it, F = outer if outer else ("0", 1)
+    grouped = -(-K // kr) * F > grp
+    pbase = ""
+    if grouped:
+        if scratch is None:
+            raise ValueError("a matmul with a long K needs scratch for its group sums")
+        if outer and vars_:  # every product's group sum lives across the loop's iterations
+            pbase = scratch(1 + sum((n - 1) * s for n, s in zip(C.shape, C.strides)))
+        else:
+            pbase = scratch((M - 1) * sc0 + N)
     cs = "0"
     opened = 0
     if par and vars_ and math.prod(batch) * M * N * K >= PAR_MIN * 4:  # kernel level: a task per product
@@ -193,15 +274,26 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     if rowscale is not None:
         cs = nm("cs")
         w.line(f"const float* {cs} = {ptr[3]};")
-    inner_par = par if not vars_ else None
-    nt_ok = sa1 == 1 and (sb0 == 1 or K == 1)
-    nn_ok = sb1 == 1 or N == 1
-    if nn_ok and not (N == 1 and nt_ok):
+
+    def product(kv: str, kn: str, c: str, bt: str) -> None:
+        """The calls for K rows [kv, kv + kn) into ``c``."""
+        off = (lambda ptr, stride: f"({ptr} + {kv} * {stride})" if stride != 1 else f"({ptr} + {kv})") \
+            if kv != "0" else (lambda ptr, stride: ptr)
+        if p is not None:
+            _nn_panels(w, nm, sup, p, kn, off(ap, sa1), sa0, sa1, off(bp, sb0), sb0, c, sc0, bt, cs)
+        elif path == "nt":
+            emit_nt(w, nm, sup, M, N, kn, off(ap, 1), sa0, off(bp, 1), sb1, c, sc0, bt, cs)
+        else:
+            _generic(w, nm, M, N, K, ap, sa0, sa1, bp, sb0, sb1, c, sc0, bt, cs)
+
+    if path == "nn" and not grouped:
         emit_nn(w, nm, sup, M, N, K, ap, sa0, sa1, bp, sb0, cp, sc0, beta, cs, inner_par)
-    elif nt_ok:
-        emit_nt(w, nm, sup, M, N, K, ap, sa0, bp, sb1, cp, sc0, beta, cs)
     else:
-        _generic(w, nm, M, N, K, ap, sa0, sa1, bp, sb0, sb1, cp, sc0, beta, cs)
+        pp = None
+        if grouped:
+            pp = nm("P")
+            w.line(f"float* {pp} = {pbase}" + (f" + {offset(vars_, nest.strides[0])};" if outer and vars_ else ";"))
+        _grouped(w, nm, product, M, N, K, kr, grp, cp, sc0, pp, beta, it, F)
     for _ in range(opened):
         w.level -= 1
         w.line("}")
@@ -229,7 +321,7 @@ def _runs(rows: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
     return out
 
 
-def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str, sa0: int, bt: str, sbt: int,
+def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a: str, sa0: int, bt: str, sbt: int,
             c: str, sc0: int, beta: str, cs: str) -> None:
     """C[M x N] (beta) A @ Bt^T, Bt rows (the keys) contiguous: for each block of J keys, every row group
     (the key block stays in L1 while the row groups use it); left-over keys one dot product at a time."""
@@ -270,13 +362,11 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
 
 def _generic(w: CWriter, nm: Namer, M: int, N: int, K: int, a: str, sa0: int, sa1: int, b: str, sb0: int, sb1: int,
              c: str, sc0: int, beta: str, cs: str) -> None:
-    r, j, k, s = nm("r"), nm("j"), nm("k"), nm("s")
+    r, j, s = nm("r"), nm("j"), nm("s")
     with w.block(f"for (long {r} = 0; {r} < {M}; {r}++)"):
         with w.block(f"for (long {j} = 0; {j} < {N}; {j}++)"):
-            w.line(f"float {s} = 0.0f;")
-            w.line(f"#pragma omp simd reduction(+:{s})")
-            w.line(f"for (long {k} = 0; {k} < {K}; {k}++) {s} += {a}[{r} * {sa0} + {k} * {sa1}] * "
-                   f"{b}[{k} * {sb0} + {j} * {sb1}];")
+            for line in mk.blocked_sum(s, f"{a}[{r} * {sa0} + k * {sa1}] * {b}[k * {sb0} + {j} * {sb1}]", str(K)):
+                w.line(line)
             cell = f"{c}[{r} * {sc0} + {j}]"
             csr = "1.0f" if cs == "0" else f"{cs}[{r}]"
             w.line(f"{cell} = ({beta}) == 0 ? {s} : ({beta}) == 1 ? {cell} + {s} : {cell} * {csr} + {s};")

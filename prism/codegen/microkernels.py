@@ -1,14 +1,15 @@
 """Register-blocked SIMD micro-kernels for tile matmul (AVX-512, AVX2 and portable C).
 
-``nn`` (B row-major, the weight case): ``C[MR x NV*W] (beta) A[MR x K] @ B[K x NV*W]``. The C block
-lives in MR*NV vector registers for the whole K loop; each step loads NV vectors of one B row (one
-contiguous run of the weight) and broadcasts MR scalars of A. beta: 0 overwrite, 1 accumulate,
-2 scale C's rows by ``cs[r]`` then accumulate (the online-softmax rescale, fused). The last vector of
-a panel may be partial (``tail`` lanes, masked loads/stores).
+``nn`` (B row-major, the weight case): ``C[MR x NV*W] (beta) A[MR x K] @ B[K x NV*W]``. The sums of
+the C block live in MR*NV vector registers, starting from the first product (never from C: see
+ACC_CHUNK); each step loads NV vectors of one B row (one contiguous run of the weight) and broadcasts
+MR scalars of A. Then beta: 0 C = sum, 1 C += sum, 2 C = C * cs[r] + sum (the online-softmax rescale,
+fused). The last vector of a panel may be partial (``tail`` lanes, masked loads/stores).
 
 ``nt`` (B given transposed, K contiguous in both operands: Q @ K^T): per C row, W keys at a time, one
 accumulator per key over K, then one transpose-and-add network turns W accumulators into one vector
-of W dot products (instead of W horizontal reductions).
+of W dot products (instead of W horizontal reductions). matmul.py cuts a K longer than W * ACC_CHUNK
+into calls.
 """
 
 from __future__ import annotations
@@ -23,6 +24,21 @@ from prism.codegen.isa import ISA
 # rows all within 2%; prefetcht0 was slower), and no cost when B is cache-resident.
 PF_ROWS = 32
 PF_KEYS = 16  # nt: prefetch the Bt rows (keys) this many rows ahead
+
+# Summation order of every contraction (K). One running sum per output over all of K (a single FMA
+# chain, as this code had) has an rms rounding error growing like K*u/sqrt(6) for unit-variance products
+# (u = 2^-24): 3-12x torch.matmul's (MKL) from K = 2048 on. BLAS adds the sums of K blocks of a few
+# hundred into C. Here three levels: ACC_CHUNK products per output summed in registers that start from
+# the chunk's first product, ACC_GROUP chunk sums added into a group sum, the group sums added into C;
+# the error variance is ~ u^2/6 * (K*ACC_CHUNK + K*ACC_GROUP + K^2/ACC_ROWS), which grows like BLAS's.
+# Measured (32 x K x 32, standard normal, rms error / u, torch in brackets): K = 2048: 119 (183),
+# 8192: 256 (418), 32768: 646 (1026), 131072: 1972 (3249). A chunk of 128 halves the bookkeeping but
+# simulates at 0.75-1.0x torch's largest error at K = 2048: too close for a bound that must hold. Cost
+# of 64: ~1% of a long-K 8x3 call in cache (a vector add and a spill per accumulator per 64 k-steps);
+# none for the K-chunk calls of 8-32 rows of matmul.py, which are one chunk each.
+ACC_CHUNK = 64
+ACC_GROUP = 8
+ACC_ROWS = ACC_CHUNK * ACC_GROUP  # K rows of one group sum (callers that cut K into calls use it too)
 
 # max rows per micro-kernel, and the widest panel (vectors) for a given row count: accumulators
 # MR*NV + NV B vectors + 1 broadcast must fit the register file
@@ -86,81 +102,166 @@ NN_SIG = ("(long K, const float* restrict A, long sa0, long sa1, const float* re
           "float* restrict C, long sc0, int beta, const float* restrict cs)")
 
 
-def nn_name(isa: ISA, mr: int, nv: int, tail: int) -> str:
-    return f"pr_nn_{isa.name}_{mr}x{nv}" + (f"_t{tail}" if tail else "")
+def nn_name(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False) -> str:
+    return f"pr_nn_{isa.name}_{mr}x{nv}" + (f"_t{tail}" if tail else "") + ("_kb" if blocked else "")
 
 
-def nn_kernel(isa: ISA, mr: int, nv: int, tail: int) -> str:
-    """C[mr x cols] (beta) A @ B with cols = nv*W (the last vector has ``tail`` lanes if tail > 0)."""
-    name = nn_name(isa, mr, nv, tail)
+def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False) -> str:
+    """C[mr x cols] (beta) A @ B with cols = nv*W (the last vector has ``tail`` lanes if tail > 0).
+
+    The products are summed in the C block's registers, starting from the first one, and the sum is then
+    combined with C (beta 0: C = sum, 1: C += sum, 2: C = C * cs[row] + sum). Without ``blocked`` the
+    caller guarantees K <= ACC_CHUNK (the K-chunk calls of matmul.py); ``blocked`` takes any K in the
+    three levels of ``ACC_CHUNK``: chunks in registers, the chunk sums of a group in ``s`` (registers or
+    stack),
+    each group sum into C (beta for the first group). The group bookkeeping runs between chunks only:
+    a call of one chunk costs the same as a plain loop, and the short variant keeps it out of the
+    K-chunk calls entirely (its per-call tests cost 5% of an 8x2 call of 32 rows).
+    """
+    name = nn_name(isa, mr, nv, tail, blocked)
     if not isa.vector:
         return _nn_portable(name, mr, nv, tail)
     v, W = _V(isa), isa.width
     L: list[str] = [f"PR_INLINE void {name}{NN_SIG} {{"]
     acc = [[f"c{r}_{j}" for j in range(nv)] for r in range(mr)]
     L.append(f"  {isa.vtype} " + ", ".join(x for row in acc for x in row) + ";")
+    cells = [(r, j, (r * nv + j) * W) for r in range(mr) for j in range(nv)]
+    # one prefetch per 64 bytes of the panel row PF_ROWS ahead, plus its last element: rows of a
+    # weight that is not 64-byte aligned straddle one more cache line
+    cols = (nv - 1) * W + (tail or W)
+    ind = "    " if blocked else "  "
 
     def tl(j: int) -> int:
         return tail if j == nv - 1 else 0
 
-    L.append("  if (beta == 0) {")
-    L += [f"    {acc[r][j]} = {v.zero()};" for r in range(mr) for j in range(nv)]
-    L.append("  } else {")
-    L += [f"    {acc[r][j]} = {v.load(f'C + {r} * sc0 + {j * W}', tl(j))};" for r in range(mr) for j in range(nv)]
-    L.append("    if (beta == 2) {")
-    for r in range(mr):
-        L.append(f"      {{ {isa.vtype} s = {v.set1(f'cs[{r}]')};")
-        L += [f"        {acc[r][j]} = {v.mul(acc[r][j], 's')};" for j in range(nv)]
-        L.append("      }")
+    def cell(r: int, j: int) -> str:
+        return f"C + {r} * sc0 + {j * W}"
+
+    def step(first: bool) -> None:
+        """One k; the first of a chunk multiplies, so no register is zeroed."""
+        i2 = ind + "  "
+        L.append(f"{i2}const float* Bk = B + k * sb0;")
+        L.append(f"{i2}const float* Ak = A + k * sa1;")
+        for off in [*range(0, cols, 16), cols - 1]:
+            L.append(f"{i2}__builtin_prefetch(Bk + {PF_ROWS} * sb0 + {off}, 0, 2);")
+        for j in range(nv):
+            L.append(f"{i2}{isa.vtype} b{j} = {v.load(f'Bk + {j * W}', tl(j))};")
+        if mr > 1:  # keep each B vector in a register: gcc otherwise re-reads it as a memory operand per row
+            L.append(f"{i2}__asm__(\"\" : " + ", ".join(f'\"+v\"(b{j})' for j in range(nv)) + ");")
+        for r in range(mr):
+            L.append(f"{i2}{{ {isa.vtype} a = {v.set1(f'Ak[{r} * sa0]')};")
+            L.extend(f"{i2}  {acc[r][j]} = {v.mul('a', f'b{j}') if first else v.fma('a', f'b{j}', acc[r][j])};"
+                     for j in range(nv))
+            L.append(f"{i2}}}")
+
+    def flush(bt: str) -> None:
+        """Combine the sum with C (beta 1 is beta 2 with the factor 1: C * 1 + sum is exactly C + sum). The
+        empty asm after each row keeps gcc from loading all of C's block first, while every accumulator
+        is still live: it spilled them, and W4's PV product (8x3 calls of 32 rows) ran 5% slower."""
+        L.append(f"{ind}if ({bt} == 0) {{")
+        L.extend(f"{ind}  {v.store(cell(r, j), acc[r][j], tl(j))}" for r, j, _ in cells)
+        L.append(f"{ind}}} else {{")
+        for r in range(mr):
+            L.append(f"{ind}  {{ {isa.vtype} s = {v.set1(f'{bt} == 2 ? cs[{r}] : 1.0f')};")
+            L.extend(f"{ind}    {v.store(cell(r, j), v.fma(v.load(cell(r, j), tl(j)), 's', acc[r][j]), tl(j))}"
+                     for j in range(nv))
+            if mr > 1:
+                L.append(f'{ind}    __asm__("" ::: "memory");')
+            L.append(f"{ind}  }}")
+        L.append(f"{ind}}}")
+
+    def chunk(k0: str, k1: str) -> None:
+        L.append(f"{ind}{{")
+        L.append(f"{ind}  const long k = {k0};")
+        step(True)
+        L.append(f"{ind}}}")
+        L.append(f"{ind}for (long k = {'1' if k0 == '0' else k0 + ' + 1'}; k < {k1}; k++) {{")
+        step(False)
+        L.append(f"{ind}}}")
+
+    if not blocked:
+        chunk("0", "K")
+        flush("beta")
+        L.append("}")
+        return "\n".join(L) + "\n"
+    # the group's sum of chunk sums: vector variables, so small blocks keep them in registers (8x1:
+    # 16 of 32) and large ones let the compiler spill them (8x3)
+    L.append(f"  {isa.vtype} " + ", ".join(f"s{r}_{j} = {v.zero()}" for r, j, _ in cells) + ";")
+    L.append("  int bt = beta;")
+    L.append(f"  for (long k0 = 0; k0 < K; k0 += {ACC_CHUNK}) {{")
+    L.append(f"    const long k1 = pr_minl(K, k0 + {ACC_CHUNK});")
+    chunk("k0", "k1")
+    L.append(f"    if (k0 % {ACC_ROWS}) {{  /* not the group's first chunk */")
+    L.extend(f"      {acc[r][j]} = {v.add(acc[r][j], f's{r}_{j}')};" for r, j, _ in cells)
     L.append("    }")
+    L.append(f"    if (k1 < K && k1 % {ACC_ROWS}) {{  /* more chunks in this group */")
+    L.extend(f"      s{r}_{j} = {acc[r][j]};" for r, j, _ in cells)
+    L.append("      continue;")
+    L.append("    }")
+    flush("bt")
+    L.append("    bt = 1;")
     L.append("  }")
-    L.append("  for (long k = 0; k < K; k++) {")
-    L.append("    const float* Bk = B + k * sb0;")
-    L.append("    const float* Ak = A + k * sa1;")
-    # one prefetch per 64 bytes of the panel row PF_ROWS ahead, plus its last element: rows of a
-    # weight that is not 64-byte aligned straddle one more cache line
-    cols = (nv - 1) * W + (tail or W)
-    for off in [*range(0, cols, 16), cols - 1]:
-        L.append(f"    __builtin_prefetch(Bk + {PF_ROWS} * sb0 + {off}, 0, 2);")
-    for j in range(nv):
-        L.append(f"    {isa.vtype} b{j} = {v.load(f'Bk + {j * W}', tl(j))};")
-    if mr > 1:  # keep each B vector in a register: gcc otherwise re-reads it as a memory operand per row
-        L.append("    __asm__(\"\" : " + ", ".join(f'\"+v\"(b{j})' for j in range(nv)) + ");")
-    for r in range(mr):
-        L.append(f"    {{ {isa.vtype} a = {v.set1(f'Ak[{r} * sa0]')};")
-        L += [f"      {acc[r][j]} = {v.fma('a', f'b{j}', acc[r][j])};" for j in range(nv)]
-        L.append("    }")
-    L.append("  }")
-    L += [f"  {v.store(f'C + {r} * sc0 + {j * W}', acc[r][j], tl(j))}" for r in range(mr) for j in range(nv)]
     L.append("}")
     return "\n".join(L) + "\n"
 
 
 def _nn_portable(name: str, mr: int, nv: int, tail: int) -> str:
     cols = (nv - 1) * 16 + (tail or 16)
-    pf = (f"    for (int j = 0; j < {cols}; j += 16) __builtin_prefetch(Bk + {PF_ROWS} * sb0 + j, 0, 2);\n"
-          f"    __builtin_prefetch(Bk + {PF_ROWS} * sb0 + {cols - 1}, 0, 2);\n")
+    pf = (f"      for (int j = 0; j < {cols}; j += 16) __builtin_prefetch(Bk + {PF_ROWS} * sb0 + j, 0, 2);\n"
+          f"      __builtin_prefetch(Bk + {PF_ROWS} * sb0 + {cols - 1}, 0, 2);\n")
     return f"""PR_INLINE void {name}{NN_SIG} {{
-  float c[{mr}][{cols}];
-  for (int r = 0; r < {mr}; r++) {{
-    const float s = beta == 2 ? cs[r] : 1.0f;
-    #pragma omp simd
-    for (int j = 0; j < {cols}; j++) c[r][j] = beta == 0 ? 0.0f : C[r * sc0 + j] * s;
-  }}
-  for (long k = 0; k < K; k++) {{
-    const float* Bk = B + k * sb0;
-{pf}    for (int r = 0; r < {mr}; r++) {{
-      const float a = A[r * sa0 + k * sa1];
+  float c[{mr}][{cols}], t[{mr}][{cols}];
+  int bt = beta;
+  for (long k0 = 0; k0 < K; k0 += {ACC_CHUNK}) {{
+    const long k1 = pr_minl(K, k0 + {ACC_CHUNK});
+    for (int r = 0; r < {mr}; r++) {{
       #pragma omp simd
-      for (int j = 0; j < {cols}; j++) c[r][j] += a * Bk[j];
+      for (int j = 0; j < {cols}; j++) c[r][j] = 0.0f;
     }}
-  }}
-  for (int r = 0; r < {mr}; r++) {{
-    #pragma omp simd
-    for (int j = 0; j < {cols}; j++) C[r * sc0 + j] = c[r][j];
+    for (long k = k0; k < k1; k++) {{
+      const float* Bk = B + k * sb0;
+{pf}      for (int r = 0; r < {mr}; r++) {{
+        const float a = A[r * sa0 + k * sa1];
+        #pragma omp simd
+        for (int j = 0; j < {cols}; j++) c[r][j] += a * Bk[j];
+      }}
+    }}
+    const int more = k1 < K && k1 % {ACC_ROWS};  /* more chunks in this group */
+    for (int r = 0; r < {mr}; r++) {{
+      #pragma omp simd
+      for (int j = 0; j < {cols}; j++) {{
+        if (k0 % {ACC_ROWS}) c[r][j] += t[r][j];
+        if (more) t[r][j] = c[r][j];
+      }}
+    }}
+    if (more) continue;
+    for (int r = 0; r < {mr}; r++) {{
+      const float s = bt == 2 ? cs[r] : 1.0f;
+      #pragma omp simd
+      for (int j = 0; j < {cols}; j++) C[r * sc0 + j] = bt == 0 ? c[r][j] : C[r * sc0 + j] * s + c[r][j];
+    }}
+    bt = 1;
   }}
 }}
 """
+
+
+def blocked_sum(var: str, term: str, K: str, ind: str = "") -> list[str]:
+    """C lines setting ``float var`` to the sum of ``term`` (an expression of ``k``) over k < K, in the
+    three levels of ``ACC_CHUNK`` (each chunk a vectorized OpenMP reduction); the loop names are scoped."""
+    return [f"{ind}float {var} = 0.0f;",
+            f"{ind}for (long s0_ = 0; s0_ < {K}; s0_ += {ACC_ROWS}) {{",
+            f"{ind}  const long s1_ = pr_minl({K}, s0_ + {ACC_ROWS});",
+            f"{ind}  float g_ = 0.0f;",
+            f"{ind}  for (long k0_ = s0_; k0_ < s1_; k0_ += {ACC_CHUNK}) {{",
+            f"{ind}    const long k1_ = pr_minl(s1_, k0_ + {ACC_CHUNK});",
+            f"{ind}    float p_ = 0.0f;",
+            f"{ind}    #pragma omp simd reduction(+:p_)",
+            f"{ind}    for (long k = k0_; k < k1_; k++) p_ += {term};",
+            f"{ind}    g_ += p_;",
+            f"{ind}  }}",
+            f"{ind}  {var} += g_;",
+            f"{ind}}}"]
 
 
 # --- nt: dot products with a transpose-and-add reduction ------------------------------------------

@@ -4,32 +4,28 @@
 
 PR_INLINE void pr_nn_avx512_4x1(long K, const float* restrict A, long sa0, long sa1, const float* restrict B, long sb0, float* restrict C, long sc0, int beta, const float* restrict cs) {
   __m512 c0_0, c1_0, c2_0, c3_0;
-  if (beta == 0) {
-    c0_0 = _mm512_setzero_ps();
-    c1_0 = _mm512_setzero_ps();
-    c2_0 = _mm512_setzero_ps();
-    c3_0 = _mm512_setzero_ps();
-  } else {
-    c0_0 = _mm512_loadu_ps(C + 0 * sc0 + 0);
-    c1_0 = _mm512_loadu_ps(C + 1 * sc0 + 0);
-    c2_0 = _mm512_loadu_ps(C + 2 * sc0 + 0);
-    c3_0 = _mm512_loadu_ps(C + 3 * sc0 + 0);
-    if (beta == 2) {
-      { __m512 s = _mm512_set1_ps(cs[0]);
-        c0_0 = _mm512_mul_ps(c0_0, s);
-      }
-      { __m512 s = _mm512_set1_ps(cs[1]);
-        c1_0 = _mm512_mul_ps(c1_0, s);
-      }
-      { __m512 s = _mm512_set1_ps(cs[2]);
-        c2_0 = _mm512_mul_ps(c2_0, s);
-      }
-      { __m512 s = _mm512_set1_ps(cs[3]);
-        c3_0 = _mm512_mul_ps(c3_0, s);
-      }
+  {
+    const long k = 0;
+    const float* Bk = B + k * sb0;
+    const float* Ak = A + k * sa1;
+    __builtin_prefetch(Bk + 32 * sb0 + 0, 0, 2);
+    __builtin_prefetch(Bk + 32 * sb0 + 15, 0, 2);
+    __m512 b0 = _mm512_loadu_ps(Bk + 0);
+    __asm__("" : "+v"(b0));
+    { __m512 a = _mm512_set1_ps(Ak[0 * sa0]);
+      c0_0 = _mm512_mul_ps(a, b0);
+    }
+    { __m512 a = _mm512_set1_ps(Ak[1 * sa0]);
+      c1_0 = _mm512_mul_ps(a, b0);
+    }
+    { __m512 a = _mm512_set1_ps(Ak[2 * sa0]);
+      c2_0 = _mm512_mul_ps(a, b0);
+    }
+    { __m512 a = _mm512_set1_ps(Ak[3 * sa0]);
+      c3_0 = _mm512_mul_ps(a, b0);
     }
   }
-  for (long k = 0; k < K; k++) {
+  for (long k = 1; k < K; k++) {
     const float* Bk = B + k * sb0;
     const float* Ak = A + k * sa1;
     __builtin_prefetch(Bk + 32 * sb0 + 0, 0, 2);
@@ -49,10 +45,29 @@ PR_INLINE void pr_nn_avx512_4x1(long K, const float* restrict A, long sa0, long 
       c3_0 = _mm512_fmadd_ps(a, b0, c3_0);
     }
   }
-  _mm512_storeu_ps(C + 0 * sc0 + 0, c0_0);
-  _mm512_storeu_ps(C + 1 * sc0 + 0, c1_0);
-  _mm512_storeu_ps(C + 2 * sc0 + 0, c2_0);
-  _mm512_storeu_ps(C + 3 * sc0 + 0, c3_0);
+  if (beta == 0) {
+    _mm512_storeu_ps(C + 0 * sc0 + 0, c0_0);
+    _mm512_storeu_ps(C + 1 * sc0 + 0, c1_0);
+    _mm512_storeu_ps(C + 2 * sc0 + 0, c2_0);
+    _mm512_storeu_ps(C + 3 * sc0 + 0, c3_0);
+  } else {
+    { __m512 s = _mm512_set1_ps(beta == 2 ? cs[0] : 1.0f);
+      _mm512_storeu_ps(C + 0 * sc0 + 0, _mm512_fmadd_ps(_mm512_loadu_ps(C + 0 * sc0 + 0), s, c0_0));
+      __asm__("" ::: "memory");
+    }
+    { __m512 s = _mm512_set1_ps(beta == 2 ? cs[1] : 1.0f);
+      _mm512_storeu_ps(C + 1 * sc0 + 0, _mm512_fmadd_ps(_mm512_loadu_ps(C + 1 * sc0 + 0), s, c1_0));
+      __asm__("" ::: "memory");
+    }
+    { __m512 s = _mm512_set1_ps(beta == 2 ? cs[2] : 1.0f);
+      _mm512_storeu_ps(C + 2 * sc0 + 0, _mm512_fmadd_ps(_mm512_loadu_ps(C + 2 * sc0 + 0), s, c2_0));
+      __asm__("" ::: "memory");
+    }
+    { __m512 s = _mm512_set1_ps(beta == 2 ? cs[3] : 1.0f);
+      _mm512_storeu_ps(C + 3 * sc0 + 0, _mm512_fmadd_ps(_mm512_loadu_ps(C + 3 * sc0 + 0), s, c3_0));
+      __asm__("" ::: "memory");
+    }
+  }
 }
 /* block graph: grid=(2,) forloop=2 */
 PR_NOINLINE void blk0(const float* restrict a0, const float* restrict a1, float* restrict o0, float* restrict scr, long scr_stride, int nth) {
