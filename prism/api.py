@@ -23,7 +23,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prism.bench.contention import contended
 from prism.errors import InputError, PrismError, UnsupportedError
 from prism.ir import dims as D
 from prism.ir.graph import Graph
@@ -31,6 +30,7 @@ from prism.ir.serialize import graph_from_json, graph_to_json
 from prism.runtime import store
 from prism.runtime.kernel import Kernel
 from prism.runtime.kernel import compile as compile_graph
+from prism.tune.contention import contended
 from prism.tune.machine import Machine, detect
 from prism.tune.stats import STATS
 from prism.tune.tuner import TOP_K, TUNE_VERSION, Row, Tuned, TuneResult, tune

@@ -89,8 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(f"[red]prism bench: {e}[/red]")
         return 2
     from prism.bench.machine import machine_info
-    from prism.bench.native import Limits
     from prism.bench.report import plot, render
+    from prism.tune.native import Limits
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as progress:
         rp = _RichProgress(progress)

@@ -39,7 +39,7 @@ def versions() -> dict[str, str | None]:
 
 
 def machine_info(threads: int) -> dict[str, Any]:
-    from prism.bench.native import cc_version, find_cc
+    from prism.tune.native import cc_version, find_cc
     model, flags = _cpuinfo()
     cc = find_cc()
     try:

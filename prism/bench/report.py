@@ -8,8 +8,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from prism.bench.contention import SETTLE_MAX_S, WARN_CORES
 from prism.bench.results import CaseResult, Report, SystemResult
+from prism.tune.contention import SETTLE_MAX_S, WARN_CORES
 
 SHORT = {"torch": "eager", "torch-sdpa": "sdpa", "compile": "compile", "max-autotune": "max-auto", "jax": "jax",
          "ort": "ort", "prism": "prism", "hand": "hand"}

@@ -14,12 +14,12 @@ from typing import Protocol
 import numpy as np
 
 from prism.bench.accounting import program_cost, roofline_seconds
-from prism.bench.contention import CpuMeter, wait_until_idle
 from prism.bench.data import case_inputs, check_outputs, reference
 from prism.bench.results import CaseResult, Report, SystemResult, finish_case
 from prism.bench.schedule import interleave
 from prism.bench.systems.base import Prepared, System, Unavailable
 from prism.errors import PrismError
+from prism.tune.contention import CpuMeter, wait_until_idle
 from prism.workloads import WORKLOADS, Workload
 from prism.workloads.base import Shape
 

@@ -7,7 +7,7 @@ bandwidth and peak FLOP/s (measured once per machine fingerprint and thread coun
   defaults 32 KiB / 1 MiB / no L3 where sysfs is missing.
 * SIMD width: 16 float32 lanes with ``avx512f``, 8 with ``avx2``+``fma``, else 1 (``/proc/cpuinfo``,
   via :mod:`prism.codegen.isa`, so it is the path the code generator takes).
-* bandwidth and peak: prism/bench's STREAM-like triad and FMA loop (:class:`prism.bench.native.Limits`),
+* bandwidth and peak: prism/bench's STREAM-like triad and FMA loop (:class:`prism.tune.native.Limits`),
   with the tuning thread count and with one thread (a block grid smaller than the thread count only gets
   part of the machine's bandwidth), and the triad once more on arrays that fit in the last-level cache.
   On a shared machine other processes only lower these figures: the T-thread bandwidth is at least the
@@ -23,10 +23,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from prism.bench.contention import CpuMeter, contended
 from prism.codegen import isa as ISA
 from prism.runtime import store
 from prism.runtime.kernel import num_threads
+from prism.tune.contention import CpuMeter, contended
 from prism.tune.stats import STATS
 
 _SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
@@ -111,7 +111,7 @@ _LOCK = threading.Lock()
 
 
 def _measure(threads: int, cores: int, llc: int) -> dict[str, float]:
-    from prism.bench.native import TRIAD_FLOATS, TRIAD_REPS, Limits
+    from prism.tune.native import TRIAD_FLOATS, TRIAD_REPS, Limits
     lim = Limits.load(threads)
     one = dataclasses.replace(lim, threads=1)
     bw = lim.triad_bandwidth()

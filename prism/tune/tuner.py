@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from prism.bench.contention import WARN_CORES, CpuMeter
 from prism.errors import PrismError
 from prism.ir import dims as D
 from prism.ir.graph import Graph
 from prism.runtime.kernel import Kernel
 from prism.tune import measure as MS
 from prism.tune.candidates import Instance, Instantiation, instantiate, working_sizes
+from prism.tune.contention import WARN_CORES, CpuMeter
 from prism.tune.machine import Machine
 from prism.tune.stats import STATS
 from prism.verify.numeric import max_error, normal_reference

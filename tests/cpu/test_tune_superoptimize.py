@@ -203,7 +203,7 @@ def test_a_contended_tuning_is_stored_marked_served_and_retuned(monkeypatch: pyt
 
 
 def test_contention_limit_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from prism.bench.contention import WARN_CORES, contention_limit
+    from prism.tune.contention import WARN_CORES, contention_limit
     monkeypatch.delenv("PRISM_TUNE_CONTENTION_LIMIT", raising=False)
     assert contention_limit() == WARN_CORES
     monkeypatch.setenv("PRISM_TUNE_CONTENTION_LIMIT", "inf")

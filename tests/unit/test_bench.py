@@ -380,7 +380,7 @@ def test_the_settle_waits_until_this_process_is_idle() -> None:
     """After a visit the bench sleeps at least --settle-ms, then until the process's other threads (a
     library's spinning workers) stop using CPU, at most SETTLE_MAX_S. A fake clock: the workers spin at
     1.5 cores until t = 0.042 s."""
-    from prism.bench.contention import SETTLE_MAX_S, wait_until_idle
+    from prism.tune.contention import SETTLE_MAX_S, wait_until_idle
     now = [0.0]
 
     def clock() -> float:
@@ -401,9 +401,9 @@ def test_the_settle_waits_until_this_process_is_idle() -> None:
 
 
 def test_notes_warn_when_the_process_never_went_idle() -> None:
-    from prism.bench.contention import SETTLE_MAX_S
     from prism.bench.report import notes
     from prism.bench.results import CaseResult, Report
+    from prism.tune.contention import SETTLE_MAX_S
 
     def case(label: str, settle: float | None) -> CaseResult:
         return CaseResult("W4", "x", {}, label, bytes=1, flops=0, peak_gflops=1.0, triad_gbs=[1.0],

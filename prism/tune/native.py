@@ -1,24 +1,24 @@
 """The machine's physical limits, measured: peak FP32 FLOP/s (an FMA loop) and DRAM bandwidth (a triad).
 
-Both are small C kernels compiled once with ``cc -O3 -march=native -fopenmp`` (cached by a hash of
-source, flags and compiler version) and loaded with ctypes, so they run with the same OpenMP threading
-as Prism's generated code. Without a C compiler a NumPy fallback is used and labelled as a lower bound:
-its triad makes a temporary (5 array passes counted as 3) and its "peak" is a large matmul.
+Both are small C kernels compiled once like every generated kernel (``prism.runtime.cache``: ``cc -O3
+-march=native -fopenmp``, cached by a hash of source, flags and compiler version) and loaded with
+ctypes, so they run with the same OpenMP threading as Prism's generated code. Without a C compiler a
+NumPy fallback is used and labelled as a lower bound: its triad makes a temporary (5 array passes
+counted as 3) and its "peak" is a large matmul.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+
+from prism.errors import PrismError
 
 # GCC vector extensions: a 64-byte vector is one AVX-512 register (two AVX2 ones on machines without it).
 # NACC independent chains hide the FMA latency on every x86 core we know (latency 4-5 x 2 pipes).
@@ -86,18 +86,8 @@ double prism_bench_triad(int reps, int nthreads) {
 }
 """
 
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 TRIAD_FLOATS = 1 << 24          # 64 MiB per array, 192 MiB in all: far beyond any L3 we target
 TRIAD_REPS = 3
-
-
-def cache_dir() -> Path:
-    """``$PRISM_CACHE_DIR/bench``, else ``$XDG_CACHE_HOME/prism/bench``, else ``~/.cache/prism/bench``."""
-    root = os.environ.get("PRISM_CACHE_DIR")
-    if root:
-        return Path(root) / "bench"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "prism" / "bench"
 
 
 def find_cc() -> str | None:
@@ -112,22 +102,11 @@ def cc_version(cc: str) -> str:
     return out.splitlines()[0].strip() if out else "unknown"
 
 
-def _build(cc: str) -> Path:
-    key = hashlib.sha256("\0".join((_SOURCE, *CFLAGS, cc_version(cc))).encode()).hexdigest()[:16]
-    d = cache_dir()
-    lib = d / f"limits-{key}.so"
-    if lib.exists():
-        return lib
-    d.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=d) as tmp:
-        src = Path(tmp) / "limits.c"
-        src.write_text(_SOURCE)
-        out = Path(tmp) / "limits.so"
-        proc = subprocess.run([cc, *CFLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"compiling the bench limits kernel with {cc} {' '.join(CFLAGS)} failed:\n"
-                               f"{proc.stderr}")
-        os.replace(out, lib)  # atomic: a concurrent run sees either no file or a whole one
+def _load_lib() -> ctypes.CDLL:
+    """The probes, compiled and cached like every generated kernel (prism.runtime.cache: checksummed,
+    atomic, a private fallback directory when the cache is read-only)."""
+    from prism.runtime.cache import load
+    lib, _ = load(_SOURCE, ("prism_bench_peak", "prism_bench_triad", "prism_bench_triad_init"))
     return lib
 
 
@@ -145,8 +124,8 @@ class Limits:
         cc = find_cc() if use_c else None
         if cc is not None:
             try:
-                lib = ctypes.CDLL(str(_build(cc)))
-            except (RuntimeError, OSError):
+                lib = _load_lib()
+            except (OSError, PrismError):   # no usable compiler: the NumPy fallback below, labelled so
                 lib = None
             if lib is not None:
                 lib.prism_bench_peak.restype = ctypes.c_double
@@ -158,7 +137,7 @@ class Limits:
                 lib.prism_bench_triad.argtypes = [ctypes.c_int, ctypes.c_int]
                 if lib.prism_bench_triad_init(TRIAD_FLOATS, threads) != 0:
                     raise MemoryError(f"could not allocate the triad arrays (3 x {TRIAD_FLOATS * 4 >> 20} MiB)")
-                return cls(threads, f"C ({cc_version(cc)}, {' '.join(CFLAGS[:3])}, OpenMP)", lib)
+                return cls(threads, f"C ({cc_version(cc)}, -O3 -march=native -fopenmp, OpenMP)", lib)
         arrays = tuple(np.full(TRIAD_FLOATS, v, dtype=np.float32) for v in (0.0, 1.0, 2.0, 0.0))
         return cls(threads, "NumPy fallback (no C compiler): lower bounds", None, arrays)
 
