@@ -4,9 +4,9 @@ numeric verifier rejects each."""
 from __future__ import annotations
 
 import pytest
+from verify_cases import MUTANTS, Case
 
 from prism.verify import Limits, numeric_check, prove
-from prism.verify.cases import MUTANTS, Case
 
 pytestmark = pytest.mark.slow
 

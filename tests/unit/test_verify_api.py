@@ -7,13 +7,13 @@ import math
 
 import numpy as np
 import pytest
+from verify_cases import MUTANTS
 
 import prism
 from prism.errors import PrismError
 from prism.ir import dims as D
 from prism.verify import NumericResult, VerifyResult, compiled_runner, interpreter_runner, numeric_check
 from prism.verify import numeric as NU
-from prism.verify.cases import MUTANTS
 from prism.verify.numeric import choose_instantiations, reduction_length, standard_normal_inputs, to_float32, tolerance
 from prism.workloads import WORKLOADS
 

@@ -4,9 +4,9 @@ is proved within the bound (and the numeric check rejects each, so the table its
 from __future__ import annotations
 
 import pytest
+from verify_cases import FALSE_IDENTITIES, TRUE_IDENTITIES, Case
 
 from prism.verify import Limits, numeric_check, prove
-from prism.verify.cases import FALSE_IDENTITIES, TRUE_IDENTITIES, Case
 
 pytestmark = pytest.mark.unit
 

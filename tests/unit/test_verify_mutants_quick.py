@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from verify_cases import MUTANTS, Case
 
 from prism.verify import numeric_check, prove
-from prism.verify.cases import MUTANTS, Case
 
 pytestmark = pytest.mark.unit
 

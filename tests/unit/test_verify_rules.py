@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from verify_selfcheck import SelfCheckError, check_all, check_fact, check_rule
 
 from prism.verify.egraph import _rules_text
 from prism.verify.rules import FACTS, RULESETS, Rule, all_rules
-from prism.verify.selfcheck import SelfCheckError, check_all, check_fact, check_rule
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """Rules as named data: rewrites (equalities the e-graph may use) and analysis facts (shape facts).
 
 Every rule carries examples: variable kinds and shapes from which the self-check
-(``prism.verify.selfcheck``) draws random instantiations and checks, in float64, that both sides agree.
+(``tests/verify_selfcheck.py``) draws random instantiations and checks, in float64, that both sides agree.
 """
 
 from __future__ import annotations
