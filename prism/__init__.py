@@ -9,6 +9,7 @@ The public API is deliberately small::
     g.evaluate({"X": x, "W": w})          # the NumPy reference
 """
 
+from prism import reference as _reference  # noqa: F401 -- registers the interpreter behind Graph.evaluate
 from prism import search
 from prism.api import superoptimize
 from prism.errors import (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prism.errors import GraphError, InputError
@@ -14,6 +14,16 @@ from prism.ir.builder import OpMethods, Tensor
 from prism.ir.dims import DimLike, format_shape
 from prism.ir.dtypes import as_dtype
 from prism.ir.node import Node, toposort
+
+Evaluator = Callable[..., dict[str, Any]]
+_EVALUATOR: Evaluator | None = None
+
+
+def register_evaluator(fn: Evaluator) -> None:
+    """Install the kernel-graph interpreter behind :meth:`Graph.evaluate` (done by ``prism.reference`` on
+    import): the IR does not import the stage above it."""
+    global _EVALUATOR
+    _EVALUATOR = fn
 
 
 class Graph(OpMethods):
@@ -130,8 +140,9 @@ class Graph(OpMethods):
                  ) -> dict[str, Any]:
         """Run the program op by op in NumPy (the ground truth). ``dtype=numpy.float64`` computes in
         float64; ``params`` gives values for block-graph symbols (grid sizes, for-loop range, maps)."""
-        from prism.reference.kernel import evaluate_graph
-        return evaluate_graph(self, inputs, dtype=dtype, params=params)
+        if _EVALUATOR is None:   # the interpreters sit above the IR and register themselves (prism.reference)
+            raise GraphError("Graph.evaluate needs the reference interpreter: import prism (or prism.reference)")
+        return _EVALUATOR(self, inputs, dtype=dtype, params=params)
 
     def bind(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
         """Values of the graph's symbols implied by concrete input shapes (clear error on conflicts)."""

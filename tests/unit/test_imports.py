@@ -21,3 +21,22 @@ def test_import_prism_does_not_load_the_bench() -> None:
     the bench (its baselines, JAX/ORT adapters, reports) loads only when asked for."""
     assert _loaded_after("import prism", "prism.bench") == []
     assert "prism.bench.run" in _loaded_after("import prism.bench", "prism.bench")
+
+
+def test_the_ir_imports_no_later_stage() -> None:
+    """The IR is the bottom of the pipeline's data: no module of prism.ir imports (even lazily) the
+    interpreters, the search, the verifier, the tuner, the code generator or the runtime. The reference
+    interpreter registers itself behind Graph.evaluate instead (there was an ir <-> reference cycle)."""
+    import ast
+    from pathlib import Path
+
+    import prism
+    later = ("prism.reference", "prism.search", "prism.verify", "prism.tune", "prism.codegen", "prism.runtime",
+             "prism.frontend", "prism.bench", "prism.api")
+    bad = []
+    for path in sorted((Path(prism.__file__).parent / "ir").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.name}: {n}" for n in names if n.startswith(later)]
+    assert bad == []
