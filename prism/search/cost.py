@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,21 +39,11 @@ class Machine:
 
 @lru_cache(maxsize=1)
 def machine() -> Machine:
-    """This machine's cores and cache sizes (Linux sysfs; defaults 48 KiB / 1 MiB elsewhere)."""
-    sizes = {1: 48 << 10, 2: 1 << 20}
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    try:
-        for idx in base.glob("index*"):
-            level = int((idx / "level").read_text())
-            kind = (idx / "type").read_text().strip()
-            if kind == "Instruction" or level not in sizes:
-                continue
-            txt = (idx / "size").read_text().strip().upper()
-            mult = {"K": 1 << 10, "M": 1 << 20}.get(txt[-1], 1)
-            sizes[level] = int(txt.rstrip("KM")) * mult
-    except (OSError, ValueError):
-        pass
-    return Machine(os.cpu_count() or 1, sizes[1], sizes[2])
+    """This machine's usable cores and cache sizes, read once for every stage by :mod:`prism.tune.machine`
+    (the search's constants stay its own: it ranks structures, the tuner's model instances)."""
+    from prism.tune.machine import cache_sizes, usable_cores
+    sizes = cache_sizes()
+    return Machine(usable_cores(), sizes[1], sizes[2])
 
 
 @dataclass
