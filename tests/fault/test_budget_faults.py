@@ -111,14 +111,14 @@ def test_chunked_comparison_equals_the_whole_array_one(monkeypatch: pytest.Monke
     c = (r + 1e-5 * rng.standard_normal(r.shape)).astype(np.float32)
     r[2, 3] = c[2, 3] = np.inf
     r[4, 0] = c[4, 0] = np.nan
-    whole = numeric._compare(c, r, 1e-4)
+    whole = numeric._compare(c, r)
     for chunk in (1, 7, 10, 1 << 18):
         monkeypatch.setattr(numeric, "COMPARE_CHUNK", chunk)
-        err, why = numeric._compare(c, r, 1e-4)
+        err, why = numeric._compare(c, r)
         assert err == pytest.approx(whole[0], rel=1e-12) and why == whole[1]   # only the rms's summation order
         bad = c.copy()
         bad[5, 7] = np.nan
-        err, why = numeric._compare(bad, r, 1e-4)
+        err, why = numeric._compare(bad, r)
         assert err == np.inf and "first at (5, 7)" in why
     ref = np.abs(c.astype(np.float64) - r)[np.isfinite(r)] / (np.abs(r[np.isfinite(r)])
                                                               + np.sqrt(np.mean(r[np.isfinite(r)] ** 2)))
