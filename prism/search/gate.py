@@ -69,7 +69,7 @@ def verify(candidate: Graph, program: Graph, seed: int = 0) -> Verdict:
     envs = instantiations(candidate, program, 1)
     if envs and work(program, {k: envs[0][k] for k in program.symbols()}) > BIG_WORK:
         return _verify_big(candidate, program, envs[0], seed)
-    quick = numeric(candidate, program, seed, count=1, scales=(1.0, HOSTILE))
+    quick = numeric(candidate, program, seed, count=1, scales=(1.0, HOSTILE), envs=envs)
     if not quick.ok:  # a cheap float64 pre-filter: most false candidates of the lax pruning die here
         quick.how = "formal+numeric"
         quick.detail = "rejected by the float64 pre-filter: " + quick.detail
@@ -154,8 +154,9 @@ def _shapes_ok(g: Graph, env: Mapping[str, int]) -> bool:
 
 
 def numeric(candidate: Graph, program: Graph, seed: int = 0, count: int = 2,
-            scales: tuple[float, ...] = (1.0, HOSTILE)) -> Verdict:
-    envs = instantiations(candidate, program, count)
+            scales: tuple[float, ...] = (1.0, HOSTILE), envs: list[dict[str, int]] | None = None) -> Verdict:
+    """The float64 gate at ``count`` instantiations (``envs``: ones the caller already chose)."""
+    envs = instantiations(candidate, program, count) if envs is None else envs
     if len(envs) < count:
         return Verdict(False, "numeric-only", f"found only {len(envs)} instantiation(s) satisfying the constraints",
                        envs)
