@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prism.errors import InputError, PrismError, UnsupportedError
@@ -522,14 +523,19 @@ class Retuned:
     status: str          # "retuned" | "still contended" | "skipped: ..." | "dropped: ..."
 
 
-def contended_entries() -> list[Any]:
-    """The tuning cache's entries marked as measured under contention."""
+def _marked() -> list[tuple[Path, dict[str, Any]]]:
+    """(path, payload) of the tuning cache's entries marked as measured under contention."""
     out = []
     for path in sorted((store.root() / "results").glob("*/*.json")):
         got = store.load(path, "tuning")
         if got.payload is not None and got.payload.get("contended") is not None:
-            out.append(path)
+            out.append((path, got.payload))
     return out
+
+
+def contended_entries() -> list[Path]:
+    """The tuning cache's entries marked as measured under contention."""
+    return [path for path, _ in _marked()]
 
 
 def retune_contended(progress: Any = None) -> list[Retuned]:
@@ -537,10 +543,9 @@ def retune_contended(progress: Any = None) -> list[Retuned]:
     Each entry's sGraphs are proved again before they are tuned; an entry stays marked when the new
     measurement is contended too. ``progress(i, n, text)`` is called before each entry."""
     from prism.verify.egraph import prove
-    paths = contended_entries()
+    marked = _marked()
     out: list[Retuned] = []
-    for i, path in enumerate(paths):
-        p = store.load(path, "tuning").payload or {}
+    for i, (path, p) in enumerate(marked):
         try:
             program = graph_from_json(json.dumps(p["program"]))
             graphs = [graph_from_json(json.dumps(g)) for g in p["sgraphs"]]
@@ -549,7 +554,7 @@ def retune_contended(progress: Any = None) -> list[Retuned]:
             out.append(Retuned(str(path), "?", {}, f"skipped: unreadable entry ({e})"))
             continue
         if progress is not None:
-            progress(i, len(paths), f"{program.name or program.key} at {env}")
+            progress(i, len(marked), f"{program.name or program.key} at {env}")
         if not all(prove(g, program).proved for g in graphs):
             path.unlink(missing_ok=True)
             out.append(Retuned(str(path), program.name, env, "dropped: an sGraph no longer proves"))
