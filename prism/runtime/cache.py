@@ -191,7 +191,7 @@ def make_tmp(directory: Path, name: str, suffix: str = ".tmp") -> tuple[int, Pat
         fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
         return fd, Path(tmp)
     except OSError as e:
-        if not _under(directory, cache_dir()):   # already the fallback (or outside the cache): nowhere else to go
+        if not directory.is_relative_to(cache_dir()):   # already the fallback, or outside the cache: no other place
             raise CacheError(f"cannot write {directory / name}: {e}; set PRISM_CACHE_DIR to a writable "
                              "directory") from None
         _use_fallback(e, directory)
@@ -200,14 +200,6 @@ def make_tmp(directory: Path, name: str, suffix: str = ".tmp") -> tuple[int, Pat
         alt.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=alt)
         return fd, Path(tmp)
-
-
-def _under(path: Path, root: Path) -> bool:
-    try:
-        path.relative_to(root)
-        return True
-    except ValueError:
-        return False
 
 
 def atomic_write(path: Path, data: bytes) -> Path:
@@ -222,7 +214,7 @@ def atomic_write(path: Path, data: bytes) -> Path:
         os.replace(tmp, target)
     except OSError as e:  # a full disk while writing, a rename refused
         tmp.unlink(missing_ok=True)
-        if target != path or not _under(path, cache_dir()):
+        if target != path or not path.is_relative_to(cache_dir()):
             raise CacheError(f"cannot write {target}: {e}; set PRISM_CACHE_DIR to a writable directory") from None
         _use_fallback(e, path.parent)
         return atomic_write(path, data)
