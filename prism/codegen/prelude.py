@@ -66,6 +66,13 @@ SYSTEM_HEADERS = """#include <math.h>
 """
 
 
+def _op_helpers() -> str:
+    """The C helpers the element-wise operators' definitions bring (OpDef.c_defs), in registry order."""
+    from prism.ir.ops import OPS
+    defs = [o.c_defs for o in OPS.values() if o.c_defs]
+    return "/* operator helpers (prism/ir/elementwise.py) */\n" + "\n".join(defs) if defs else ""
+
+
 def prelude() -> str:
     q = _horner("r", EXP_POLY)
     return f"""/* prism generated code: prelude */
@@ -119,6 +126,7 @@ PR_INLINE float pr_max(float a, float b) {{ return a != a ? a : (a > b ? a : b);
 PR_INLINE float pr_square(float x) {{ return x * x; }}
 PR_INLINE float pr_relu(float x) {{ return x < 0.0f ? 0.0f : x; }}
 PR_INLINE long pr_minl(long a, long b) {{ return a < b ? a : b; }}
+{_op_helpers()}
 
 /* test hooks: the vectorized math on whole arrays (checked against numpy in float64) */
 void prism_test_exp(const float* x, float* y, long n) {{

@@ -15,6 +15,7 @@ from typing import Union
 
 from prism.codegen.prelude import c_float
 from prism.errors import UnsupportedError
+from prism.ir.ops import OPS
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -100,31 +101,18 @@ def leaves(x: Operand) -> list[View]:
     return out
 
 
-_UNARY = {
-    "exp": "pr_exp({0})", "square": "pr_square({0})", "sqrt": "sqrtf({0})", "rsqrt": "(1.0f / sqrtf({0}))",
-    "silu": "pr_silu({0})", "relu": "pr_relu({0})", "sigmoid": "pr_sigmoid({0})", "tanh": "pr_tanh({0})",
-    "neg": "(-{0})",
-}
-_BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
-           "maximum": "pr_max({0}, {1})"}
-ELEMENTWISE = frozenset(_UNARY) | frozenset(_BINARY) | {"gelu", "mul_scalar", "add_scalar"}
+# the element-wise operators' C lowerings come from their definitions (OpDef.c, prism.ir.elementwise)
+ELEMENTWISE = frozenset(n for n, o in OPS.items() if o.elementwise and o.c is not None)
 
 
 def scalar_c(op: str, arg: tuple, args: list[str]) -> str:
     """The C scalar expression of one element-wise operator applied to C expressions ``args``."""
-    if op in _UNARY:
-        return _UNARY[op].format(*args)
-    if op in _BINARY:
-        return _BINARY[op].format(*args)
     if op == "const":
         return c_float(arg[0])
-    if op == "mul_scalar":
-        return f"({args[0]} * {c_float(arg[0])})"
-    if op == "add_scalar":
-        return f"({args[0]} + {c_float(arg[0])})"
-    if op == "gelu":
-        return f"pr_gelu_tanh({args[0]})" if arg and arg[0] == "tanh" else f"pr_gelu({args[0]})"
-    raise UnsupportedError(f"no C lowering for element-wise operator {op!r}; supported: {sorted(ELEMENTWISE)}")
+    d = OPS.get(op)
+    if d is None or d.c is None:
+        raise UnsupportedError(f"no C lowering for element-wise operator {op!r}; supported: {sorted(ELEMENTWISE)}")
+    return d.c(args, tuple(arg), c_float)
 
 
 def render(x: Operand, access: dict[int, str]) -> str:

@@ -31,6 +31,7 @@ from prism.ir import dims as D
 from prism.ir.builder import Tensor
 from prism.ir.graph import Graph
 from prism.ir.node import Node, toposort
+from prism.ir.ops import OPS
 
 HEAVY = frozenset(("matmul", "sum", "mean", "max", "softmax", "rms_norm"))
 
@@ -78,6 +79,12 @@ class Captured:
 
 # --- 1. normalize leaf modules ---------------------------------------------------------------------------
 
+# nn module class name -> (the functional call's canonical name, module attributes passed as keywords),
+# from the element-wise operators' definitions (OpDef.torch)
+MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    cls: (spec.names[0], attrs) for o in OPS.values() for spec in o.torch for cls, attrs in spec.modules}
+
+
 def lower_modules(gm: Any) -> None:
     """Rewrite calls of known leaf modules into functional calls on ``get_attr`` nodes (in place)."""
     import torch
@@ -93,13 +100,13 @@ def lower_modules(gm: Any) -> None:
         fn, extra = None, {}
         if type(mod) is nn.Linear:
             fn = F.linear
-        elif type(mod) in (nn.SiLU, nn.ReLU, nn.Sigmoid, nn.Tanh, nn.Identity, nn.Dropout, nn.GELU, nn.Softmax):
-            fn = {nn.SiLU: F.silu, nn.ReLU: F.relu, nn.Sigmoid: torch.sigmoid, nn.Tanh: torch.tanh,
-                  nn.Identity: torch.Tensor.contiguous, nn.Dropout: F.dropout, nn.GELU: F.gelu,
-                  nn.Softmax: F.softmax}[type(mod)]
-            if type(mod) is nn.GELU:
-                extra = {"approximate": mod.approximate}
-            elif type(mod) is nn.Softmax:
+        elif type(mod).__name__ in MODULES and type(mod) is getattr(nn, type(mod).__name__, None):
+            name, attrs = MODULES[type(mod).__name__]  # an element-wise operator's module (OpDef.torch)
+            fn = getattr(F, name, None) or getattr(torch, name)
+            extra = {a: getattr(mod, a) for a in attrs}
+        elif type(mod) in (nn.Identity, nn.Dropout, nn.Softmax):
+            fn = {nn.Identity: torch.Tensor.contiguous, nn.Dropout: F.dropout, nn.Softmax: F.softmax}[type(mod)]
+            if type(mod) is nn.Softmax:
                 if mod.dim is None:
                     continue
                 extra = {"dim": mod.dim}
@@ -109,6 +116,8 @@ def lower_modules(gm: Any) -> None:
                 continue  # identity: leave as is (no arithmetic to capture)
         elif hasattr(nn, "RMSNorm") and type(mod) is nn.RMSNorm:
             fn = F.rms_norm
+        elif type(mod) is nn.LayerNorm:
+            fn = F.layer_norm
         if fn is None or len(node.args) != 1 or node.kwargs:
             continue
         with g.inserting_before(node):
@@ -119,6 +128,10 @@ def lower_modules(gm: Any) -> None:
             elif fn is F.rms_norm:
                 w = g.get_attr(f"{node.target}.weight") if mod.weight is not None else None
                 new = g.call_function(F.rms_norm, (node.args[0], tuple(mod.normalized_shape), w, mod.eps))
+            elif fn is F.layer_norm:
+                w = g.get_attr(f"{node.target}.weight") if mod.weight is not None else None
+                b = g.get_attr(f"{node.target}.bias") if mod.bias is not None else None
+                new = g.call_function(F.layer_norm, (node.args[0], tuple(mod.normalized_shape), w, b, mod.eps))
             else:
                 new = g.call_function(fn, (node.args[0],), extra)
         new.meta = dict(node.meta)

@@ -23,6 +23,7 @@ from prism.frontend.symbolic import integral, to_dim
 from prism.ir import dims as D
 from prism.ir.builder import OpMethods, Tensor
 from prism.ir.dims import DimLike
+from prism.ir.ops import OPS, OpDef, Torch
 
 Emit = Callable[[OpMethods, list[Tensor]], Any]
 _REQUIRED = object()
@@ -72,12 +73,16 @@ SIGS: dict[str, tuple[str, ...]] = {
     "addmm": ("input", "mat1", "mat2", "beta", "alpha"),
     "add": ("input", "other", "alpha"), "sub": ("input", "other", "alpha"), "rsub": ("input", "other", "alpha"),
     "mul": ("input", "other"), "div": ("input", "other", "rounding_mode"), "maximum": ("input", "other"),
-    "exp": ("input",), "sqrt": ("input",), "rsqrt": ("input",), "sigmoid": ("input",), "tanh": ("input",),
-    "neg": ("input",), "silu": ("input", "inplace"), "relu": ("input", "inplace"),
-    "gelu": ("input", "approximate"), "pow": ("input", "exponent"), "square": ("input",),
-    "clamp": ("input", "min", "max"), "clamp_min": ("input", "min"),
+    "pow": ("input", "exponent"),
     "sum": ("input", "dim", "keepdim", "dtype"), "mean": ("input", "dim", "keepdim", "dtype"),
-    "amax": ("input", "dim", "keepdim"),
+    "amax": ("input", "dim", "keepdim"), "amin": ("input", "dim", "keepdim"),
+    "logsumexp": ("input", "dim", "keepdim"),
+    "log_softmax": ("input", "dim", "_third", "dtype"), "_log_softmax": ("input", "dim", "half_to_float"),
+    "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"),
+    "norm": ("input", "p", "dim", "keepdim", "dtype"), "vector_norm": ("input", "ord", "dim", "keepdim", "dtype"),
+    "normalize": ("input", "p", "dim", "eps", "out"),
+    "cosine_similarity": ("x1", "x2", "dim", "eps"),
+    "log_sigmoid": ("input",), "logsigmoid": ("input",), "softsign": ("input",),
     "softmax": ("input", "dim", "_third", "dtype"), "_softmax": ("input", "dim", "half_to_float"),
     "rms_norm": ("input", "normalized_shape", "weight", "eps"),
     "scaled_dot_product_attention": ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
@@ -92,9 +97,12 @@ SIGS: dict[str, tuple[str, ...]] = {
     "cat": ("tensors", "dim"), "split": ("input", "split_size_or_sections", "dim"),
     "split_with_sizes": ("input", "split_sizes", "dim"), "chunk": ("input", "chunks", "dim"),
     "getitem": ("input", "idx"), "slice": ("input", "dim", "start", "end", "step"),
+    # the element-wise operators' spellings come from their definitions (OpDef.torch, prism.ir.elementwise)
+    **{name: spec.params for o in OPS.values() for spec in o.torch for name in spec.names},
 }
 ALIASES = {"truediv": "div", "__matmul__": "matmul", "true_divide": "div", "multiply": "mul", "subtract": "sub",
-           "negative": "neg", "concat": "cat", "concatenate": "cat", "swapaxes": "transpose", "swapdims": "transpose"}
+           "negative": "neg", "concat": "cat", "concatenate": "cat", "swapaxes": "transpose", "swapdims": "transpose",
+           "linalg_vector_norm": "vector_norm"}
 _ATTRS = ("T", "mT")  # tensor attributes that are operators (transposes)
 _INPLACE = {"iadd", "isub", "imul", "itruediv", "silu_", "relu_", "div_", "add_", "mul_"}
 
@@ -156,6 +164,8 @@ def canonical_name(node: Any) -> str:
             return attr if attr in _ATTRS else ""
         if isinstance(t, torch._ops.OpOverload):
             name = t.overloadpacket.__name__
+            if f"aten.{name}" in SIGS:  # an ATen signature that differs from the torch-level one
+                return f"aten.{name}"
         else:
             name = getattr(t, "__name__", "")
             mod = getattr(t, "__module__", None) or ""
@@ -342,30 +352,34 @@ def _addmm(c: Conv) -> Lowered:
 
 # --- element-wise -------------------------------------------------------------------------------------
 
-_UNARY = {"exp": "exp", "sqrt": "sqrt", "rsqrt": "rsqrt", "sigmoid": "sigmoid", "tanh": "tanh", "neg": "neg",
-          "silu": "silu", "relu": "relu", "square": "square"}
+def _constant(c: Conv, v: Any) -> Any:
+    """A call argument as a Python value (a size computation whose value is static becomes its value)."""
+    if _is_node(v):
+        mv = meta_value(v)
+        if isinstance(mv, (int, float)) and not isinstance(mv, bool):
+            return mv
+        raise Unsupported(f"{c.call.name}: argument {_describe(v)} must be a constant")
+    return v
 
 
-def _unary(name: str) -> Callable[[Conv], Lowered]:
+def _elementwise(op: OpDef, spec: Torch) -> Callable[[Conv], Lowered]:
+    """The converter of a unary element-wise operator's PyTorch spelling (from its definition)."""
     def fn(c: Conv) -> Lowered:
-        if c.get("inplace", False):
-            raise Unsupported(f"{name}: inplace=True")
+        try:
+            attrs = spec.attrs(lambda k, d: _constant(c, c.get(k, d))) if spec.attrs else ()
+        except ValueError as e:
+            raise Unsupported(f"{c.call.name}: {e}") from None
         i = c.tensor(c.get("input"))
-        return Lowered(name, "compute", c.operands, lambda g, t: getattr(g, _UNARY[name])(t[i]), (name,))
+        sig = (op.name, *attrs) if op.group == "unary" else (op.name,)
+        return Lowered(op.name, "compute", c.operands, lambda g, t: getattr(g, op.name)(t[i], *attrs), sig)
     return fn
 
 
-for _n in _UNARY:
-    CONVERTERS[_n] = _unary(_n)
-
-
-@_conv("gelu")
-def _gelu(c: Conv) -> Lowered:
-    approx = c.get("approximate", "none")
-    if approx not in ("none", "tanh"):
-        raise Unsupported(f"gelu: approximate={approx!r}")
-    i = c.tensor(c.get("input"))
-    return Lowered("gelu", "compute", c.operands, lambda g, t: g.gelu(t[i], approx), ("gelu", approx))
+for _op in OPS.values():
+    if _op.group == "unary":
+        for _spec in _op.torch:
+            for _name in _spec.names:
+                CONVERTERS[_name] = _elementwise(_op, _spec)
 
 
 @_conv("pow")
@@ -382,15 +396,6 @@ def _pow(c: Conv) -> Lowered:
         raise Unsupported(f"pow: exponent {p:g} (supported: 2, 3, 0.5, -0.5, 1)")
     f = table[p]
     return Lowered("pow", "compute", c.operands, lambda g, t: f(g, t[i]), ("square",) if p == 2.0 else ())
-
-
-@_conv("clamp", "clamp_min")
-def _clamp(c: Conv) -> Lowered:
-    lo, hi = c.get("min", None), c.get("max", None)
-    if hi is not None or lo is None or c.is_tensor(lo) or c.number(lo, "min") != 0.0:
-        raise Unsupported("clamp: only clamp(min=0) (= relu) is supported")
-    i = c.tensor(c.get("input"))
-    return Lowered("clamp", "compute", c.operands, lambda g, t: g.relu(t[i]), ("relu",))
 
 
 def _binary(c: Conv, name: str) -> Lowered:
@@ -410,7 +415,7 @@ def _binary(c: Conv, name: str) -> Lowered:
         return v if f == 1 else g.mul_scalar(v, f)
     if ta and tb:
         i, j = c.tensor(a), c.tensor(b)
-        method = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum"}[name]
+        method = name
         sig = (name,) if al == 1 else ()
 
         def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
@@ -441,7 +446,7 @@ def _binary(c: Conv, name: str) -> Lowered:
     raise Unsupported(f"{name}: a constant operand")
 
 
-for _n in ("add", "sub", "mul", "div", "maximum", "rsub"):
+for _n in ("add", "sub", "mul", "div", "maximum", "minimum", "rsub"):
     CONVERTERS[_n] = (lambda name: lambda c: _binary(c, name))(_n)
 
 
@@ -483,6 +488,159 @@ def _reduction(prism_op: str) -> Callable[[Conv], Lowered]:
 CONVERTERS["sum"] = _reduction("sum")
 CONVERTERS["mean"] = _reduction("mean")
 CONVERTERS["amax"] = _reduction("max")
+
+
+# --- composites: each PyTorch operator below is stated once as Prism operators (its decomposition);
+# every stage then sees only those operators --------------------------------------------------------------
+
+def _one_dim(c: Conv, x: Any, dim: Any) -> int:
+    dims = _reduce_dims(c, x, dim)
+    if len(dims) != 1:
+        raise Unsupported(f"{c.call.name}: over {len(dims)} dims (one dim is supported)")
+    return dims[0]
+
+
+def _drop(g: OpMethods, y: Tensor, d: int, keep: bool) -> Tensor:
+    return y if keep else g.reshape(y, tuple(s for k, s in enumerate(y.shape) if k != d))
+
+
+def _keepdim(c: Conv) -> bool:
+    keep = c.get("keepdim", False)
+    if not isinstance(keep, bool):
+        raise Unsupported(f"{c.call.name}: keepdim must be a constant bool")
+    return keep
+
+
+def _no_dtype(c: Conv) -> None:
+    if c.get("dtype", None) is not None or c.get("half_to_float", False) is True:
+        raise Unsupported(f"{c.call.name}: dtype= conversion")
+
+
+def logsumexp(g: OpMethods, x: Tensor, d: int) -> Tensor:
+    """log(sum(exp(x), d)) = m + log(sum(exp(x - m), d)) with m = max(x, d) (keepdim)."""
+    m = g.max(x, d)
+    return g.add(m, g.log(g.sum(g.exp(g.sub(x, m)), d)))
+
+
+def log_softmax(g: OpMethods, x: Tensor, d: int) -> Tensor:
+    """x - logsumexp(x, d) = (x - m) - log(sum(exp(x - m), d))."""
+    s = g.sub(x, g.max(x, d))
+    return g.sub(s, g.log(g.sum(g.exp(s), d)))
+
+
+def layer_norm(g: OpMethods, x: Tensor, eps: float) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over the last dim (biased variance, as PyTorch)."""
+    c = g.sub(x, g.mean(x, -1))
+    return g.mul(c, g.rsqrt(g.add_scalar(g.mean(g.square(c), -1), eps)))
+
+
+def l2_norm(g: OpMethods, x: Tensor, d: int) -> Tensor:
+    return g.sqrt(g.sum(g.square(x), d))
+
+
+@_conv("amin")
+def _amin(c: Conv) -> Lowered:
+    x = c.get("input")
+    d, keep = _one_dim(c, x, c.get("dim", None)), _keepdim(c)
+    i = c.tensor(x)
+    return Lowered("amin", "compute", c.operands, lambda g, t: _drop(g, g.neg(g.max(g.neg(t[i]), d)), d, keep))
+
+
+@_conv("logsumexp")
+def _logsumexp(c: Conv) -> Lowered:
+    x = c.get("input")
+    d, keep = _one_dim(c, x, c.get("dim")), _keepdim(c)
+    i = c.tensor(x)
+    return Lowered("logsumexp", "compute", c.operands, lambda g, t: _drop(g, logsumexp(g, t[i], d), d, keep))
+
+
+@_conv("log_softmax", "_log_softmax")
+def _log_softmax(c: Conv) -> Lowered:
+    x = c.get("input")
+    _no_dtype(c)
+    if c.get("dim", None) is None:
+        raise Unsupported("log_softmax: dim=None")
+    d = _ndim(c.get("dim"), c.rank(x), "log_softmax")
+    i = c.tensor(x)
+    return Lowered("log_softmax", "compute", c.operands, lambda g, t: log_softmax(g, t[i], d))
+
+
+@_conv("layer_norm")
+def _layer_norm(c: Conv) -> Lowered:
+    x, shape = c.get("input"), c.sizes(c.get("normalized_shape"))
+    w, b = c.get("weight", None), c.get("bias", None)
+    if len(shape) != 1:
+        raise Unsupported(f"layer_norm: normalized_shape {list(shape)} (only the last dim is supported)")
+    e = c.number(c.get("eps", 1e-5), "eps")
+    i = c.tensor(x)
+    k = c.tensor(w) if w is not None else None
+    m = c.tensor(b) if b is not None else None
+
+    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+        y = layer_norm(g, t[i], e)
+        y = g.mul(y, t[k]) if k is not None else y
+        return g.add(y, t[m]) if m is not None else y
+    return Lowered("layer_norm", "compute", c.operands, emit)
+
+
+@_conv("norm", "vector_norm")
+def _norm(c: Conv) -> Lowered:
+    x = c.get("input")
+    _no_dtype(c)
+    p = c.get("p" if c.call.name == "norm" else "ord", 2 if c.call.name == "vector_norm" else "fro")
+    if p not in (2, 2.0, "fro", 1, 1.0):
+        raise Unsupported(f"{c.call.name}: p={p!r} (supported: 2, 'fro', 1)")
+    d, keep = _one_dim(c, x, c.get("dim", None)), _keepdim(c)
+    i = c.tensor(x)
+    one = p in (1, 1.0)
+
+    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+        y = g.sum(g.abs(t[i]), d) if one else l2_norm(g, t[i], d)
+        return _drop(g, y, d, keep)
+    return Lowered(c.call.name, "compute", c.operands, emit)
+
+
+@_conv("normalize")
+def _normalize(c: Conv) -> Lowered:
+    x = c.get("input")
+    if c.get("out", None) is not None:
+        raise Unsupported("normalize: out=")
+    if c.get("p", 2.0) not in (2, 2.0):
+        raise Unsupported(f"normalize: p={c.get('p')!r} (supported: 2)")
+    d = _ndim(c.get("dim", 1), c.rank(x), "normalize")
+    e = c.number(c.get("eps", 1e-12), "eps")
+    i = c.tensor(x)
+    return Lowered("normalize", "compute", c.operands,
+                   lambda g, t: g.div(t[i], g.clamp(l2_norm(g, t[i], d), e, math.inf)))
+
+
+@_conv("cosine_similarity")
+def _cosine_similarity(c: Conv) -> Lowered:
+    a, b = c.get("x1"), c.get("x2")
+    if c.shape(a) != c.shape(b):
+        raise Unsupported("cosine_similarity: operands of different shapes (broadcasting)")
+    d = _ndim(c.get("dim", 1), c.rank(a), "cosine_similarity")
+    e = c.number(c.get("eps", 1e-8), "eps")
+    i, j = c.tensor(a), c.tensor(b)
+
+    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+        # sum(a*b) / (max(|a|, eps) * max(|b|, eps)), as PyTorch (each norm clamped)
+        na = g.clamp(l2_norm(g, t[i], d), e, math.inf)
+        nb = g.clamp(l2_norm(g, t[j], d), e, math.inf)
+        return _drop(g, g.div(g.sum(g.mul(t[i], t[j]), d), g.mul(na, nb)), d, False)
+    return Lowered("cosine_similarity", "compute", c.operands, emit)
+
+
+@_conv("softsign")
+def _softsign(c: Conv) -> Lowered:
+    i = c.tensor(c.get("input"))
+    return Lowered("softsign", "compute", c.operands, lambda g, t: g.div(t[i], g.add_scalar(g.abs(t[i]), 1.0)))
+
+
+@_conv("log_sigmoid", "logsigmoid")
+def _log_sigmoid(c: Conv) -> Lowered:
+    i = c.tensor(c.get("input"))
+    return Lowered("log_sigmoid", "compute", c.operands, lambda g, t: g.neg(g.softplus(g.neg(t[i]))))
 
 
 @_conv("softmax", "_softmax")

@@ -1,6 +1,7 @@
 """One builder method per operator, shared by kernel graphs (``Graph``) and block graphs
 (``BlockBuilder``). Each method only normalizes its arguments and calls ``_apply``; the shape and
-dtype rules live in ``prism.ir.ops``."""
+dtype rules live in ``prism.ir.ops``. The element-wise operators whose arguments need no normalizing
+get their methods from their definitions (``prism.ir.elementwise.unary``/``binary``)."""
 
 from __future__ import annotations
 
@@ -93,38 +94,11 @@ class OpMethods:
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         return self._apply("matmul", (a, b))
 
-    # unary
-    def exp(self, x: Tensor) -> Tensor:
-        return self._apply("exp", (x,))
-
-    def square(self, x: Tensor) -> Tensor:
-        return self._apply("square", (x,))
-
-    def sqrt(self, x: Tensor) -> Tensor:
-        return self._apply("sqrt", (x,))
-
-    def rsqrt(self, x: Tensor) -> Tensor:
-        return self._apply("rsqrt", (x,))
-
-    def silu(self, x: Tensor) -> Tensor:
-        return self._apply("silu", (x,))
-
+    # unary (the operators without attributes get their methods from prism.ir.elementwise)
     def gelu(self, x: Tensor, approximate: str = "none") -> Tensor:
         if approximate not in ("none", "tanh"):
             raise ShapeError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
         return self._apply("gelu", (x,), (approximate,))
-
-    def relu(self, x: Tensor) -> Tensor:
-        return self._apply("relu", (x,))
-
-    def sigmoid(self, x: Tensor) -> Tensor:
-        return self._apply("sigmoid", (x,))
-
-    def tanh(self, x: Tensor) -> Tensor:
-        return self._apply("tanh", (x,))
-
-    def neg(self, x: Tensor) -> Tensor:
-        return self._apply("neg", (x,))
 
     def mul_scalar(self, x: Tensor, c: float) -> Tensor:
         return self._apply("mul_scalar", (x,), (float(c),))

@@ -1,16 +1,21 @@
-"""The operator registry: each operator is defined once here with its shape and dtype rules.
+"""The operator registry: one :class:`OpDef` per operator, carrying what every stage needs.
 
-Other stages attach their own rules to the same names (the NumPy reference in
-``prism.reference.numpy_ops``; later the e-graph term, abstract expression and lowering), and a test
-checks that every registered operator has each of them. Attributes live in ``Node.arg`` as a tuple in
-the order of ``OpDef.attrs``.
+An element-wise operator is defined in one place (``prism.ir.elementwise``): its shape and dtype rule,
+NumPy reference, e-graph term name and rewrite rules, abstract expression for search, scalar C lowering
+(plus the C helpers it needs; the generated loops vectorize it), cost, PyTorch spellings for the
+frontend and the JAX and ONNX translations the bench uses. Each stage reads those fields; nothing keys
+on lists of operator names. The structural operators (matmul, reductions, row-wise composites, layout,
+I/O) are registered here with their shape rules; their per-stage rules are written in the stages
+because each needs its own code there (loop nests, accumulators, term constructors), and
+``tests/unit/test_op_coverage.py`` checks that every stage covers every operator.
+Attributes live in ``Node.arg`` as a tuple in the order of ``OpDef.attrs``.
 
 Block-graph-only operators (input iterators, accumulators, savers) are defined in ``prism.ir.block``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +40,37 @@ _CTX: ContextVar[ShapeCtx | None] = ContextVar("prism_shape_ctx", default=None)
 
 
 ShapeRule = Callable[[ShapeCtx, tuple[Shape, ...], tuple], Shape]
+NumpyImpl = Callable[[Sequence[Any], tuple], Any]           # (arrays, arg) -> array
+CLowering = Callable[[list[str], tuple, Callable[[float], str]], str]  # (C args, arg, float literal) -> C expr
+Translation = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Torch:
+    """How PyTorch spells an operator, for the frontend.
+
+    ``names``: canonical call names (``F.x``, ``torch.x``, ``Tensor.x`` and ``aten.x.*`` all normalize to
+    ``x``; a name ``aten.x`` is used for ATen overloads whose signature differs). ``params``: the
+    signature the call is bound to (``input`` first). ``attrs(get)``: the operator's attributes from the
+    bound call (``get(param, default)``), or raises ``ValueError`` naming what is not supported.
+    ``modules``: ``nn`` module classes and the module attributes passed as keyword arguments.
+    """
+
+    names: tuple[str, ...]
+    params: tuple[str, ...] = ("input",)
+    attrs: Callable[[Callable[[str, Any], Any]], tuple] | None = None
+    modules: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """A rewrite rule an operator brings to the verifier (egglog pattern text; ``(Un "name" x)`` is the
+    term of a unary operator). ``both``: the rule is used in both directions."""
+
+    name: str
+    lhs: str
+    rhs: str
+    both: bool = True
 
 
 @dataclass(frozen=True)
@@ -46,6 +82,26 @@ class OpDef:
     shape_rule: ShapeRule
     doc: str
     elementwise: bool = False
+    # --- per-stage rules of element-wise operators (prism.ir.elementwise) ---
+    defaults: tuple = ()                 # attribute defaults (builder methods, term names)
+    numpy: NumpyImpl | None = None       # reference (float32 or float64 arrays in, same dtype out)
+    c: CLowering | None = None           # scalar C expression; generated loops vectorize it
+    c_defs: str = ""                     # C helper functions the expression calls (prelude)
+    flops: int = 1                       # cost model: flops per element (a transcendental counts its polynomial)
+    linear: bool = False                 # f(a*x) == a*f(x) for a scalar a (search: splitting a reduction past it)
+    term_head: str = ""                  # binary: the verifier's term constructor ("Add", ...)
+    abstract: Callable[..., Any] | None = None  # (alg, arg, srcs) -> abstract value; default: opaque by name
+    rules: tuple[OpRule, ...] = ()
+    torch: tuple[Torch, ...] = ()       # PyTorch spellings (frontend)
+    jax: Translation | None = None       # (jax module, arrays, arg) -> array
+    onnx: Translation | None = None      # (builder, input names, arg) -> output name
+
+    def term_name(self, arg: tuple) -> str:
+        """The name of a unary operator in the verifier's terms: ``name``, or ``name(a,b)`` when an
+        attribute differs from its default (``gelu(tanh)``, ``leaky_relu(0.2)``)."""
+        if not arg or tuple(arg) == tuple(self.defaults):
+            return self.name
+        return f"{self.name}({','.join(_attr_str(a) for a in arg)})"
 
     def dtype_rule(self, dtypes: tuple[DType, ...], arg: tuple) -> DType:
         if not dtypes:
@@ -58,14 +114,35 @@ class OpDef:
         return first
 
 
+def _attr_str(a: Any) -> str:
+    return repr(float(a)) if isinstance(a, (int, float)) and not isinstance(a, bool) else str(a)
+
+
+def parse_term_name(s: str) -> tuple[str, tuple]:
+    """Inverse of :meth:`OpDef.term_name`: ``(operator, arg)``."""
+    if "(" not in s:
+        op = get(s)
+        return s, tuple(op.defaults)
+    name, rest = s.split("(", 1)
+    parts = rest.rstrip(")").split(",")
+    arg: list[Any] = []
+    for p in parts:
+        try:
+            arg.append(float(p))
+        except ValueError:
+            arg.append(p)
+    get(name)
+    return name, tuple(arg)
+
+
 OPS: dict[str, OpDef] = {}
 
 
 def register(name: str, group: str, arity: int | None, attrs: tuple[str, ...], rule: ShapeRule, doc: str,
-             elementwise: bool = False) -> OpDef:
+             elementwise: bool = False, **stages: Any) -> OpDef:
     if name in OPS:
         raise ValueError(f"operator {name!r} registered twice")
-    op = OpDef(name, group, arity, attrs, rule, doc, elementwise)
+    op = OpDef(name, group, arity, attrs, rule, doc, elementwise, **stages)
     OPS[name] = op
     return op
 
@@ -225,18 +302,7 @@ register("input", "io", 0, ("name", "shape", "dtype"), _input, "A device tensor 
 register("output", "io", 1, ("name",), _unary, "Marks a tensor as a program output.")
 register("matmul", "contraction", 2, (), _matmul,
          "Matrix product over the last two dims; leading dims broadcast as batch.")
-UNARY_DOCS = {
-    "exp": "e**x", "square": "x*x", "sqrt": "sqrt(x)", "rsqrt": "1/sqrt(x)", "silu": "x*sigmoid(x)",
-    "gelu": "x*Phi(x) (exact, erf-based; arg approximate='tanh' uses the tanh form)",
-    "relu": "max(x, 0)", "sigmoid": "1/(1+exp(-x))", "tanh": "tanh(x)", "neg": "-x",
-}
-for _n, _d in UNARY_DOCS.items():
-    register(_n, "unary", 1, ("approximate",) if _n == "gelu" else (), _unary, _d, elementwise=True)
-register("mul_scalar", "unary", 1, ("c",), _unary, "x * c for a Python float c", elementwise=True)
-register("add_scalar", "unary", 1, ("c",), _unary, "x + c for a Python float c", elementwise=True)
-for _n, _d in {"add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b",
-               "maximum": "max(a, b)"}.items():
-    register(_n, "binary", 2, (), _binary, _d + " with NumPy broadcasting", elementwise=True)
+# element-wise operators: prism.ir.elementwise (imported at the end of this module)
 for _n in ("sum", "max", "mean"):
     register(_n, "reduction", 1, ("dim",), _reduce, f"{_n} over one dim, keepdim")
 register("rms_norm", "composite", 1, ("dim", "eps"), _rowwise, "x / sqrt(mean(x*x, dim) + eps)")
@@ -249,8 +315,11 @@ register("customized", "custom", None, ("block_graph",), _customized,
          "A graph-defined kernel: a block graph run over a grid (its results are `result` nodes).")
 register("result", "custom", 1, ("index",), _result, "Result `index` of a customized operator.")
 
+from prism.ir import elementwise as _elementwise  # noqa: E402,F401  (registers the element-wise operators)
+
 # Operators a block graph may use on tiles (everything but I/O and customized).
 TILE_OPS = frozenset(n for n, o in OPS.items() if o.group not in ("io", "custom"))
+ELEMENTWISE = frozenset(n for n, o in OPS.items() if o.elementwise)
 
 
 def infer(op: OpDef, src_shapes: tuple[Shape, ...], src_dtypes: tuple[DType, ...], arg: tuple,
@@ -280,4 +349,5 @@ def attrs_dict(op: OpDef, arg: Any) -> dict[str, Any]:
     return dict(zip(op.attrs, arg)) if arg is not None else {}
 
 
-__all__ = ["OPS", "TILE_OPS", "Dim", "OpDef", "ShapeCtx", "broadcast_shapes", "get", "infer", "register"]
+__all__ = ["ELEMENTWISE", "OPS", "TILE_OPS", "Dim", "OpDef", "OpRule", "ShapeCtx", "Torch", "broadcast_shapes", "get",
+           "infer", "parse_term_name", "register"]

@@ -19,17 +19,18 @@ from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
 from prism.errors import UnsupportedError
+from prism.ir.ops import OPS
 
 T = TypeVar("T")
 
 CONST = "c"
 
-# IR operators the search can reason about (kernel level; TILE_OPS minus layout ops inside blocks).
-UNARY_OPAQUE = ("exp", "sqrt", "rsqrt", "silu", "gelu", "relu", "sigmoid", "tanh", "neg")
-BINARY = ("add", "sub", "mul", "div", "maximum")
+# IR operators the search can reason about (kernel level; TILE_OPS minus layout ops inside blocks). An
+# element-wise operator's abstract value is OpDef.abstract, or the operator applied by name (opaque).
+ELEMENTWISE = tuple(n for n, o in OPS.items() if o.elementwise)
+BINARY = tuple(n for n, o in OPS.items() if o.group == "binary")
 IDENTITY = ("permute", "reshape", "output", "result", "save", "iter")
-SUPPORTED = frozenset((*UNARY_OPAQUE, *BINARY, *IDENTITY, "input", "matmul", "square", "mul_scalar",
-                       "add_scalar", "sum", "mean", "max", "rms_norm", "softmax"))
+SUPPORTED = frozenset((*ELEMENTWISE, *IDENTITY, "input", "matmul", "sum", "mean", "max", "rms_norm", "softmax"))
 WHY_UNSUPPORTED = {
     "concat": "concatenation places data by position, which the size-free abstract algebra cannot see",
     "split": "a split part depends on positions, which the size-free abstract algebra cannot see",
@@ -56,16 +57,11 @@ def op_expr(alg: Algebra[T], op: str, arg: tuple, srcs: Sequence[T | None]) -> T
     a = srcs[0] if srcs else None
     if op == "matmul":
         return alg.u("sum", alg.b("mul", a, srcs[1]))
-    if op in UNARY_OPAQUE:
-        return alg.u(op, a)
-    if op == "square":
-        return alg.b("mul", a, a)
-    if op == "mul_scalar":
-        return alg.b("mul", a, alg.atom(CONST))
-    if op == "add_scalar":
-        return alg.b("add", a, alg.atom(CONST))
-    if op in BINARY:
-        return alg.b(op, a, srcs[1])
+    d = OPS.get(op)
+    if d is not None and d.elementwise:
+        if d.abstract is not None:
+            return d.abstract(alg, arg, srcs)
+        return alg.u(op, a) if d.group == "unary" else alg.b(op, a, srcs[1])
     if op in ("sum", "mean"):
         return alg.u("sum", a)
     if op == "max":

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prism.ir.dims import DimLike, evaluate
+from prism.ir.ops import OPS
 from prism.search import maps as M
 from prism.search.egraph import ClassTable
 from prism.search.space import COMMUTATIVE, CompiledTemplate, Limits, Template
@@ -476,7 +477,8 @@ class BlockSearch:
                            self._fixed, self._sizes)
 
 
-LINEAR = frozenset(("permute", "neg", "mul_scalar", "sum", "mean"))
+# linear in x: the layout and sum reductions, and the element-wise operators marked linear (OpDef.linear)
+LINEAR = frozenset(("permute", "sum", "mean", *(n for n, o in OPS.items() if o.linear)))
 
 
 def _partials(t: Template, xs: list[BT], new: list) -> tuple[frozenset, frozenset]:

@@ -40,6 +40,7 @@ from prism.ir import dims as D
 from prism.ir.block import BlockGraph
 from prism.ir.graph import Graph
 from prism.ir.node import Node
+from prism.ir.ops import OPS
 from prism.tune.machine import Machine
 
 BYTES = 4                  # float32
@@ -53,7 +54,8 @@ RUN_DRAM_S = 9e-9          # ... when the tensor comes from DRAM (strided rows d
 L3_SHARE = 0.25            # of the shared L3 counted on for one kernel's data (other tensors, other processes)
 PARALLEL_MIN = 32 * 1024   # the code generator parallelizes predefined loop nests from this many elements
 
-OP_FLOPS = {"exp": 8, "sigmoid": 8, "silu": 9, "tanh": 10, "gelu": 12, "sqrt": 4, "rsqrt": 4, "div": 4,
+# flops per element: the element-wise operators' from their definitions (OpDef.flops)
+OP_FLOPS = {**{n: o.flops for n, o in OPS.items() if o.elementwise},
             "rms_norm": 6, "softmax": 14, "mean": 1, "sum": 1, "max": 1}
 ACC_FLOPS = {"sum": 1, "sum_last": 1, "rms": 2, "max": 1, "softmax_sum": 10}
 LAYOUT = ("reshape", "permute", "iter", "save", "split")

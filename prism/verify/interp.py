@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prism.errors import PrismError
+from prism.ir.ops import OPS, parse_term_name
 from prism.reference.numpy_ops import IMPL
 from prism.verify.terms import Sexp, Str, Var
 
@@ -164,18 +166,17 @@ def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[np.
     return run
 
 
-_BIN = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Maximum": np.maximum}
+_BIN = {o.term_head: (lambda impl: lambda a, b: impl((a, b), ()))(o.numpy)
+        for o in OPS.values() if o.group == "binary" and o.numpy is not None}
 _RED = {"Sum": np.sum, "Max": np.max, "Mean": np.mean}
 
 
 def _unary(name: str, x: np.ndarray) -> np.ndarray:
-    if name == "gelu_tanh":
-        return IMPL["gelu"]([x], ("tanh",))
-    if name == "gelu":
-        return IMPL["gelu"]([x], ("none",))
-    if name not in IMPL:
-        raise TermShapeError(f"unknown unary operator {name!r}")
-    return IMPL[name]([x], ())
+    try:
+        op, arg = parse_term_name(name)
+    except PrismError:
+        raise TermShapeError(f"unknown unary operator {name!r}") from None
+    return IMPL[op]([x], arg)
 
 
 class Interpreter:

@@ -29,13 +29,16 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from prism.ir.ops import OPS
+
 # argument kinds: T tensor term, i dim (i64), f float (f64), s string, p parallel dim
 CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     "In": ("s",),                  # a named input tensor
     "Un": ("s", "T"),              # a point-wise unary operator, by name (see UNARY_OPS)
     "Scale": ("T", "f"),           # x * c
     "Shift": ("T", "f"),           # x + c
-    "Add": ("T", "T"), "Sub": ("T", "T"), "Mul": ("T", "T"), "Div": ("T", "T"), "Maximum": ("T", "T"),
+    # the binary element-wise operators, by their OpDef.term_head (Add, Sub, Mul, Div, Maximum, ...)
+    **{o.term_head: ("T", "T") for o in OPS.values() if o.group == "binary"},
     "Matmul": ("T", "T"),
     "Sum": ("T", "i"), "Max": ("T", "i"), "Mean": ("T", "i"),   # keepdim reductions
     "Transpose": ("T", "i", "i"),  # swap two dims
@@ -48,9 +51,11 @@ CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     "Partition": ("T", "i", "p"), "Replicate": ("T", "p"), "Combine": ("T", "i", "p"),
     "Reduce": ("T", "p"), "ReduceMax": ("T", "p"),
 }
-BINARY = ("Add", "Sub", "Mul", "Div", "Maximum")
+BINARY = tuple(o.term_head for o in OPS.values() if o.group == "binary")
 REDUCTIONS = ("Sum", "Max", "Mean")
-UNARY_OPS = ("exp", "square", "sqrt", "rsqrt", "silu", "gelu", "gelu_tanh", "relu", "sigmoid", "tanh", "neg")
+# names of the unary element-wise operators in (Un name x): OpDef.term_name (attributes other than the
+# defaults are part of the name: "gelu(tanh)", "leaky_relu(0.2)"); the scalar ops have Scale/Shift
+UNARY_OPS = tuple(n for n, o in OPS.items() if o.group == "unary" and n not in ("mul_scalar", "add_scalar"))
 
 _SORT = {"T": "T", "i": "i64", "f": "f64", "s": "String", "p": "Pd"}
 

@@ -30,6 +30,7 @@ from prism.ir.block import BlockGraph
 from prism.ir.dims import DimLike
 from prism.ir.graph import Graph
 from prism.ir.node import Node
+from prism.ir.ops import OPS
 from prism.verify.terms import Sexp, Str, Var, fmt
 
 Term = Var  # a reference to a let-bound term ($tN)
@@ -127,18 +128,15 @@ class Translator:
         x = srcs[0] if srcs else None
         if op == "matmul":
             return add(("Matmul", srcs[0], srcs[1]), out)
-        if op in ("exp", "square", "sqrt", "rsqrt", "silu", "relu", "sigmoid", "tanh", "neg"):
-            return add(("Un", Str(op), x), out)
-        if op == "gelu":
-            approx = arg[0] if arg else "none"
-            return add(("Un", Str("gelu_tanh" if approx == "tanh" else "gelu"), x), out)
         if op == "mul_scalar":
             return add(("Scale", x, float(arg[0])), out)
         if op == "add_scalar":
             return add(("Shift", x, float(arg[0])), out)
-        if op in ("add", "sub", "mul", "div", "maximum"):
-            head = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Maximum"}[op]
-            return add((head, srcs[0], srcs[1]), out)
+        d = OPS.get(op)
+        if d is not None and d.group == "unary":
+            return add(("Un", Str(d.term_name(arg)), x), out)
+        if d is not None and d.group == "binary":
+            return add((d.term_head, srcs[0], srcs[1]), out)
         if op in ("sum", "max", "mean"):
             return add((op.capitalize(), x, _neg(arg[0], r)), out)
         if op == "rms_norm":

@@ -115,6 +115,27 @@ UNARY: dict[str, tuple[str, Callable, Callable, Callable]] = {
     "mul_scalar_neg": ("mul_scalar", lambda g, x: g.mul_scalar(x, -0.3), lambda t: t * -0.3, rand),
     "add_scalar": ("add_scalar", lambda g, x: g.add_scalar(x, 1.5), lambda t: t + 1.5, rand),
     "add_scalar_neg": ("add_scalar", lambda g, x: g.add_scalar(x, -3.25), lambda t: t - 3.25, rand),
+    "abs": ("abs", lambda g, x: g.abs(x), torch.abs, rand),
+    "log": ("log", lambda g, x: g.log(x), torch.log, positive),
+    "erf": ("erf", lambda g, x: g.erf(x), torch.erf, rand),
+    "sin": ("sin", lambda g, x: g.sin(x), torch.sin, lambda r, *s: 4 * rand(r, *s)),
+    "cos": ("cos", lambda g, x: g.cos(x), torch.cos, lambda r, *s: 4 * rand(r, *s)),
+    "clamp": ("clamp", lambda g, x: g.clamp(x, -0.5, 0.7), lambda t: torch.clamp(t, -0.5, 0.7), rand),
+    "clamp_min": ("clamp", lambda g, x: g.clamp(x, 0.1, float("inf")), lambda t: torch.clamp(t, min=0.1), rand),
+    "hardtanh": ("clamp", lambda g, x: g.clamp(x), Fn.hardtanh, rand),
+    "leaky_relu": ("leaky_relu", lambda g, x: g.leaky_relu(x), Fn.leaky_relu, rand),
+    "leaky_relu_0.2": ("leaky_relu", lambda g, x: g.leaky_relu(x, 0.2), lambda t: Fn.leaky_relu(t, 0.2), rand),
+    "hardsigmoid": ("hardsigmoid", lambda g, x: g.hardsigmoid(x), Fn.hardsigmoid, lambda r, *s: 4 * rand(r, *s)),
+    "hardswish": ("hardswish", lambda g, x: g.hardswish(x), Fn.hardswish, lambda r, *s: 4 * rand(r, *s)),
+    "elu": ("elu", lambda g, x: g.elu(x), Fn.elu, rand),
+    "elu_0.5": ("elu", lambda g, x: g.elu(x, 0.5), lambda t: Fn.elu(t, 0.5), rand),
+    "selu": ("elu", lambda g, x: g.elu(x, 1.6732632423543772848170429916717, 1.0507009873554804934193349852946),
+             Fn.selu, rand),
+    "celu": ("elu", lambda g, x: g.elu(x, 0.7, 1.0, 1 / 0.7), lambda t: Fn.celu(t, 0.7), rand),
+    "softplus": ("softplus", lambda g, x: g.softplus(x), Fn.softplus, lambda r, *s: 10 * rand(r, *s)),
+    "softplus_beta": ("softplus", lambda g, x: g.softplus(x, 2.0, 5.0), lambda t: Fn.softplus(t, 2.0, 5.0),
+                      lambda r, *s: 5 * rand(r, *s)),
+    "mish": ("mish", lambda g, x: g.mish(x), Fn.mish, lambda r, *s: 5 * rand(r, *s)),
 }
 
 
@@ -127,7 +148,9 @@ def test_unary(rng, case: str, dtype: str) -> None:
     close(got, tfn(*torch_of(arrays, dtype)), dtype)
 
 
-@pytest.mark.parametrize("case", ["sigmoid", "silu", "tanh", "relu", "gelu", "gelu_tanh", "neg"])
+@pytest.mark.parametrize("case", ["sigmoid", "silu", "tanh", "relu", "gelu", "gelu_tanh", "neg", "abs", "erf",
+                                  "clamp", "leaky_relu", "hardsigmoid", "hardswish", "elu", "selu", "softplus",
+                                  "softplus_beta", "mish"])
 def test_unary_large_magnitudes_stay_finite(case: str) -> None:
     """Stable forms: sigmoid/silu must not overflow for |x| ~ 1e3 in float32."""
     _, build, tfn, _ = UNARY[case]
@@ -144,6 +167,7 @@ BINARY: dict[str, tuple[Callable, Callable]] = {
     "mul": (lambda g, a, b: g.mul(a, b), torch.mul),
     "div": (lambda g, a, b: g.div(a, b), torch.div),
     "maximum": (lambda g, a, b: g.maximum(a, b), torch.maximum),
+    "minimum": (lambda g, a, b: g.minimum(a, b), torch.minimum),
 }
 BROADCAST_SHAPES = [((3, 4), (3, 4)), ((4, 1), (1, 5)), ((3,), (2, 3)), ((2, 1, 4), (3, 1)), ((2, 3, 4), (4,)),
                     ((1,), (2, 3)), ((2, 3, 1), (2, 1, 5))]

@@ -16,6 +16,7 @@ import numpy as np
 from prism.bench.systems.base import Prepared, System, Unavailable
 from prism.ir import dims as D
 from prism.ir.graph import Graph
+from prism.ir.ops import OPS
 from prism.workloads import Workload
 from prism.workloads.base import Shape
 
@@ -28,25 +29,11 @@ def _op_table(jax: Any, jnp: Any) -> dict[str, Callable[[list, tuple], Any]]:
     def rms_norm(x: Any, dim: int, eps: float) -> Any:
         return x / jnp.sqrt(jnp.mean(x * x, axis=dim, keepdims=True) + eps)
 
+    # the element-wise operators' translations come from their definitions (OpDef.jax)
+    elementwise = {n: (lambda f: lambda a, arg: f(jax, a, arg))(o.jax) for n, o in OPS.items() if o.jax}
     return {
+        **elementwise,
         "matmul": lambda a, arg: jnp.matmul(a[0], a[1]),
-        "exp": lambda a, arg: jnp.exp(a[0]),
-        "square": lambda a, arg: a[0] * a[0],
-        "sqrt": lambda a, arg: jnp.sqrt(a[0]),
-        "rsqrt": lambda a, arg: jax.lax.rsqrt(a[0]),
-        "silu": lambda a, arg: jax.nn.silu(a[0]),
-        "gelu": lambda a, arg: jax.nn.gelu(a[0], approximate=bool(arg) and arg[0] == "tanh"),
-        "relu": lambda a, arg: jax.nn.relu(a[0]),
-        "sigmoid": lambda a, arg: jax.nn.sigmoid(a[0]),
-        "tanh": lambda a, arg: jnp.tanh(a[0]),
-        "neg": lambda a, arg: -a[0],
-        "mul_scalar": lambda a, arg: a[0] * np.float32(arg[0]),
-        "add_scalar": lambda a, arg: a[0] + np.float32(arg[0]),
-        "add": lambda a, arg: a[0] + a[1],
-        "sub": lambda a, arg: a[0] - a[1],
-        "mul": lambda a, arg: a[0] * a[1],
-        "div": lambda a, arg: a[0] / a[1],
-        "maximum": lambda a, arg: jnp.maximum(a[0], a[1]),
         "sum": lambda a, arg: jnp.sum(a[0], axis=arg[0], keepdims=True),
         "max": lambda a, arg: jnp.max(a[0], axis=arg[0], keepdims=True),
         "mean": lambda a, arg: jnp.mean(a[0], axis=arg[0], keepdims=True),

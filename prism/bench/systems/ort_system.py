@@ -8,7 +8,6 @@ buffer, so a timed call is one ``run_with_iobinding``.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -18,12 +17,11 @@ import numpy as np
 from prism.bench.systems.base import Prepared, System, Unavailable
 from prism.bench.systems.jax_system import _ints
 from prism.ir.graph import Graph
+from prism.ir.ops import OPS
 from prism.workloads import Workload
 from prism.workloads.base import Shape
 
 OPSET = 18  # reductions take their axes as an input from here on, uniformly
-_UNARY = {"exp": "Exp", "sqrt": "Sqrt", "relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "neg": "Neg"}
-_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "maximum": "Max", "matmul": "MatMul"}
 _REDUCE = {"sum": "ReduceSum", "max": "ReduceMax", "mean": "ReduceMean"}
 
 
@@ -49,25 +47,21 @@ class _Builder:
         self.nodes.append(self.helper.make_node(kind, ins, [out], **attrs))
         return out
 
+    def scalar(self, value: float) -> str:
+        return self.const(np.array(value, dtype=np.float32))
+
     def reduce(self, kind: str, x: str, dim: int) -> str:
         return self.op(kind, [x, self.const(np.array([dim], dtype=np.int64))], keepdims=1)
 
 
 def _lower(b: _Builder, op: str, ins: list[str], arg: tuple) -> str:
-    if op in _UNARY:
-        return b.op(_UNARY[op], ins)
-    if op in _BINARY:
-        return b.op(_BINARY[op], ins)
+    d = OPS.get(op)
+    if d is not None and d.onnx is not None:  # element-wise: from the definition (OpDef.onnx)
+        return d.onnx(b, ins, tuple(arg))
+    if op == "matmul":
+        return b.op("MatMul", ins)
     if op in _REDUCE:
         return b.reduce(_REDUCE[op], ins[0], arg[0])
-    if op == "square":
-        return b.op("Mul", [ins[0], ins[0]])
-    if op == "rsqrt":
-        return b.op("Reciprocal", [b.op("Sqrt", ins)])
-    if op == "silu":
-        return b.op("Mul", [ins[0], b.op("Sigmoid", ins)])
-    if op in ("mul_scalar", "add_scalar"):
-        return b.op("Mul" if op == "mul_scalar" else "Add", [ins[0], b.const(np.array(arg[0], dtype=np.float32))])
     if op == "rms_norm":
         dim, eps = arg
         ms = b.reduce("ReduceMean", b.op("Mul", [ins[0], ins[0]]), dim)
@@ -85,21 +79,7 @@ def _lower(b: _Builder, op: str, ins: list[str], arg: tuple) -> str:
         start = sum(_ints(sizes[:index]))
         bounds = [b.const(np.array([v], dtype=np.int64)) for v in (start, start + _ints(sizes)[index], dim)]
         return b.op("Slice", [ins[0], *bounds])
-    if op == "gelu":
-        return _gelu(b, ins[0], bool(arg) and arg[0] == "tanh")
     raise Unavailable(f"no ONNX lowering for operator {op!r}")
-
-
-def _gelu(b: _Builder, x: str, tanh: bool) -> str:
-    def c(v: float) -> str:
-        return b.const(np.array(v, dtype=np.float32))
-    if tanh:  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-        cube = b.op("Mul", [b.op("Mul", [x, x]), x])
-        inner = b.op("Mul", [c(math.sqrt(2.0 / math.pi)), b.op("Add", [x, b.op("Mul", [c(0.044715), cube])])])
-        t = b.op("Tanh", [inner])
-    else:     # 0.5 x (1 + erf(x / sqrt(2)))
-        t = b.op("Erf", [b.op("Div", [x, c(math.sqrt(2.0))])])
-    return b.op("Mul", [b.op("Mul", [c(0.5), x]), b.op("Add", [c(1.0), t])])
 
 
 def graph_to_onnx(g: Graph) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prism.verify.rules import algebra, analysis, cancel, layout, parallel, softmax, split
+from prism.verify.rules import algebra, analysis, cancel, layout, operators, parallel, softmax, split
 from prism.verify.rules.base import Fact, OneOf, Par, Rule, SizeStr
 
 RULESETS: dict[str, tuple[Rule, ...]] = {
@@ -12,7 +12,7 @@ RULESETS: dict[str, tuple[Rule, ...]] = {
     split.RULESET: split.RULES,
     softmax.RULESET: softmax.RULES,
     layout.RULESET: layout.RULES,
-    algebra.RULESET: algebra.RULES,
+    algebra.RULESET: algebra.RULES + operators.RULES,
 }
 FACTS: tuple[Fact, ...] = analysis.FACTS
 ANALYSIS = analysis.RULESET
