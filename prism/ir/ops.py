@@ -94,6 +94,8 @@ class OpDef:
     rules: tuple[OpRule, ...] = ()
     torch: tuple[Torch, ...] = ()       # PyTorch spellings (frontend)
     jax: Translation | None = None       # (jax module, arrays, arg) -> array
+    # --- composites ---
+    decomp: Callable[..., Any] | None = None  # (g, *operands, *attrs) -> value, g with one method per operator
     onnx: Translation | None = None      # (builder, input names, arg) -> output name
 
     def term_name(self, arg: tuple) -> str:
@@ -305,8 +307,23 @@ register("matmul", "contraction", 2, (), _matmul,
 # element-wise operators: prism.ir.elementwise (imported at the end of this module)
 for _n in ("sum", "max", "mean"):
     register(_n, "reduction", 1, ("dim",), _reduce, f"{_n} over one dim, keepdim")
-register("rms_norm", "composite", 1, ("dim", "eps"), _rowwise, "x / sqrt(mean(x*x, dim) + eps)")
-register("softmax", "composite", 1, ("dim",), _rowwise, "exp(x - max) / sum(exp(x - max)) over dim")
+
+
+def _rms_norm(g: Any, x: Any, dim: int, eps: float) -> Any:
+    return g.div(x, g.sqrt(g.add_scalar(g.mean(g.square(x), dim), eps)))
+
+
+def _softmax(g: Any, x: Any, dim: int) -> Any:
+    e = g.exp(g.sub(x, g.max(x, dim)))
+    return g.div(e, g.sum(e, dim))
+
+
+# Row-wise composites: IR operators (their kernels need dedicated accumulators: online softmax, the rms
+# statistic) whose meaning is stated once, as a decomposition into other operators; the reference, the
+# verifier's terms and the JAX translation are derived from it (see decompose).
+register("rms_norm", "composite", 1, ("dim", "eps"), _rowwise, "x / sqrt(mean(x*x, dim) + eps)", decomp=_rms_norm)
+register("softmax", "composite", 1, ("dim",), _rowwise, "exp(x - max) / sum(exp(x - max)) over dim",
+         decomp=_softmax)
 register("permute", "layout", 1, ("perm",), _permute, "Reorders dims (transpose is a permute).")
 register("reshape", "layout", 1, ("shape",), _reshape, "Row-major reshape; the element count must match.")
 register("concat", "layout", None, ("dim",), _concat, "Concatenation along dim.")
@@ -345,9 +362,44 @@ def infer(op: OpDef, src_shapes: tuple[Shape, ...], src_dtypes: tuple[DType, ...
     return shape, dtype
 
 
+class _Stage:
+    """Applies a decomposition with one stage's rule per operator: ``g.mean(x, dim)`` calls
+    ``apply("mean", [x], (dim,))``."""
+
+    def __init__(self, apply: Callable[[str, list, tuple], Any]) -> None:
+        self._apply = apply
+
+    def __getattr__(self, op: str) -> Callable[..., Any]:
+        n = get(op).arity or 0
+        return lambda *a: self._apply(op, list(a[:n]), tuple(a[n:]))
+
+
+def decompose(op: str, apply: Callable[[str, list, tuple], Any], srcs: Sequence[Any], arg: tuple) -> Any:
+    """The value of composite ``op`` computed by a stage: its decomposition with ``apply(op, srcs, arg)``
+    as the stage's rule for each operator it is made of."""
+    d = get(op)
+    if d.decomp is None:
+        raise ValueError(f"operator {op!r} has no decomposition")
+    return d.decomp(_Stage(apply), *srcs, *arg)
+
+
 def attrs_dict(op: OpDef, arg: Any) -> dict[str, Any]:
     return dict(zip(op.attrs, arg)) if arg is not None else {}
 
 
-__all__ = ["ELEMENTWISE", "OPS", "TILE_OPS", "Dim", "OpDef", "OpRule", "ShapeCtx", "Torch", "broadcast_shapes", "get",
-           "infer", "parse_term_name", "register"]
+__all__ = [
+    "ELEMENTWISE",
+    "OPS",
+    "TILE_OPS",
+    "Dim",
+    "OpDef",
+    "OpRule",
+    "ShapeCtx",
+    "Torch",
+    "broadcast_shapes",
+    "decompose",
+    "get",
+    "infer",
+    "parse_term_name",
+    "register",
+]

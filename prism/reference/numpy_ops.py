@@ -11,19 +11,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from prism.ir.ops import OPS
+from prism.ir.ops import OPS, decompose
 
 Impl = Callable[[Sequence[np.ndarray], tuple], np.ndarray]
 IMPL: dict[str, Impl] = {}
-
-def _softmax(x: np.ndarray, dim: int) -> np.ndarray:
-    e = np.exp(x - np.max(x, axis=dim, keepdims=True))
-    return e / np.sum(e, axis=dim, keepdims=True)
-
-
-def _rms_norm(x: np.ndarray, dim: int, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=dim, keepdims=True) + x.dtype.type(eps))
-
 
 def _split(x: np.ndarray, dim: int, sizes: tuple, index: int) -> np.ndarray:
     start = sum(int(s) for s in sizes[:index])
@@ -38,8 +29,6 @@ IMPL.update({
     "sum": lambda a, arg: np.sum(a[0], axis=arg[0], keepdims=True),
     "max": lambda a, arg: np.max(a[0], axis=arg[0], keepdims=True),
     "mean": lambda a, arg: np.mean(a[0], axis=arg[0], keepdims=True),
-    "rms_norm": lambda a, arg: _rms_norm(a[0], arg[0], arg[1]),
-    "softmax": lambda a, arg: _softmax(a[0], arg[0]),
     # a view (nothing writes into values): copying W6's K cache (b = 10: 335 MB in float64) took 0.14-0.7 s
     # of every reference evaluation, and matmul reads a transposed operand directly
     "permute": lambda a, arg: np.transpose(a[0], arg[0]),
@@ -47,6 +36,11 @@ IMPL.update({
     "concat": lambda a, arg: np.concatenate(a, axis=arg[0]),
     "split": lambda a, arg: _split(a[0], *arg),
 })
+
+
+# composites: their decomposition (OpDef.decomp) with the references above
+IMPL.update({n: (lambda name: lambda a, arg: decompose(name, lambda op, s, r: IMPL[op](s, r), a, tuple(arg)))(n)
+             for n, o in OPS.items() if o.decomp is not None})
 
 
 def apply(op: str, arrays: Sequence[np.ndarray], arg: tuple) -> np.ndarray:

@@ -28,9 +28,10 @@ from prism.errors import UnsupportedError
 from prism.ir import dims as D
 from prism.ir.block import BlockGraph
 from prism.ir.dims import DimLike
+from prism.ir.dtypes import float32
 from prism.ir.graph import Graph
 from prism.ir.node import Node
-from prism.ir.ops import OPS
+from prism.ir.ops import OPS, decompose, infer
 from prism.verify.terms import Sexp, Str, Var, fmt
 
 Term = Var  # a reference to a let-bound term ($tN)
@@ -139,14 +140,8 @@ class Translator:
             return add((d.term_head, srcs[0], srcs[1]), out)
         if op in ("sum", "max", "mean"):
             return add((op.capitalize(), x, _neg(arg[0], r)), out)
-        if op == "rms_norm":
-            d, eps = _neg(arg[0], r), float(arg[1])
-            ms = add(("Mean", add(("Un", Str("square"), x), shapes[0]), d))
-            return add(("Div", x, add(("Un", Str("sqrt"), add(("Shift", ms, eps))))), out)
-        if op == "softmax":
-            d = _neg(arg[0], r)
-            e = add(("Un", Str("exp"), add(("Sub", x, add(("Max", x, d))))), shapes[0])
-            return add(("Div", e, add(("Sum", e, d))), out)
+        if d is not None and d.decomp is not None:  # a composite: the terms of its decomposition
+            return self._decomposed(op, arg, srcs[0], shapes[0], out)
         if op == "permute":
             return self._permute(x, tuple(arg[0]), shapes[0], out)  # type: ignore[arg-type]
         if op == "reshape":
@@ -160,6 +155,13 @@ class Translator:
                 start = start + s
             return add(("Slice", x, _neg(dim, r), self.dag.size(start), self.dag.size(sizes[index])), out)
         raise UnsupportedError(f"the formal verifier has no term for operator {op!r}")
+
+    def _decomposed(self, op: str, arg: tuple, x: Var, shape: tuple[DimLike, ...], out: tuple[DimLike, ...]) -> Var:
+        def apply(o: str, srcs: list[tuple[Var, tuple]], a: tuple) -> tuple[Var, tuple]:
+            shp = infer(OPS[o], tuple(s[1] for s in srcs), (float32,) * len(srcs), a)[0]
+            return self.op(o, a, [s[0] for s in srcs], [s[1] for s in srcs], shp), shp
+        ref, _ = decompose(op, apply, [(x, shape)], tuple(arg))
+        return self.dag.shaped(ref, out)
 
     def _permute(self, x: Var, perm: tuple[int, ...], shape: tuple[DimLike, ...], out: tuple[DimLike, ...]) -> Var:
         r = len(perm)

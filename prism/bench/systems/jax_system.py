@@ -16,7 +16,7 @@ import numpy as np
 from prism.bench.systems.base import Prepared, System, Unavailable
 from prism.ir import dims as D
 from prism.ir.graph import Graph
-from prism.ir.ops import OPS
+from prism.ir.ops import OPS, decompose
 from prism.workloads import Workload
 from prism.workloads.base import Shape
 
@@ -26,18 +26,15 @@ def _ints(shape: Sequence[object]) -> tuple[int, ...]:
 
 
 def _op_table(jax: Any, jnp: Any) -> dict[str, Callable[[list, tuple], Any]]:
-    def rms_norm(x: Any, dim: int, eps: float) -> Any:
-        return x / jnp.sqrt(jnp.mean(x * x, axis=dim, keepdims=True) + eps)
-
     # the element-wise operators' translations come from their definitions (OpDef.jax)
     elementwise = {n: (lambda f: lambda a, arg: f(jax, a, arg))(o.jax) for n, o in OPS.items() if o.jax}
-    return {
+    table = {
         **elementwise,
         "matmul": lambda a, arg: jnp.matmul(a[0], a[1]),
         "sum": lambda a, arg: jnp.sum(a[0], axis=arg[0], keepdims=True),
         "max": lambda a, arg: jnp.max(a[0], axis=arg[0], keepdims=True),
         "mean": lambda a, arg: jnp.mean(a[0], axis=arg[0], keepdims=True),
-        "rms_norm": lambda a, arg: rms_norm(a[0], arg[0], arg[1]),
+        # softmax as users write it in JAX (the library's own); rms_norm from its decomposition below
         "softmax": lambda a, arg: jax.nn.softmax(a[0], axis=arg[0]),
         "permute": lambda a, arg: jnp.transpose(a[0], arg[0]),
         "reshape": lambda a, arg: jnp.reshape(a[0], _ints(arg[0])),
@@ -45,6 +42,8 @@ def _op_table(jax: Any, jnp: Any) -> dict[str, Callable[[list, tuple], Any]]:
         "split": lambda a, arg: jax.lax.slice_in_dim(a[0], sum(_ints(arg[1][:arg[2]])),
                                                      sum(_ints(arg[1][:arg[2] + 1])), axis=arg[0]),
     }
+    table["rms_norm"] = lambda a, arg: decompose("rms_norm", lambda op, s, r: table[op](s, r), a, tuple(arg))
+    return table
 
 
 def graph_to_jax(g: Graph) -> Callable[..., tuple]:
