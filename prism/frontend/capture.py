@@ -233,7 +233,7 @@ def _dtype_problem(node: Any) -> str:
     for a in node.all_input_nodes:
         vals += _tensor_metas(meta_value(a))
     for v in vals:
-        if str(v.dtype) != "torch.float32":
+        if str(v.dtype) not in ("torch.float32", "torch.bool"):  # bool: a mask (see _masks)
             return f"dtype {str(v.dtype).removeprefix('torch.')} (Prism computes in float32)"
         dev = getattr(v, "device", None)
         if dev is not None and str(dev) != "cpu" and getattr(dev, "type", "cpu") != "cpu":
@@ -385,6 +385,7 @@ def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = Non
             fallbacks.append(Fallback(n, display_name(n), str(e)))
             continue
         units.append(Unit(len(units), n, low, [n]))
+    units = _masks(units, fallbacks)
     by_node = {u.node: u for u in units}
     units = _fuse_rms(units, by_node)
     graph, units, failed, names = _trial(gm, units)
@@ -396,6 +397,33 @@ def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = Non
     cap = Captured(gm, units, fallbacks, graph, persistent=persistent, inputs=names)
     cap.unit_of = {m: u for u in units for m in u.members}
     return cap
+
+
+def _is_bool(node: Any) -> bool:
+    return any(str(v.dtype) == "torch.bool" for v in _tensor_metas(meta_value(node)))
+
+
+def _masks(units: list[Unit], fallbacks: list[Fallback]) -> list[Unit]:
+    """A bool tensor (a mask) is float 0/1 inside Prism, so it may only flow between Prism units: a unit
+    whose mask PyTorch uses, or that uses a mask PyTorch computes (or a bool input), stays in PyTorch
+    (repeated until no such unit is left)."""
+    units = list(units)
+    while True:
+        nodes = {u.node for u in units}
+        bad: list[tuple[Unit, str]] = []
+        for u in units:
+            if _is_bool(u.node) and any(user not in nodes for user in u.node.users):
+                bad.append((u, "its bool result (a mask) is used outside Prism; Prism keeps masks as float 0/1"))
+                continue
+            outside = [a for a in u.node.all_input_nodes if _is_bool(a) and a not in nodes]
+            if outside:
+                bad.append((u, f"bool operand {outside[0].name} comes from outside Prism (a mask Prism did not "
+                               "compute; pass it as float32 0/1, e.g. mask.float(), to keep this on Prism)"))
+        if not bad:
+            return units
+        for u, why in bad:
+            units.remove(u)
+            fallbacks.append(Fallback(u.node, display_name(u.node), why))
 
 
 def _trial(gm: Any, units: list[Unit]) -> tuple[Graph, list[Unit], list[Fallback], dict[str, Any]]:

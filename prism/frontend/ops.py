@@ -83,6 +83,10 @@ SIGS: dict[str, tuple[str, ...]] = {
     "normalize": ("input", "p", "dim", "eps", "out"),
     "cosine_similarity": ("x1", "x2", "dim", "eps"),
     "log_sigmoid": ("input",), "logsigmoid": ("input",), "softsign": ("input",),
+    **{k: ("input", "other") for k in ("gt", "ge", "lt", "le", "eq", "ne")},
+    "where": ("condition", "input", "other"), "masked_fill": ("input", "mask", "value"),
+    "logical_not": ("input",), "bitwise_not": ("input",), "logical_and": ("input", "other"),
+    "bitwise_and": ("input", "other"), "logical_or": ("input", "other"), "bitwise_or": ("input", "other"),
     "softmax": ("input", "dim", "_third", "dtype"), "_softmax": ("input", "dim", "half_to_float"),
     "rms_norm": ("input", "normalized_shape", "weight", "eps"),
     "scaled_dot_product_attention": ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
@@ -92,7 +96,7 @@ SIGS: dict[str, tuple[str, ...]] = {
     "T": ("input", "attr"), "mT": ("input", "attr"),
     "unsqueeze": ("input", "dim"), "squeeze": ("input", "dim"), "expand": ("input", "*size"),
     "contiguous": ("input", "memory_format"), "clone": ("input", "memory_format"), "detach": ("input",),
-    "alias": ("input",), "dropout": ("input", "p", "training", "inplace"), "float": ("input",),
+    "alias": ("input",), "dropout": ("input", "p", "training", "inplace"), "float": ("input",), "bool": ("input",),
     "to": ("input", "*rest"), "type_as": ("input", "other"), "_to_copy": ("input",),
     "cat": ("tensors", "dim"), "split": ("input", "split_size_or_sections", "dim"),
     "split_with_sizes": ("input", "split_sizes", "dim"), "chunk": ("input", "chunks", "dim"),
@@ -102,7 +106,9 @@ SIGS: dict[str, tuple[str, ...]] = {
 }
 ALIASES = {"truediv": "div", "__matmul__": "matmul", "true_divide": "div", "multiply": "mul", "subtract": "sub",
            "negative": "neg", "concat": "cat", "concatenate": "cat", "swapaxes": "transpose", "swapdims": "transpose",
-           "linalg_vector_norm": "vector_norm"}
+           "linalg_vector_norm": "vector_norm", "greater": "gt", "greater_equal": "ge", "less": "lt",
+           "less_equal": "le", "not_equal": "ne", "and_": "bitwise_and", "or_": "bitwise_or",
+           "invert": "bitwise_not"}
 _ATTRS = ("T", "mT")  # tensor attributes that are operators (transposes)
 _INPLACE = {"iadd", "isub", "imul", "itruediv", "silu_", "relu_", "div_", "add_", "mul_"}
 
@@ -146,7 +152,10 @@ class Call:
 # in-place operators (operator.iadd, Tensor.add_, aten.add_) are not here: a Prism kernel returns a new
 # tensor, and the mutation of the operand (possibly the caller's) must happen; they stay in PyTorch
 _OPERATOR = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
-             operator.matmul: "matmul", operator.neg: "neg", operator.pow: "pow", operator.getitem: "getitem"}
+             operator.matmul: "matmul", operator.neg: "neg", operator.pow: "pow", operator.getitem: "getitem",
+             operator.gt: "gt", operator.ge: "ge", operator.lt: "lt", operator.le: "le", operator.eq: "eq",
+             operator.ne: "ne", operator.invert: "bitwise_not", operator.and_: "bitwise_and",
+             operator.or_: "bitwise_or"}
 
 
 def canonical_name(node: Any) -> str:
@@ -637,6 +646,88 @@ def _softsign(c: Conv) -> Lowered:
     return Lowered("softsign", "compute", c.operands, lambda g, t: g.div(t[i], g.add_scalar(g.abs(t[i]), 1.0)))
 
 
+# --- masks: bool tensors are float 0/1 inside Prism (capture keeps a mask PyTorch computes or uses in
+# PyTorch: see capture._masks) -----------------------------------------------------------------------------
+
+_FLIP = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge", "eq": "eq", "ne": "ne"}
+
+
+def _is_bool(c: Conv, v: Any) -> bool:
+    return c.is_tensor(v) and str(meta_value(v).dtype) == "torch.bool"
+
+
+@_conv("gt", "ge", "lt", "le", "eq", "ne")
+def _compare(c: Conv) -> Lowered:
+    a, b = c.get("input"), c.get("other")
+    kind = c.call.name
+    if c.is_tensor(a) and c.is_tensor(b):
+        raise Unsupported(f"{kind}: two tensor operands (comparisons with a constant are supported)")
+    if not c.is_tensor(a):
+        a, b, kind = b, a, _FLIP[kind]
+    if _is_bool(c, a):
+        raise Unsupported(f"{kind}: comparison of a bool tensor")
+    v = c.number(_constant(c, b), "the compared constant")
+    i = c.tensor(a)
+    return Lowered(c.call.name, "compute", c.operands, lambda g, t: g.compare(t[i], kind, v))
+
+
+@_conv("logical_not", "bitwise_not")
+def _logical_not(c: Conv) -> Lowered:
+    x = c.get("input")
+    if not _is_bool(c, x):
+        raise Unsupported(f"{c.call.name}: of a non-bool tensor")
+    i = c.tensor(x)
+    return Lowered(c.call.name, "compute", c.operands, lambda g, t: g.compare(t[i], "eq", 0.0))
+
+
+@_conv("logical_and", "bitwise_and", "logical_or", "bitwise_or")
+def _logical(c: Conv) -> Lowered:
+    a, b = c.get("input"), c.get("other")
+    if not (_is_bool(c, a) and _is_bool(c, b)):
+        raise Unsupported(f"{c.call.name}: operands must be bool tensors")
+    i, j = c.tensor(a), c.tensor(b)
+    both = "and" in c.call.name
+    return Lowered(c.call.name, "compute", c.operands,
+                   lambda g, t: g.mul(t[i], t[j]) if both else g.maximum(t[i], t[j]))
+
+
+def _select(g: OpMethods, m: Tensor, v: Tensor | float) -> Tensor:
+    """v where the mask m is set, else 0 (v a tensor or a number)."""
+    return g.mask_select(m, v) if isinstance(v, Tensor) else g.mask_scalar(m, float(v))
+
+
+@_conv("where")
+def _where(c: Conv) -> Lowered:
+    cond, a, b = c.get("condition"), c.get("input", None), c.get("other", None)
+    if a is None or b is None:
+        raise Unsupported("where: the one-argument form (indices)")
+    if not _is_bool(c, cond):
+        raise Unsupported("where: a condition that is not a bool tensor")
+    k = c.tensor(cond)
+    ia = c.tensor(a) if c.is_tensor(a) else None
+    ib = c.tensor(b) if c.is_tensor(b) else None
+    va = None if ia is not None else c.number(_constant(c, a), "input")
+    vb = None if ib is not None else c.number(_constant(c, b), "other")
+
+    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+        m = t[k]
+        x = _select(g, m, t[ia] if ia is not None else va)       # type: ignore[arg-type]
+        y = _select(g, g.compare(m, "eq", 0.0), t[ib] if ib is not None else vb)  # type: ignore[arg-type]
+        return g.add(x, y)
+    return Lowered("where", "compute", c.operands, emit)
+
+
+@_conv("masked_fill")
+def _masked_fill(c: Conv) -> Lowered:
+    x, mask, value = c.get("input"), c.get("mask"), c.get("value")
+    if not _is_bool(c, mask):
+        raise Unsupported("masked_fill: a mask that is not a bool tensor")
+    v = c.number(_constant(c, value), "value")
+    i, k = c.tensor(x), c.tensor(mask)
+    return Lowered("masked_fill", "compute", c.operands,
+                   lambda g, t: g.add(g.mask_select(g.compare(t[k], "eq", 0.0), t[i]), g.mask_scalar(t[k], v)))
+
+
 @_conv("log_sigmoid", "logsigmoid")
 def _log_sigmoid(c: Conv) -> Lowered:
     i = c.tensor(c.get("input"))
@@ -717,16 +808,23 @@ def _identity_conv(c: Conv) -> Lowered:
     name = c.call.name
     if name == "dropout" and c.get("training", True) and c.number(c.get("p", 0.5), "p") != 0.0:
         raise Unsupported("dropout in training mode")
-    if name in ("to", "type_as", "_to_copy", "float"):
+    if name in ("to", "type_as", "_to_copy", "float", "bool"):
         want = meta_value(c.node)
         got = meta_value(x) if c.is_tensor(x) else None
-        if got is None or str(got.dtype) != str(want.dtype) or str(got.device) != str(want.device):
+        kinds = (str(got.dtype), str(want.dtype)) if got is not None else ()
+        if got is None or str(got.device) != str(want.device) or (
+                kinds[0] != kinds[1] and kinds not in (("torch.bool", "torch.float32"),
+                                                       ("torch.float32", "torch.bool"))):
             raise Unsupported(f"{name}: a dtype or device conversion")
+        if kinds == ("torch.float32", "torch.bool"):  # x.bool(): a mask, x != 0
+            i = c.tensor(x)
+            return Lowered(name, "compute", c.operands, lambda g, t: g.compare(t[i], "ne", 0.0))
+        # a mask is already float 0/1 inside Prism: mask.float() is the identity
     i = c.tensor(x)
     return Lowered(name, "layout", c.operands, lambda g, t: t[i], ("identity",))
 
 
-for _n in ("contiguous", "clone", "detach", "alias", "dropout", "to", "type_as", "_to_copy", "float"):
+for _n in ("contiguous", "clone", "detach", "alias", "dropout", "to", "type_as", "_to_copy", "float", "bool"):
     CONVERTERS[_n] = _identity_conv
 
 
@@ -951,8 +1049,19 @@ def _getitem(c: Conv) -> Lowered:
     if Ellipsis in items:
         k = items.index(Ellipsis)
         items = items[:k] + [slice(None)] * (r - len(items) + 1) + items[k + 1:]
+    ints = [(d, it) for d, it in enumerate(items) if isinstance(it, int) and not isinstance(it, bool)]
+    if len(ints) == 1 and len(items) <= r and all(isinstance(it, slice) and it == slice(None)
+                                                  for d, it in enumerate(items) if d != ints[0][0]):
+        d, k = ints[0]  # x[:, k]: the slice k:k+1, then the dim dropped
+        total = c.shape(x)[d]
+        if not isinstance(total, int) or not -total <= k < total:
+            raise Unsupported(f"index {k} of a dim of size {total}")
+        k %= total
+        inner = _slice_lowered(c, x, d, slice(k, k + 1))
+        return Lowered("getitem", "layout", inner.operands,
+                       lambda g, t: g.reshape(v := inner.emit(g, t), tuple(s for j, s in enumerate(v.shape) if j != d)))
     if len(items) > r or any(not isinstance(it, slice) for it in items):
-        raise Unsupported("indexing other than slices (integers, None, tensors)")
+        raise Unsupported("indexing other than slices and one integer (None, tensors, several integers)")
     cut = [(d, it) for d, it in enumerate(items) if it != slice(None)]
     if len(cut) > 1:
         raise Unsupported("slicing more than one dim at once")

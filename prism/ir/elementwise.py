@@ -76,14 +76,16 @@ def unary(name: str, doc: str, *, numpy: Callable[..., Any], c: Callable[..., st
 
 def binary(name: str, doc: str, *, numpy: Callable[..., Any], c: Callable[..., str], term_head: str,
            flops: int = 1, c_defs: str = "", rules: tuple[OpRule, ...] = (), torch: Torch | tuple[Torch, ...] = (),
-           jax: Callable[..., Any] | None = None, onnx: str = "") -> None:
-    """Register a binary element-wise operator (NumPy broadcasting). ``onnx`` is the ONNX operator."""
+           jax: Callable[..., Any] | None = None, onnx: str | Callable[..., Any] = "") -> None:
+    """Register a binary element-wise operator (NumPy broadcasting). ``onnx``: the ONNX operator, or
+    ``onnx(b, a, b)`` building it."""
     torch = (torch,) if isinstance(torch, Torch) else tuple(torch)
     register(name, "binary", 2, (), _broadcast, doc + " with NumPy broadcasting", elementwise=True,
              numpy=lambda a, arg: numpy(a[0], a[1]), c=lambda args, arg, lit: c(args[0], args[1]), c_defs=c_defs,
              flops=flops, term_head=term_head, rules=rules, torch=torch,
              jax=(lambda m, a, arg: jax(m, a[0], a[1])) if jax else None,
-             onnx=(lambda b, ins, arg: b.op(onnx, ins)) if onnx else None)
+             onnx=(lambda b, ins, arg: onnx(b, *ins)) if callable(onnx) else
+             (lambda b, ins, arg: b.op(onnx, ins)) if onnx else None)
     if not hasattr(OpMethods, name):
         def build(self: OpMethods, a: Tensor, b: Tensor) -> Tensor:
             return self._apply(name, (a, b))
@@ -360,3 +362,37 @@ binary("minimum", "min(a, b) (NaN propagates)", numpy=np.minimum, c=lambda a, b:
        term_head="Minimum", rules=(OpRule("op.minimum-comm", "(Minimum a b)", "(Minimum b a)", both=False),),
        torch=Torch(("minimum",), ("input", "other")),
        jax=lambda m, a, b: m.numpy.minimum(a, b), onnx="Min")
+
+# --- masks: a bool tensor is float 0/1 inside Prism (the frontend keeps masks that PyTorch computes or
+# uses in PyTorch); where(c, a, b) = mask_select(c, a) + mask_select(c == 0, b), exact for every value ---
+
+_CMP = {"gt": (">", np.greater), "ge": (">=", np.greater_equal), "lt": ("<", np.less), "le": ("<=", np.less_equal),
+        "eq": ("==", np.equal), "ne": ("!=", np.not_equal)}
+
+
+def _compare_np(x: np.ndarray, kind: str, c: float) -> np.ndarray:
+    return _CMP[kind][1](x, x.dtype.type(c)).astype(x.dtype)
+
+
+def _onnx_compare(b: Any, x: str, kind: str, c: float) -> str:
+    onnx_op = {"gt": "Greater", "ge": "GreaterOrEqual", "lt": "Less", "le": "LessOrEqual", "eq": "Equal"}
+    if kind == "ne":
+        m = b.op("Not", [b.op("Equal", [x, b.scalar(c)])])
+    else:
+        m = b.op(onnx_op[kind], [x, b.scalar(c)])
+    return b.op("Cast", [m], to=1)  # to float32
+
+
+unary("compare", "1 where x <kind> c else 0 (kind: gt ge lt le eq ne; NaN compares false except ne)",
+      attrs=("kind", "c"), defaults=("ne", 0.0), numpy=_compare_np,
+      c=lambda x, kind, c, lit: f"(({x}) {_CMP[kind][0]} {lit(c)} ? 1.0f : 0.0f)",
+      jax=lambda m, x, kind, c: _CMP[kind][1](x, c).astype(x.dtype), onnx=_onnx_compare)
+unary("mask_scalar", "v where the mask m is nonzero, else 0", attrs=("v",), defaults=(1.0,),
+      numpy=lambda m, v: np.where(m != 0, m.dtype.type(v), m.dtype.type(0)),
+      c=lambda m, v, lit: f"(({m}) != 0.0f ? {lit(v)} : 0.0f)",
+      jax=lambda mod, m, v: mod.numpy.where(m != 0, v, 0.0).astype(m.dtype),
+      onnx=lambda b, m, v: b.op("Where", [b.op("Cast", [m], to=9), b.scalar(v), b.scalar(0.0)]))
+binary("mask_select", "x where the mask m is nonzero, else 0 (operands m, x)",
+       numpy=lambda m, x: np.where(m != 0, x, x.dtype.type(0)), c=lambda m, x: f"(({m}) != 0.0f ? ({x}) : 0.0f)",
+       term_head="MaskSelect", jax=lambda mod, m, x: mod.numpy.where(m != 0, x, 0.0).astype(x.dtype),
+       onnx=lambda b, m, x: b.op("Where", [b.op("Cast", [m], to=9), x, b.scalar(0.0)]))

@@ -153,6 +153,21 @@ def _shapes_ok(g: Graph, env: Mapping[str, int]) -> bool:
     return True
 
 
+def same_nonfinite(o: np.ndarray, r: np.ndarray) -> bool:
+    """NaN and ±inf exactly where the program's float64 value has them (a fully masked softmax row is NaN
+    in the program; a candidate may not be non-finite anywhere else)."""
+    return bool(np.array_equal(np.isnan(o), np.isnan(r)) and np.array_equal(np.isinf(o), np.isinf(r))
+                and np.array_equal(o[np.isinf(o)], r[np.isinf(r)]))
+
+
+def relative_error(o: np.ndarray, r: np.ndarray) -> float:
+    """max |o - r| / max |r| over the finite values (0 when there are none)."""
+    fin = np.isfinite(r)
+    if not fin.any():
+        return 0.0
+    return float(np.max(np.abs(o[fin] - r[fin])) / max(float(np.max(np.abs(r[fin]))), 1e-300))
+
+
 def numeric(candidate: Graph, program: Graph, seed: int = 0, count: int = 2,
             scales: tuple[float, ...] = (1.0, HOSTILE), envs: list[dict[str, int]] | None = None) -> Verdict:
     """The float64 gate at ``count`` instantiations (``envs``: ones the caller already chose)."""
@@ -177,10 +192,11 @@ def numeric(candidate: Graph, program: Graph, seed: int = 0, count: int = 2,
                 return Verdict(False, "numeric-only", f"evaluation failed at {env}: {e}", envs)
             for name, r in ref.items():
                 o = got[name]
-                if o.shape != r.shape or not np.all(np.isfinite(o)):
-                    return Verdict(False, "numeric-only", f"output {name!r} is not finite or has shape {o.shape} "
-                                   f"(expected {r.shape}) at {env}, inputs x{scale:g}", envs)
-                err = float(np.max(np.abs(o - r)) / max(float(np.max(np.abs(r))), 1e-300))
+                if o.shape != r.shape or not same_nonfinite(o, r):
+                    return Verdict(False, "numeric-only", f"output {name!r} is non-finite where the program is not "
+                                   f"(or the reverse), or has shape {o.shape} (expected {r.shape}) at {env}, "
+                                   f"inputs x{scale:g}", envs)
+                err = relative_error(o, r)
                 worst = max(worst, err)
                 if not err <= RTOL:
                     return Verdict(False, "numeric-only", f"output {name!r} differs by {err:.2e} (relative) at "
@@ -223,8 +239,6 @@ class UnsplitCheck:
             return False
         for name, r in self.ref.items():
             o = got.get(name)
-            if o is None or o.shape != r.shape or not np.all(np.isfinite(o)):
-                return False
-            if not float(np.max(np.abs(o - r))) <= RTOL * max(float(np.max(np.abs(r))), 1e-300):
+            if o is None or o.shape != r.shape or not same_nonfinite(o, r) or not relative_error(o, r) <= RTOL:
                 return False
         return True

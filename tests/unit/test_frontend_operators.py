@@ -88,6 +88,8 @@ FUNCTIONS: dict[str, Callable[[Any], Any]] = {
     "torch.norm.p1": lambda x: torch.norm(x, p=1, dim=1, keepdim=True),
     "torch.linalg.vector_norm": lambda x: torch.linalg.vector_norm(x, dim=-1),
     "F.normalize": lambda x: F.normalize(x, dim=-1),
+    "getitem.int": lambda x: x[:, 3] * 2,
+    "getitem.int_last_row": lambda x: x[-1] + 1,
 }
 
 
@@ -156,3 +158,33 @@ def _dynamo_check(fn: Callable[..., Any], *args: torch.Tensor) -> None:
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
 def test_function_spelling_through_dynamo(name: str) -> None:
     _dynamo_check(FUNCTIONS[name], X)
+
+
+MASKS: dict[str, Callable[..., Any]] = {
+    "where_gt": lambda x: torch.where(x > 0, x, 0.1 * x),
+    "masked_fill_inf_softmax": lambda x: x.masked_fill(x < -0.5, float("-inf")).softmax(-1),
+    "where_scalar_first": lambda x: torch.where(x.abs() >= 1, 0.0, x),
+    "mask_float_mul": lambda x: (x * (x > 0).float()).sum(-1),
+    "not_and": lambda x: torch.where(~(x > 0) & (x > -1), x, 2.0),
+    "or_le_eq": lambda x: torch.where((x <= -1) | (x == 0), 1.0, x),
+    "reversed_compare": lambda x: torch.where(0.5 < x, x, -x),
+    "bool_method": lambda x: x * x.bool().float(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MASKS))
+def test_masks(name: str) -> None:
+    fn = MASKS[name]
+
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return fn(x)
+    _check(M(), X)
+
+
+def test_masks_crossing_into_pytorch_stay_in_pytorch() -> None:
+    cap = capture(torch.fx.symbolic_trace(lambda x, m: x.masked_fill(m, 0.0)), [X, X > 0], None)
+    assert [f.op for f in cap.fallbacks] == ["Tensor.masked_fill"]
+    assert "from outside Prism" in cap.fallbacks[0].reason
+    cap = capture(torch.fx.symbolic_trace(lambda x: x > 0), [X], None)
+    assert "used outside Prism" in cap.fallbacks[0].reason

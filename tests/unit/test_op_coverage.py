@@ -101,13 +101,17 @@ def test_c_lowering_and_cost(op: str) -> None:
         assert OPS[op].c is not None
 
 
+# operators without a spelling of their own: the PyTorch calls whose converters produce them
+PRODUCED_BY = {"add": ["add"], "sub": ["sub"], "mul": ["mul"], "div": ["div"], "mul_scalar": ["mul", "div"],
+               "add_scalar": ["add", "sub", "rsub"], "compare": ["gt", "ge", "lt", "le", "eq", "ne", "logical_not"],
+               "mask_scalar": ["masked_fill", "where"], "mask_select": ["where", "masked_fill"]}
+
+
 @pytest.mark.parametrize("op", ELEMENTWISE)
 def test_frontend_spelling(op: str) -> None:
     from prism.frontend.ops import CONVERTERS, SIGS
     d = OPS[op]
-    if op in ("mul_scalar", "add_scalar"):
-        return  # produced by the add/sub/mul/div converters from a constant operand
-    names = [n for spec in d.torch for n in spec.names] or ([op] if op in ("add", "sub", "mul", "div") else [])
+    names = [n for spec in d.torch for n in spec.names] or PRODUCED_BY.get(op, [])
     assert names, f"{op} has no PyTorch spelling (OpDef.torch)"
     for n in names:
         assert n in CONVERTERS and n in SIGS, f"{op}: spelling {n!r} has no frontend converter"

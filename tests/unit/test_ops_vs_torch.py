@@ -136,6 +136,13 @@ UNARY: dict[str, tuple[str, Callable, Callable, Callable]] = {
     "softplus_beta": ("softplus", lambda g, x: g.softplus(x, 2.0, 5.0), lambda t: Fn.softplus(t, 2.0, 5.0),
                       lambda r, *s: 5 * rand(r, *s)),
     "mish": ("mish", lambda g, x: g.mish(x), Fn.mish, lambda r, *s: 5 * rand(r, *s)),
+    **{f"compare_{k}": ("compare", lambda g, x, k=k: g.compare(x, k, 0.25),
+                        lambda t, k=k: getattr(torch, k)(t, 0.25).to(t.dtype), rand)
+       for k in ("gt", "ge", "lt", "le", "eq", "ne")},
+    "compare_eq_hit": ("compare", lambda g, x: g.compare(g.relu(x), "eq", 0.0),
+                       lambda t: (torch.relu(t) == 0).to(t.dtype), rand),
+    "mask_scalar": ("mask_scalar", lambda g, x: g.mask_scalar(g.relu(x), -2.5),
+                    lambda t: torch.where(torch.relu(t) != 0, -2.5, 0.0).to(t.dtype), rand),
 }
 
 
@@ -168,6 +175,8 @@ BINARY: dict[str, tuple[Callable, Callable]] = {
     "div": (lambda g, a, b: g.div(a, b), torch.div),
     "maximum": (lambda g, a, b: g.maximum(a, b), torch.maximum),
     "minimum": (lambda g, a, b: g.minimum(a, b), torch.minimum),
+    "mask_select": (lambda g, a, b: g.mask_select(g.relu(a), b),
+                    lambda a, b: torch.where(torch.relu(a) != 0, b, torch.zeros((), dtype=b.dtype))),
 }
 BROADCAST_SHAPES = [((3, 4), (3, 4)), ((4, 1), (1, 5)), ((3,), (2, 3)), ((2, 1, 4), (3, 1)), ((2, 3, 4), (4,)),
                     ((1,), (2, 3)), ((2, 3, 1), (2, 1, 5))]

@@ -81,3 +81,15 @@ def test_saturation_report_and_default_axioms() -> None:
     # the laxest axiom equates x * sum(x) with sum(x * x): why it is off by default
     assert lax.table.lookup(("mul", X, ("sum", X))) is not None
     assert eg.table.lookup(("mul", X, ("sum", X))) is None
+
+
+def test_gate_non_finite_values_must_match_the_program() -> None:
+    import numpy as np
+
+    from prism.search.gate import relative_error, same_nonfinite
+    r = np.array([1.0, np.nan, np.inf, -np.inf])
+    assert same_nonfinite(r.copy(), r) and relative_error(r.copy(), r) == 0.0
+    assert not same_nonfinite(np.array([1.0, 0.0, np.inf, -np.inf]), r)      # NaN missing
+    assert not same_nonfinite(np.array([np.nan, np.nan, np.inf, -np.inf]), r)  # extra NaN
+    assert not same_nonfinite(np.array([1.0, np.nan, -np.inf, -np.inf]), r)    # wrong sign of inf
+    assert relative_error(np.array([1.1, np.nan, np.inf, -np.inf]), r) > 0.09
