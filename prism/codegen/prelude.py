@@ -20,6 +20,27 @@ EXP_POLY = (0.5, 0.1666666716337204, 0.04166646674275398, 0.0083332983776927, 0.
             0.0001989927695831284)
 LN2_HI = 0.693359375            # 355/512: n * LN2_HI is exact for |n| < 2^15
 LN2_LO = -2.1219444170128554e-04  # float32(ln2 - LN2_HI)
+# log(1+f) = f - (f^2/2 - s (f^2/2 + R(s^2))), s = f / (2 + f): R(z) = z (2/3 + 2z/5 + 2z^2/7 + 2z^3/9), the
+# atanh series (its next term is below 1e-9 relative for |s| <= 0.172, the range after normalizing)
+LOG_POLY = (2 / 3, 2 / 5, 2 / 7, 2 / 9)
+# erf(x) = x P(x^2) on |x| < 1; erfc(x) = exp(-x^2) Q(1/x) on 1 <= |x| < 4 (erf rounds to +-1 beyond 3.92)
+ERF_SMALL = (1.128379225730896, -0.3761262893676758, 0.11283625662326813, -0.02685539983212948,
+             0.0051912181079387665, -0.0008034842903725803, 7.933480083011091e-05)
+ERFC_BIG = (0.00027494734968058765, 0.5589597225189209, 0.04260832443833351, -0.4739525616168976,
+            0.5021983981132507, -0.24920706450939178, 0.029910484328866005, 0.02566162496805191,
+            -0.008870315738022327)
+# erfc(x) = exp(-x^2) Q(1/x) on [0.5, 1] and [4, 10]: exact gelu's 1 + erf(x/sqrt2) for x < -0.7 is erfc
+ERFC_MID = (-0.01872595213353634, 0.6811120510101318, -0.2991009056568146, 0.059594351798295975,
+            0.014737676829099655, -0.013098904862999916, 0.003392924787476659, -0.00032768832170404494)
+ERFC_TAIL = (8.916455044527538e-06, 0.5638455748558044, 0.0054041254334151745, -0.3260990381240845,
+             0.19203820824623108, 0.03741644695401192)
+# sin(r) = r + r^3 S(r^2), cos(r) = 1 - r^2/2 + r^4 C(r^2) on |r| <= pi/4
+SIN_POLY = (-0.1666666567325592, 0.008332823403179646, -0.0001959840301424265)
+COS_POLY = (0.041666630655527115, -0.0013885844964534044, 2.42210353462724e-05)
+# pi/2 = PIO2_1 + PIO2_2 + PIO2_3 to ~72 bits (each the float32 rounding of what is left); the reduction
+# subtracts n times each with one FMA (one rounding of the exact x - n*PIO2_1), so it is accurate for
+# |n| < 2^22, i.e. |x| < 6.6e6
+PIO2_1, PIO2_2, PIO2_3 = 1.5707963705062866, -4.371138828673793e-08, -1.7151245100058819e-15
 
 
 def fit_exp_poly(degree: int = EXP_POLY_DEGREE) -> tuple[float, ...]:
@@ -31,6 +52,21 @@ def fit_exp_poly(degree: int = EXP_POLY_DEGREE) -> tuple[float, ...]:
         q = np.where(np.abs(r) > 1e-4, (np.expm1(r) - r) / r ** 2, 0.5 + r / 6 + r * r / 24)
     mono = C.cheb2poly(C.chebfit(r / h, q, degree)) / h ** np.arange(degree + 1)
     return tuple(float(np.float32(c)) for c in mono)
+
+
+def fit_poly(fn: object, lo: float, hi: float, degree: int, var: object = None) -> tuple[float, ...]:
+    """Least-squares fit of ``fn`` on Chebyshev nodes of [lo, hi] as a polynomial in ``var(x)`` (default x);
+    float32-rounded monomial coefficients. Regenerates the tables above, e.g. ``ERFC_BIG``:
+    ``fit_poly(lambda x: erfc(x) * exp(x * x), 1, 4, 8, var=lambda x: 1 / x)`` (vectorized erfc)."""
+    from numpy.polynomial import chebyshev as C
+    from numpy.polynomial import polynomial as P
+    x = (np.cos(np.linspace(0, np.pi, 20001)) * (hi - lo) + (hi + lo)) / 2
+    v = var(x) if callable(var) else x
+    y = fn(x)  # type: ignore[operator]
+    vlo, vhi = float(np.min(v)), float(np.max(v))
+    c = C.chebfit((2 * v - vlo - vhi) / (vhi - vlo), y, degree)
+    mono = P.Polynomial(C.cheb2poly(c))(P.Polynomial([-(vlo + vhi) / (vhi - vlo), 2 / (vhi - vlo)])).coef
+    return tuple(float(np.float32(k)) for k in mono)
 
 
 def c_float(x: float) -> str:
@@ -66,6 +102,11 @@ SYSTEM_HEADERS = """#include <math.h>
 """
 
 
+def _test_hooks(*names: str) -> str:
+    return "\n".join(f"void prism_test_{n}(const float* x, float* y, long n) {{\n  #pragma omp simd\n"
+                     f"  for (long i = 0; i < n; i++) y[i] = pr_{n}(x[i]);\n}}" for n in names)
+
+
 def _op_helpers() -> str:
     """The C helpers the element-wise operators' definitions bring (OpDef.c_defs), in registry order."""
     from prism.ir.ops import OPS
@@ -98,16 +139,97 @@ PR_INLINE float pr_exp(float x) {{
   return x < -104.0f ? 0.0f : y;
 }}
 
-/* e^x - 1 for |x| <= 20, accurate near 0 (used by tanh) */
+/* e^x - 1, accurate near 0: 2^n (e^r - 1) + (2^n - 1) on |x| <= 20, e^x - 1 above, -1 below */
 PR_INLINE float pr_expm1(float x) {{
-  float t = x * {c_float(1 / math.log(2))} + 12582912.0f;
+  float xc = x > 20.0f ? 20.0f : (x < -20.0f ? -20.0f : x);
+  float t = xc * {c_float(1 / math.log(2))} + 12582912.0f;
   float n = t - 12582912.0f;
   int32_t ni = (int32_t)(pr_f_bits(t) - 0x4B400000u);
-  float r = x - n * {c_float(LN2_HI)};
+  float r = xc - n * {c_float(LN2_HI)};
   r = r - n * {c_float(LN2_LO)};
   float em1 = (r * r) * {q} + r;       /* e^r - 1 */
   float s = pr_bits_f((uint32_t)(ni + 127) << 23);
-  return s * em1 + (s - 1.0f);
+  float y = s * em1 + (s - 1.0f);
+  y = x > 20.0f ? pr_exp(x) - 1.0f : y;
+  return x < -20.0f ? -1.0f : y;
+}}
+
+/* log(x): x = 2^e m with m in [sqrt(2)/2, sqrt(2)), log(m) by the atanh series (LOG_POLY); subnormals
+   scaled by 2^23 first; log(0) = -inf, log(x < 0) = NaN, log(inf) = inf, NaN -> NaN */
+PR_INLINE float pr_log(float x) {{
+  int32_t sub = x < 1.17549435e-38f;
+  float xs = x * (sub ? 8388608.0f : 1.0f);
+  uint32_t u = pr_f_bits(xs);
+  int32_t big = (u & 0x007fffffu) > 0x003504f3u;  /* mantissa above sqrt(2): use m / 2 */
+  int32_t e = (int32_t)((u >> 23) & 0xffu) - 127 - 23 * sub + big;
+  float m = pr_bits_f((u & 0x007fffffu) | (big ? 0x3f000000u : 0x3f800000u));
+  float f = m - 1.0f;
+  float s = f / (2.0f + f);
+  float z = s * s;
+  float hf = 0.5f * f * f;
+  float R = z * {_horner("z", LOG_POLY)};
+  float ef = (float)e;
+  float y = ef * {c_float(LN2_HI)} + (f - (hf - (s * (hf + R) + ef * {c_float(LN2_LO)})));
+  y = x == 0.0f ? -INFINITY : y;
+  y = x < 0.0f ? NAN : y;
+  y = x == INFINITY ? INFINITY : y;
+  return x != x ? x : y;
+}}
+
+/* log(1 + x), accurate near 0: log(u) * x / (u - 1) with u = 1 + x rounded */
+PR_INLINE float pr_log1p(float x) {{
+  float u = 1.0f + x;
+  float y = pr_log(u) * (x / (u - 1.0f));
+  y = u == 1.0f ? x : y;
+  return x == INFINITY ? x : y;
+}}
+
+/* log(1 + e^x) (softplus with beta 1, threshold 20, as PyTorch: x above 20) */
+PR_INLINE float pr_softplus(float x) {{ return x > 20.0f ? x : pr_log1p(pr_exp(x)); }}
+
+/* erf: x P(x^2) on |x| < 1 (ERF_SMALL), 1 - e^(-x^2) Q(1/|x|) on 1 <= |x| < 4 (ERFC_BIG), +-1 beyond */
+PR_INLINE float pr_erf(float x) {{
+  float a = fabsf(x);
+  float z = x * x;
+  float small = x * {_horner("z", ERF_SMALL)};
+  float ac = a < 1.0f ? 1.0f : (a > 4.0f ? 4.0f : a);
+  float t = 1.0f / ac;
+  float big = 1.0f - pr_exp(-(ac * ac)) * {_horner("t", ERFC_BIG)};
+  big = a >= 4.0f ? 1.0f : big;
+  float y = a < 1.0f ? small : copysignf(big, x);
+  return x != x ? x : y;
+}}
+
+/* sin and cos: x = n pi/2 + r, |r| <= pi/4 (three parts of pi/2, each subtracted with one FMA): 1.5 ulp up to
+   |x| = 1e6, 1.4e-6 absolute up to 6.5e6, NaN beyond (see docs/codegen.md); inf -> NaN */
+PR_INLINE float pr_sincos_r(float x, int32_t* q) {{
+  float t = x * {c_float(2 / math.pi)} + 12582912.0f;
+  float n = t - 12582912.0f;
+  *q = (int32_t)(pr_f_bits(t) - 0x4B400000u);
+  float r = fmaf(-n, {c_float(PIO2_1)}, x);
+  r = fmaf(-n, {c_float(PIO2_2)}, r);
+  r = fmaf(-n, {c_float(PIO2_3)}, r);
+  /* beyond the range the reduction is not exact: NaN (visible), never a wrong finite value; x - x: NaN for inf */
+  return (fabsf(x) > 6.5e6f ? NAN : r) + (x - x);
+}}
+PR_INLINE float pr_sin_poly(float r) {{ float z = r * r; return r + (r * z) * {_horner("z", SIN_POLY)}; }}
+PR_INLINE float pr_cos_poly(float r) {{
+  float z = r * r;
+  return 1.0f - 0.5f * z + (z * z) * {_horner("z", COS_POLY)};
+}}
+PR_INLINE float pr_sin(float x) {{
+  int32_t q;
+  float r = pr_sincos_r(x, &q);
+  float s = pr_sin_poly(r), c = pr_cos_poly(r);
+  float y = (q & 1) ? c : s;
+  return (q & 2) ? -y : y;
+}}
+PR_INLINE float pr_cos(float x) {{
+  int32_t q;
+  float r = pr_sincos_r(x, &q);
+  float s = pr_sin_poly(r), c = pr_cos_poly(r);
+  float y = (q & 1) ? -s : c;
+  return (q & 2) ? -y : y;
 }}
 
 PR_INLINE float pr_sigmoid(float x) {{ return 1.0f / (1.0f + pr_exp(-x)); }}
@@ -118,7 +240,21 @@ PR_INLINE float pr_tanh(float x) {{
   float t = ax > 9.0f ? 1.0f : e / (e + 2.0f);
   return copysignf(t, x);
 }}
-PR_INLINE float pr_gelu(float x) {{ return 0.5f * x * (1.0f + erff(x * {c_float(1 / math.sqrt(2))})); }}
+/* exact gelu, 0.5 x (1 + erf(x/sqrt2)); for x/sqrt2 = -z < -0.5 the factor is erfc(z) = e^(-z^2) Q(1/z),
+   from the table of z's range (ERFC_MID, ERFC_BIG, ERFC_TAIL), so its relative error stays bounded */
+PR_INLINE float pr_gelu(float x) {{
+  float a = x * {c_float(1 / math.sqrt(2))};
+  float z = -a;
+  float zm = z < 0.5f ? 0.5f : (z > 1.0f ? 1.0f : z), tm = 1.0f / zm;
+  float zb = z < 1.0f ? 1.0f : (z > 4.0f ? 4.0f : z), tb = 1.0f / zb;
+  float zt = z < 4.0f ? 4.0f : (z > 10.0f ? 10.0f : z), tt = 1.0f / zt;
+  float q = z < 1.0f ? {_horner("tm", ERFC_MID)} : (z < 4.0f ? {_horner("tb", ERFC_BIG)} : {_horner("tt", ERFC_TAIL)});
+  float x2 = x * x;                              /* a^2 = x^2 / 2 = (x2 + x2err) / 2 exactly (FMA) */
+  float a2 = 0.5f * x2, a2err = 0.5f * fmaf(x, x, -x2);
+  float one_plus = z >= 0.5f ? pr_exp(-a2) * (1.0f - a2err) * q : 1.0f + pr_erf(a);
+  one_plus = z > 14.0f ? 0.0f : one_plus;  /* e^(-z^2) underflows (and x^2 may overflow) */
+  return 0.5f * x * one_plus;
+}}
 PR_INLINE float pr_gelu_tanh(float x) {{
   return 0.5f * x * (1.0f + pr_tanh({c_float(math.sqrt(2 / math.pi))} * (x + 0.044715f * x * x * x)));
 }}
@@ -141,6 +277,7 @@ void prism_test_sigmoid(const float* x, float* y, long n) {{
   #pragma omp simd
   for (long i = 0; i < n; i++) y[i] = pr_sigmoid(x[i]);
 }}
+{_test_hooks("expm1", "log", "log1p", "softplus", "erf", "gelu", "sin", "cos")}
 int prism_max_threads(void) {{ return omp_get_max_threads(); }}
 /* prism generated code: end of prelude */
 """

@@ -238,7 +238,7 @@ def _softplus_attrs(get: Callable[[str, Any], Any]) -> tuple:
 
 unary("exp", "e**x", numpy=np.exp, c=lambda x, lit: f"pr_exp({x})", flops=8,
       torch=_torch1("exp"), jax=lambda m, x: m.numpy.exp(x), onnx=lambda b, x: b.op("Exp", [x]))
-unary("log", "natural logarithm (log(0) = -inf, log(x < 0) = NaN)", numpy=np.log, c=lambda x, lit: f"logf({x})",
+unary("log", "natural logarithm (log(0) = -inf, log(x < 0) = NaN)", numpy=np.log, c=lambda x, lit: f"pr_log({x})",
       flops=10, rules=(OpRule("op.log-exp", '(Un "log" (Un "exp" x))', "x", both=False),),
       torch=_torch1("log"), jax=lambda m, x: m.numpy.log(x), onnx=lambda b, x: b.op("Log", [x]))
 unary("square", "x*x", numpy=lambda x: x * x, c=lambda x, lit: f"pr_square({x})",
@@ -273,11 +273,11 @@ unary("abs", "|x|", numpy=np.abs, c=lambda x, lit: f"fabsf({x})",
       rules=(OpRule("op.abs-neg", '(Un "abs" (Un "neg" x))', '(Un "abs" x)', both=False),),
       torch=_torch1("abs"), jax=lambda m, x: m.numpy.abs(x), onnx=lambda b, x: b.op("Abs", [x]))
 unary("erf", "the error function", numpy=lambda x: _erf_scalar(x.astype(np.float64)).astype(x.dtype),
-      c=lambda x, lit: f"erff({x})", flops=12,
+      c=lambda x, lit: f"pr_erf({x})", flops=12,
       torch=_torch1("erf", "special_erf"), jax=lambda m, x: m.lax.erf(x), onnx=lambda b, x: b.op("Erf", [x]))
-unary("sin", "sin(x)", numpy=np.sin, c=lambda x, lit: f"sinf({x})", flops=12,
+unary("sin", "sin(x)", numpy=np.sin, c=lambda x, lit: f"pr_sin({x})", flops=12,
       torch=_torch1("sin"), jax=lambda m, x: m.numpy.sin(x), onnx=lambda b, x: b.op("Sin", [x]))
-unary("cos", "cos(x)", numpy=np.cos, c=lambda x, lit: f"cosf({x})", flops=12,
+unary("cos", "cos(x)", numpy=np.cos, c=lambda x, lit: f"pr_cos({x})", flops=12,
       torch=_torch1("cos"), jax=lambda m, x: m.numpy.cos(x), onnx=lambda b, x: b.op("Cos", [x]))
 unary("mul_scalar", "x * c for a Python float c", attrs=("c",), numpy=lambda x, c: x * x.dtype.type(c),
       c=lambda x, c, lit: f"({x} * {lit(c)})", linear=True,
@@ -323,7 +323,7 @@ unary("elu", "scale * (x if x > 0 else alpha * (exp(input_scale * x) - 1)) (elu,
       attrs=("alpha", "scale", "input_scale"), defaults=(1.0, 1.0, 1.0), numpy=_elu, flops=9,
       c=lambda x, a, s, i, lit: f"pr_elu({x}, {lit(a)}, {lit(s)}, {lit(i)})",
       c_defs="PR_INLINE float pr_elu(float x, float a, float s, float i) "
-             "{ return s * (x > 0.0f ? x : a * expm1f(x * i)); }",
+             "{ return s * (x > 0.0f ? x : a * pr_expm1(x * i)); }",
       torch=(Torch(("elu",), ("input", "alpha", "inplace"), _elu_attrs, (("ELU", ("alpha",)),)),
              Torch(("aten.elu",), ("input", "alpha", "scale", "input_scale"), _aten_elu_attrs),
              Torch(("selu",), ("input", "inplace"), _selu_attrs, (("SELU", ()),)),
@@ -331,17 +331,17 @@ unary("elu", "scale * (x if x > 0 else alpha * (exp(input_scale * x) - 1)) (elu,
       jax=lambda m, x, a, s, i: s * m.numpy.where(x > 0, x, a * m.numpy.expm1(x * i)), onnx=_onnx_elu)
 unary("softplus", "log(1 + exp(beta x)) / beta, x where beta x > threshold", attrs=("beta", "threshold"),
       defaults=(1.0, 20.0), numpy=_softplus, flops=18,
-      c=lambda x, beta, thr, lit: (f"pr_softplus_bt({x}, 1.0f, 1.0f, 20.0f)" if (beta, thr) == (1.0, 20.0)
+      c=lambda x, beta, thr, lit: (f"pr_softplus({x})" if (beta, thr) == (1.0, 20.0)
                                    else f"pr_softplus_bt({x}, {lit(beta)}, {lit(1 / beta)}, {lit(thr)})"),
       c_defs="PR_INLINE float pr_softplus_bt(float x, float b, float rb, float t) "
-             "{ float y = x * b; return y > t ? x : log1pf(expf(y)) * rb; }",
+             "{ float y = x * b; return y > t ? x : pr_log1p(pr_exp(y)) * rb; }",
       torch=Torch(("softplus",), ("input", "beta", "threshold"), _softplus_attrs,
                   (("Softplus", ("beta", "threshold")),)),
       jax=lambda m, x, beta, thr: m.numpy.where(x * beta > thr, x, m.nn.softplus(x * beta) / beta),
       onnx=_onnx_softplus)
 unary("mish", "x * tanh(softplus(x))", numpy=lambda x: x * np.tanh(np.logaddexp(0, x)),
       c=lambda x, lit: f"pr_mish({x})", flops=28,
-      c_defs="PR_INLINE float pr_mish(float x) { return x * pr_tanh(log1pf(expf(x))); }",
+      c_defs="PR_INLINE float pr_mish(float x) { return x * pr_tanh(pr_softplus(x)); }",
       rules=(OpRule("op.mish", '(Un "mish" x)', '(Mul x (Un "tanh" (Un "softplus" x)))'),),
       torch=_torch1("mish", modules=(("Mish", ()),)), jax=lambda m, x: x * m.numpy.tanh(m.nn.softplus(x)),
       onnx=lambda b, x: b.op("Mish", [x]))

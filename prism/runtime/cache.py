@@ -51,7 +51,7 @@ from pathlib import Path
 from prism.codegen.isa import machine_fingerprint
 from prism.errors import CacheError, CacheWarning, CompileError, PrismError
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-std=gnu11")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11")
 COMPILE_TIMEOUT_S = 600     # default of PRISM_CC_TIMEOUT
 COMPILE_PROGRESS_S = 10.0   # a compile running longer than this prints a progress line (then every 30 s)
 PCH_NAME = "prism_pch.h"

@@ -4,6 +4,7 @@ bounds): exp within 1 ulp over its whole normal range, tanh and sigmoid within 3
 from __future__ import annotations
 
 import ctypes
+import math
 
 import numpy as np
 import pytest
@@ -83,3 +84,74 @@ def test_tanh_and_sigmoid_within_three_ulp(lib: ctypes.CDLL) -> None:
 def test_exp_polynomial_is_reproducible() -> None:
     """The coefficients in the prelude are what the documented fit produces."""
     assert fit_exp_poly() == EXP_POLY
+
+
+# --- the math the operators of prism/ir/elementwise.py call (bounds quoted in docs/codegen.md) -----------
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
+
+
+def _ulp_max(lib: ctypes.CDLL, fn: str, x: np.ndarray, ref: np.ndarray) -> float:
+    y = run(lib, fn, x)
+    ok = np.isfinite(ref) & (np.abs(ref) >= F32.tiny)
+    return float(ulp_error(y[ok], ref[ok]).max())
+
+
+def test_log_within_one_ulp(lib: ctypes.CDLL) -> None:
+    x = float_sweep(0.0, 3.0e38, step=4093)
+    x = np.concatenate([x[x > 0], float_sweep(0, 2.0 ** -126, step=977)[1:]])  # normals and subnormals
+    x = np.abs(x)
+    assert _ulp_max(lib, "prism_test_log", x, np.log(x.astype(np.float64))) < 1.0
+    sp = run(lib, "prism_test_log", np.array([0, -0.0, -1, np.inf, -np.inf, np.nan, 1], np.float32))
+    assert sp[0] == -np.inf and sp[1] == -np.inf and np.isnan(sp[2]) and sp[3] == np.inf
+    assert np.isnan(sp[4]) and np.isnan(sp[5]) and sp[6] == 0.0
+
+
+def test_log1p_expm1_softplus(lib: ctypes.CDLL) -> None:
+    x = float_sweep(-0.999, 1e30, step=2039)
+    assert _ulp_max(lib, "prism_test_log1p", x, np.log1p(x.astype(np.float64))) < 2.5
+    x = float_sweep(-100.0, 88.7, step=1021)
+    assert _ulp_max(lib, "prism_test_expm1", x, np.expm1(x.astype(np.float64))) < 2.0
+    x64 = float_sweep(-100.0, 100.0, step=1021).astype(np.float64)
+    ref = np.where(x64 > 20, x64, np.logaddexp(0, x64))
+    assert _ulp_max(lib, "prism_test_softplus", x64.astype(np.float32), ref) < 3.0
+    sp = run(lib, "prism_test_log1p", np.array([-1, -2, np.inf, np.nan, 0, -0.0], np.float32))
+    assert sp[0] == -np.inf and np.isnan(sp[1]) and sp[2] == np.inf and np.isnan(sp[3]) and sp[4] == 0
+    em = run(lib, "prism_test_expm1", np.array([-np.inf, np.inf, np.nan, 89, -1e30, 88.7], np.float32))
+    assert em[0] == -1 and em[1] == np.inf and np.isnan(em[2]) and em[3] == np.inf and em[4] == -1
+    assert np.isfinite(em[5])
+
+
+def test_erf_and_exact_gelu(lib: ctypes.CDLL) -> None:
+    x = float_sweep(-6.0, 6.0, step=257)
+    assert _ulp_max(lib, "prism_test_erf", x, _erf(x.astype(np.float64))) < 3.0
+    sp = run(lib, "prism_test_erf", np.array([0, -0.0, np.inf, -np.inf, np.nan, 1e-40], np.float32))
+    assert sp[0] == 0 and sp[2] == 1 and sp[3] == -1 and np.isnan(sp[4]) and sp[5] == np.float32(1e-40) * 0 + sp[5]
+    x64 = float_sweep(-12.0, 12.0, step=257).astype(np.float64)
+    ref = 0.5 * x64 * _erfc(-x64 / math.sqrt(2))
+    # relative to the value: gelu tends to 0 for x -> -inf; the erfc form keeps the relative error bounded
+    assert _ulp_max(lib, "prism_test_gelu", x64.astype(np.float32), ref) < 6.0
+
+
+def test_sin_cos(lib: ctypes.CDLL) -> None:
+    x = float_sweep(-1e6, 1e6, step=1031)
+    x64 = x.astype(np.float64)
+    for fn, ref in (("prism_test_sin", np.sin(x64)), ("prism_test_cos", np.cos(x64))):
+        y = run(lib, fn, x).astype(np.float64)
+        # absolute 2^-24 * max(1, |x| / 1e4) near the zeros (ulp of the result is meaningless there), else 2 ulp
+        ulp = ulp_error(y, ref)
+        absolute = np.abs(y - ref) <= 2.0 ** -24 * 1.0
+        assert np.all((ulp < 2.0) | absolute), (fn, float(ulp[~absolute].max()))
+    sp = run(lib, "prism_test_sin", np.array([0, -0.0, np.inf, np.nan, 1e7, -1e30], np.float32))
+    assert sp[0] == 0 and np.isnan(sp[2]) and np.isnan(sp[3])
+    assert np.isnan(sp[4]) and np.isnan(sp[5])  # out of range: NaN, never a wrong finite value
+
+
+def test_polynomial_tables_are_reproducible() -> None:
+    from prism.codegen import prelude as P
+    h = math.pi / 4
+    assert P.fit_poly(lambda x: _erfc(x) * np.exp(x * x), 1.0, 4.0, 8, var=lambda x: 1 / x) == P.ERFC_BIG
+    assert P.fit_poly(lambda r: np.where(np.abs(r) < 1e-4, -1 / 6 + r * r / 120,
+                                         (np.sin(r) - r) / np.where(r == 0, 1, r) ** 3), 1e-6, h, 2,
+                      var=lambda r: r * r) == P.SIN_POLY

@@ -28,13 +28,16 @@ ATTRS: dict[str, list[tuple]] = {
 }
 UNARY = sorted(n for n, o in OPS.items() if o.group == "unary")
 BINARY = sorted(n for n, o in OPS.items() if o.group == "binary")
+# sin/cos of |x| > 6.5e6 are NaN by design (docs/codegen.md), so the 1e30 values are left out for them
 HOSTILE = [0.0, -0.0, 1e-45, -1e-45, 1e-38, -1e-38, 1e-30, -1e-30, 1e30, -1e30, np.inf, -np.inf, np.nan,
            3.0, -3.0, 20.0, -20.0, 88.0, 89.0, -87.0, -104.0, 1.0, -1.0, 0.5, 1e4, -1e4]
 
 
-def _inputs(rng: np.random.Generator) -> np.ndarray:
+def _inputs(rng: np.random.Generator, op: str = "") -> np.ndarray:
+    hostile = [v for v in HOSTILE if op not in ("sin", "cos") or not abs(v) > 6.5e6]
+    hostile += [0.0] * (len(HOSTILE) - len(hostile))
     body = np.concatenate([rng.standard_normal(600) * 4, rng.standard_normal(200) * 40,
-                           rng.uniform(0.0, 2.0, 200), np.array(HOSTILE)])
+                           rng.uniform(0.0, 2.0, 200), np.array(hostile)])
     return body.astype(np.float32).reshape(2, -1)
 
 
@@ -58,7 +61,7 @@ def _compare(out: np.ndarray, ref: np.ndarray, what: str) -> None:
 @pytest.mark.parametrize("isa", supported_isas())
 @pytest.mark.parametrize("op", UNARY)
 def test_unary_compiled(op: str, isa: str, rng: np.random.Generator) -> None:
-    x = _inputs(rng)
+    x = _inputs(rng, op)
     for arg in ATTRS.get(op, [tuple(OPS[op].defaults)]):
         g = prism.Graph()
         xi = g.input("x", x.shape)
