@@ -46,6 +46,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the full report (raw samples included) as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG chart of each system's fraction of the roofline")
     p.add_argument("--no-details", action="store_true", help="print only the summary table")
+    p.add_argument("--corpus", action="store_true",
+                   help="benchmark the corpus of small PyTorch programs (prism/bench/corpus.py) instead of the "
+                        "suite: eager, torch.compile and prism.optimize, checked against float64, interleaved")
+    p.add_argument("--corpus-filter", metavar="SUBSTR", default=None,
+                   help="with --corpus: only the programs whose name contains SUBSTR")
     return p
 
 
@@ -69,6 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Console()
     err = Console(stderr=True)
     threads = args.threads or default_threads()
+    if args.corpus:
+        from prism.bench.corpus_run import main as corpus_main
+        from prism.bench.systems import configure_threads
+        configure_threads(threads)
+        return corpus_main(args, threads)
     try:
         # thread flags must be in the environment before jax/torch spin up their pools
         from prism.bench.systems import configure_threads, select

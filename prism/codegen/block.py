@@ -36,6 +36,12 @@ from prism.ir.block import BlockGraph
 from prism.ir.node import Node
 
 ALIGN = 16  # floats: scratch tiles start on 64-byte boundaries
+# Threads of a block graph's grid loop: one per PAR_WORK units of work (elements the kernel reads and
+# writes, plus a matmul's multiply-adds / 8), at most one per block. An OpenMP fork/join costs 1-3 µs on
+# this machine, and when another process holds a core a second thread made a 128-element kernel wait
+# hundreds of µs (measured: 550 µs per call under load, 3.4 µs with one thread idle); a thread's share
+# should be several µs of work.
+PAR_WORK = 16384
 
 _EXPR_ACCS = ("sum", "sum_last", "rms", "max")
 _SOFTMAX = ("softmax_sum", "softmax_matmul")
@@ -307,13 +313,19 @@ class BlockLowering:
     def assemble(self, in_ptrs: list[str], out_ptrs: list[str]) -> BlockFunction:
         nblk = math.prod(self.grid)
         g = self.grid + (1,) * (3 - len(self.grid))
+        work = sum(math.prod(_ints(s.shape)) for s in self.bg.inputs)
+        work += sum(math.prod(_ints(s)) for s in self.bg.output_shapes)
+        for n in self.bg.nodes:
+            if n.op == "matmul":
+                work += nblk * self.F * math.prod(_ints(n.shape)) * int(n.src[0].shape[-1]) // 8
+        par = max(1, min(nblk, work // PAR_WORK))
         w = CWriter()
         params = [f"const float* restrict {p}" for p in in_ptrs] + [f"float* restrict {p}" for p in out_ptrs]
         params += [f"float* restrict pw{k}" for k, _ in self.partial]
         params += ["float* restrict scr", "long scr_stride", "int nth"]
         w.line(f"/* block graph: grid={self.grid} forloop={self.F} */")
         with w.block(f"PR_NOINLINE void {self.name}({', '.join(params)})"):
-            w.line(f"const int nt = nth < {nblk} ? nth : {nblk};")
+            w.line(f"const int nt = nth < {par} ? nth : {par};")
             w.line("#pragma omp parallel num_threads(nt)")
             with w.block(""):
                 w.line("float* restrict S = scr + (long)omp_get_thread_num() * scr_stride;")

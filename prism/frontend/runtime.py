@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 log = logging.getLogger("prism")
+_F32 = torch.float32
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,9 @@ class PieceRunner(torch.nn.Module):
         self.fallback_calls = 0
         self._said: set[str] = set()
         self._bad_shapes: dict[tuple, str] = {}
-        self._compiled: dict[tuple, Any] = {}   # input shapes -> the tuned, compiled prism Kernel
+        # input shapes -> (the tuned, compiled Kernel, its input order, the compiled variant, output shapes)
+        self._compiled: dict[tuple, Any] = {}
+        self._names = tuple(s.name for s in inputs if s is not None)
 
     def _once(self, key: str, msg: str) -> None:
         if key not in self._said:
@@ -106,38 +109,47 @@ class PieceRunner(torch.nn.Module):
         return ""
 
     def forward(self, *args: Any) -> Any:
-        why = self._why_not(args)
-        if not why:
-            shapes = tuple(tuple(a.shape) for s, a in zip(self.specs, args) if s is not None)
-            why = self._bad_shapes.get(shapes, "")
-        if why:
-            self._once(why, why)
-            self.fallback_calls += 1
-            return self.fallback(*args)
-        ins = {}
+        # one pass over the inputs: float32 CPU tensors, no autograd recording (else the slow path says why);
+        # transposed or non-contiguous ones are prepared (module state: cached)
+        grad = torch.is_grad_enabled()
+        ins: list[torch.Tensor] = []
         for spec, a in zip(self.specs, args):
             if spec is None:
                 continue
-            if spec.persistent and (spec.perm is not None or not a.is_contiguous()):
-                ins[spec.name] = PREPARED.get(a, spec.perm)
-            elif spec.perm is not None or not a.is_contiguous():
-                ins[spec.name] = _prepare(a, spec.perm)
-            else:
-                ins[spec.name] = a
+            if not isinstance(a, torch.Tensor) or a.dtype is not _F32 or a.device.type != "cpu" or (
+                    grad and a.requires_grad):
+                return self._in_pytorch(self._why_not(args), args)
+            if spec.perm is not None or not a.is_contiguous():
+                a = PREPARED.get(a, spec.perm) if spec.persistent else _prepare(a, spec.perm)
+            ins.append(a)
+        shapes = tuple(tuple(a.shape) for a in ins)
+        hit = self._compiled.get(shapes)
         try:
-            compiled = self._compiled.get(shapes)
-            if compiled is None:  # a new shape: bind the dims, tune (or read the tuning cache), compile
-                env = self.kernel.program.bind({k: tuple(v.shape) for k, v in ins.items()})
-                compiled = self._compiled[shapes] = self.kernel.specialize(**env).kernel
-            out = compiled.call(ins)
+            if hit is None:  # a new shape: bind the dims, tune (or read the tuning cache), compile
+                bad = self._bad_shapes.get(shapes)
+                if bad is not None:
+                    return self._in_pytorch(bad, args)
+                env = self.kernel.program.bind({n: s for n, s in zip(self._names, shapes)})
+                k = self.kernel.specialize(**env).kernel
+                order = tuple(self._names.index(n) for n in k.input_names)
+                v, out_shapes = k.variant_for(tuple(shapes[i] for i in order))
+                hit = self._compiled[shapes] = (k, None if order == tuple(range(len(order))) else order, v,
+                                                out_shapes)
+            kernel, order, v, out_shapes = hit
+            if order is not None:
+                ins = [ins[i] for i in order]
+            outs = kernel.run_variant(v, out_shapes, ins)
         except Exception as e:  # e.g. no verified sGraph tiles this shape: it stays in PyTorch
             msg = f"at input shapes {list(shapes)}: {type(e).__name__}: {str(e).splitlines()[0]}"
             self._bad_shapes[shapes] = msg
-            self._once(msg, msg)
-            self.fallback_calls += 1
-            return self.fallback(*args)
+            return self._in_pytorch(msg, args)
         self.prism_calls += 1
-        return out
+        return outs[0] if len(outs) == 1 else dict(zip(kernel.output_names, outs))
+
+    def _in_pytorch(self, why: str, args: tuple) -> Any:
+        self._once(why, why)
+        self.fallback_calls += 1
+        return self.fallback(*args)
 
     def extra_repr(self) -> str:
         return f"{self.label!r}, prism_calls={self.prism_calls}, fallback_calls={self.fallback_calls}"

@@ -156,6 +156,7 @@ class Kernel:
         self.output_names = tuple(graph.output_names)
         self._variants: dict[tuple, Variant] = {}
         self._by_shapes: dict[tuple, Variant] = {}
+        self._fast: dict[tuple, tuple[Variant, tuple]] = {}   # call_tensors: shapes -> (variant, output shapes)
         self._dims = graph.symbols()
         if not callable(params):
             self._check_params(dict(params or {}))
@@ -244,6 +245,33 @@ class Kernel:
         if len(result) == 1:
             return result[0]
         return dict(zip(self.output_names, result))
+
+    def variant_for(self, shapes: tuple[tuple[int, ...], ...]) -> tuple[Variant, tuple]:
+        """The compiled variant for input ``shapes`` (bound and compiled on first use) and its output shapes."""
+        hit = self._fast.get(shapes)
+        if hit is None:
+            v = self._by_shapes.get(shapes)
+            if v is None:
+                v = self.specialize(**self.graph.bind(dict(zip(self.input_names, shapes))))
+                self._by_shapes[shapes] = v
+            hit = self._fast[shapes] = (v, tuple(v.gen.output_shapes))
+        return hit
+
+    def call_tensors(self, args: list[Any]) -> list[Any]:
+        """The lean call path of the frontend's pieces: ``args`` are torch tensors in ``input_names`` order
+        that the caller has checked (float32, CPU, contiguous, no autograd recording); returns fresh output
+        tensors in ``output_names`` order. The shapes still select (and on first use bind and compile) the
+        variant, so a shape the program does not accept raises the same errors as :meth:`call`."""
+        v, out_shapes = self.variant_for(tuple(tuple(a.shape) for a in args))
+        return self.run_variant(v, out_shapes, args)
+
+    @staticmethod
+    def run_variant(v: Variant, out_shapes: tuple, args: list[Any]) -> list[Any]:
+        """Run variant ``v`` (from :meth:`variant_for`) on checked torch tensors; fresh outputs."""
+        empty = sys.modules["torch"].empty
+        outs = [empty(s) for s in out_shapes]  # PyTorch's CPU allocator aligns to 64 bytes
+        v.run([a.data_ptr() for a in args] + [o.data_ptr() for o in outs])
+        return outs
 
     def _outputs(self, v: Variant, out: Any, use_torch: bool, args: list[_Arg]) -> list[tuple[Any, _Arg]]:
         shapes = v.gen.output_shapes

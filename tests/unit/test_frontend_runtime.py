@@ -19,14 +19,26 @@ pytestmark = pytest.mark.unit
 
 
 class _Compiled:
+    """What the runner uses of a compiled prism Kernel: input/output names and call_tensors. Its inputs are
+    in the reverse order of the piece's, so the runner's reordering is exercised."""
+
+    input_names = ("x1", "x0")
+    output_names = ("y",)
+
     def __init__(self, owner: _Kernel) -> None:
         self.owner = owner
 
-    def call(self, ins: dict[str, torch.Tensor]) -> torch.Tensor:
+    def variant_for(self, shapes: tuple) -> tuple[Any, tuple]:
         if self.owner.fail:
             raise prism.PrismError("no verified sGraph tiles this shape")
+        return None, ((shapes[1][0], shapes[0][1]),)
+
+    def run_variant(self, v: Any, out_shapes: tuple, args: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.owner.fail:
+            raise prism.PrismError("no verified sGraph tiles this shape")
+        ins = dict(zip(self.input_names, args))
         self.owner.seen.append({k: (tuple(v.shape), v.is_contiguous()) for k, v in ins.items()})
-        return ins["x0"] @ ins["x1"] * 10  # recognizably not the fallback's result
+        return [ins["x0"] @ ins["x1"] * 10]  # recognizably not the fallback's result
 
 
 class _Kernel:

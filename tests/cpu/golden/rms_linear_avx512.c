@@ -71,7 +71,7 @@ PR_INLINE void pr_nn_avx512_4x1(long K, const float* restrict A, long sa0, long 
 }
 /* block graph: grid=(2,) forloop=2 */
 PR_NOINLINE void blk0(const float* restrict a0, const float* restrict a1, float* restrict o0, float* restrict scr, long scr_stride, int nth) {
-  const int nt = nth < 2 ? nth : 2;
+  const int nt = nth < 1 ? nth : 1;
   #pragma omp parallel num_threads(nt)
   {
     float* restrict S = scr + (long)omp_get_thread_num() * scr_stride;
