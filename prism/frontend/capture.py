@@ -227,11 +227,22 @@ def _tensor_metas(v: Any) -> list[Any]:
     return []
 
 
+def _used_metas(node: Any) -> list[Any]:
+    """The node's tensor results that are used: of a (values, indices) result whose users all take the
+    values (``[0]`` / ``.values``), only the values count."""
+    mv = meta_value(node)
+    if isinstance(mv, (list, tuple)) and len(mv) == 2 and node.users and all(
+            u.op == "call_function" and len(u.args) == 2 and u.args[0] is node and (
+                u.args[1] == 0 or u.args[1] == "values") for u in node.users):
+        return _tensor_metas(mv[:1])
+    return _tensor_metas(mv)
+
+
 def _dtype_problem(node: Any) -> str:
     """Why the node's values or tensor operands are not float32 CPU tensors ('' if they all are)."""
-    vals = _tensor_metas(meta_value(node))
+    vals = _used_metas(node)
     for a in node.all_input_nodes:
-        vals += _tensor_metas(meta_value(a))
+        vals += _used_metas(a)
     for v in vals:
         if str(v.dtype) not in ("torch.float32", "torch.bool"):  # bool: a mask (see _masks)
             return f"dtype {str(v.dtype).removeprefix('torch.')} (Prism computes in float32)"
@@ -462,6 +473,8 @@ def _check_shape(b: _Builder, u: Unit, res: Any) -> None:
     if len(got) != len(want):
         raise Unsupported(f"internal error: {len(got)} results, PyTorch has {len(want)}")
     for r, w in zip(got, want):
+        if r is None:  # a result Prism does not compute (the indices of max(x, dim)); its uses stay in PyTorch
+            continue
         ws, raw = b.dims(w.shape), to_shape(w.shape)
         if len(r.shape) != len(ws) or not all(D.structurally_equal(x, y) or D.structurally_equal(x, z) or _equal(x, y)
                                               for x, y, z in zip(r.shape, ws, raw)):

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from prism.errors import PrismError
 from prism.frontend.capture import Captured, Unit, capture
 from prism.frontend.ops import Operand, meta_value
 from prism.frontend.partition import Budget, Piece, PlanUnit, plan
@@ -116,6 +117,7 @@ class PieceProgram:
     specs: list[InputSpec | None]    # per runner argument: the Prism input it feeds (None: fallback only)
     input_shapes: list[str]
     output: Any                      # the FX node whose value the piece produces
+    out_slots: tuple[int | None, ...] | None = None  # a tuple-valued node: which slots Prism computes
 
 
 class _Dims:
@@ -182,14 +184,21 @@ def build_piece(cap: Captured, piece: Piece) -> PieceProgram:
     for u in units:
         values[u.node] = u.lowered.emit(g, [operand(o) for o in u.lowered.operands])
     out_unit = cap.units[piece.output]
-    g.output(values[out_unit.node], "y")
+    out = values[out_unit.node]
+    slots = None
+    if isinstance(out, tuple):  # max(x, dim): (values, None); the indices' users stay in PyTorch (capture)
+        slots = tuple(0 if v is not None else None for v in out)
+        if slots.count(0) != 1:
+            raise PrismError(f"piece {label}: a tuple result with {slots.count(0)} computed values")
+        out = next(v for v in out if v is not None)
+    g.output(out, "y")
     g = sink_reshapes(g)
     # every other value the original nodes read (sizes, constants' nodes) is a fallback-only argument
     for m in sorted(members, key=_order(cap)):
         for a in m.all_input_nodes:
             if a not in members:
                 arg(a)
-    return PieceProgram(g, units, args, specs, shapes, out_unit.node)
+    return PieceProgram(g, units, args, specs, shapes, out_unit.node, slots)
 
 
 def sink_reshapes(g: Graph) -> Graph:
@@ -298,7 +307,7 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
             if opts.progress:
                 opts.progress("failed", done, len(built), pr.label)
             continue
-        runner = PieceRunner(f"{pr.index} ({pr.label})", kernel, list(prog.specs), fallback)
+        runner = PieceRunner(f"{pr.index} ({pr.label})", kernel, list(prog.specs), fallback, prog.out_slots)
         pr.status, pr.runner = "prism", runner
         pr.structure = kernel.implementations[0].structure if kernel.implementations else ""
         _replace(gm, prog, runner, f"prism_piece_{report.index}_{pr.index}", replaced, order)
@@ -311,11 +320,22 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
 
 
 def _superoptimize(graph: Graph, opts: Options, pr: PieceReport) -> Any:
-    from prism.api import superoptimize
+    from prism.api import NoVerifiedKernelError, superoptimize
     t0 = time.perf_counter()
+    limits = opts.search_limits()
     try:
-        k = superoptimize(graph, limits=opts.search_limits(), top_k=opts.top_k, tune_budget_s=opts.tune_budget_s,
-                          verbose=opts.verbose, measure_machine=opts.measure_machine)
+        try:
+            k = superoptimize(graph, limits=limits, top_k=opts.top_k, tune_budget_s=opts.tune_budget_s,
+                              verbose=opts.verbose, measure_machine=opts.measure_machine)
+        except NoVerifiedKernelError:
+            if opts.limits is not None or limits.max_kernel_ops != 1:
+                raise
+            # one kernel per piece cannot express a piece whose reductions depend on each other (row
+            # means, then their mean): search again with two kernels before leaving it to PyTorch
+            import dataclasses
+            k = superoptimize(graph, limits=dataclasses.replace(limits, max_kernel_ops=2), top_k=opts.top_k,
+                              tune_budget_s=opts.tune_budget_s, verbose=opts.verbose,
+                              measure_machine=opts.measure_machine)
     except Exception as e:  # any failure leaves the piece to PyTorch, loudly
         msg = str(e).splitlines()[0] if str(e) else ""
         pr.status, pr.reason = "failed", f"prism.superoptimize raised {type(e).__name__}: {msg}"

@@ -76,6 +76,8 @@ SIGS: dict[str, tuple[str, ...]] = {
     "pow": ("input", "exponent"),
     "sum": ("input", "dim", "keepdim", "dtype"), "mean": ("input", "dim", "keepdim", "dtype"),
     "amax": ("input", "dim", "keepdim"), "amin": ("input", "dim", "keepdim"),
+    "max": ("input", "dim", "keepdim"), "min": ("input", "dim", "keepdim"),
+    "values": ("input", "attr"), "indices": ("input", "attr"),
     "logsumexp": ("input", "dim", "keepdim"),
     "log_softmax": ("input", "dim", "_third", "dtype"), "_log_softmax": ("input", "dim", "half_to_float"),
     "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"),
@@ -83,6 +85,12 @@ SIGS: dict[str, tuple[str, ...]] = {
     "normalize": ("input", "p", "dim", "eps", "out"),
     "cosine_similarity": ("x1", "x2", "dim", "eps"),
     "log_sigmoid": ("input",), "logsigmoid": ("input",), "softsign": ("input",),
+    "mse_loss": ("input", "target", "size_average", "reduce", "reduction"),
+    "l1_loss": ("input", "target", "size_average", "reduce", "reduction"),
+    "smooth_l1_loss": ("input", "target", "size_average", "reduce", "reduction", "beta"),
+    "huber_loss": ("input", "target", "reduction", "delta"),
+    "binary_cross_entropy_with_logits": ("input", "target", "weight", "size_average", "reduce", "reduction",
+                                         "pos_weight"),
     **{k: ("input", "other") for k in ("gt", "ge", "lt", "le", "eq", "ne")},
     "where": ("condition", "input", "other"), "masked_fill": ("input", "mask", "value"),
     "logical_not": ("input",), "bitwise_not": ("input",), "logical_and": ("input", "other"),
@@ -109,7 +117,7 @@ ALIASES = {"truediv": "div", "__matmul__": "matmul", "true_divide": "div", "mult
            "linalg_vector_norm": "vector_norm", "greater": "gt", "greater_equal": "ge", "less": "lt",
            "less_equal": "le", "not_equal": "ne", "and_": "bitwise_and", "or_": "bitwise_or",
            "invert": "bitwise_not"}
-_ATTRS = ("T", "mT")  # tensor attributes that are operators (transposes)
+_ATTRS = ("T", "mT", "values", "indices")  # attributes that are operators (transposes, a (values, indices) result)
 _INPLACE = {"iadd", "isub", "imul", "itruediv", "silu_", "relu_", "div_", "add_", "mul_"}
 
 
@@ -483,8 +491,16 @@ def _reduction(prism_op: str) -> Callable[[Conv], Lowered]:
 
         def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
             y = t[i]
-            for d in dims:
-                y = getattr(g, prism_op)(y, d)
+            n = D.product([y.shape[d] for d in dims])
+            if prism_op == "mean" and len(dims) > 1 and isinstance(n, int):
+                # a mean over several dims is the sums' total scaled once: the search finds kernels for chained
+                # sums, not for a mean of means (measured: NoVerifiedKernelError for ((a - b) ** 2).mean())
+                for d in dims:
+                    y = g.sum(y, d)
+                y = g.mul_scalar(y, 1.0 / n)
+            else:
+                for d in dims:
+                    y = getattr(g, prism_op)(y, d)
             if not keep:
                 y = g.reshape(y, tuple(s for k, s in enumerate(t[i].shape) if k not in dims))
             return y
@@ -545,6 +561,45 @@ def layer_norm(g: OpMethods, x: Tensor, eps: float) -> Tensor:
 
 def l2_norm(g: OpMethods, x: Tensor, d: int) -> Tensor:
     return g.sqrt(g.sum(g.square(x), d))
+
+
+@_conv("max", "min")
+def _max_min(c: Conv) -> Lowered:
+    """torch.max(x) (every element), torch.max(x, dim) ((values, indices): the values only; a use of the
+    indices stays in PyTorch) and torch.max(a, b) (element-wise)."""
+    x, dim = c.get("input"), c.get("dim", None)
+    name = c.call.name
+    if c.is_tensor(dim):  # torch.max(a, b)
+        i, j = c.tensor(x), c.tensor(dim)
+        fn = "maximum" if name == "max" else "minimum"
+        return Lowered(name, "compute", c.operands, lambda g, t: getattr(g, fn)(t[i], t[j]))
+    keep = _keepdim(c)
+    i = c.tensor(x)
+    r = c.rank(x)
+
+    def red(g: OpMethods, y: Tensor, d: int) -> Tensor:
+        return g.max(y, d) if name == "max" else g.neg(g.max(g.neg(y), d))
+    if dim is None:
+        def emit_all(g: OpMethods, t: list[Tensor]) -> Tensor:
+            y = t[i]
+            for d in range(r):
+                y = red(g, y, d)
+            return g.reshape(y, ())
+        return Lowered(name, "compute", c.operands, emit_all)
+    d = _ndim(dim, r, name)
+    return Lowered(name, "compute", c.operands, lambda g, t: (_drop(g, red(g, t[i], d), d, keep), None))
+
+
+@_conv("values", "indices")
+def _result_attr(c: Conv) -> Lowered:
+    """x.values / x.indices of a (values, indices) result."""
+    x = c.get("input")
+    k = 0 if c.call.name == "values" else 1
+    if k == 1:
+        raise Unsupported("indices of max/min (Prism computes the values only)")
+    op = Operand(x)
+    c.operands.append(op)
+    return Lowered(c.call.name, "layout", c.operands, lambda g, t: t[0][k])
 
 
 @_conv("amin")
@@ -726,6 +781,72 @@ def _masked_fill(c: Conv) -> Lowered:
     i, k = c.tensor(x), c.tensor(mask)
     return Lowered("masked_fill", "compute", c.operands,
                    lambda g, t: g.add(g.mask_select(g.compare(t[k], "eq", 0.0), t[i]), g.mask_scalar(t[k], v)))
+
+
+# --- losses: the element-wise loss stated once, then PyTorch's reduction ('mean' over every element) -----
+
+def _reduced(g: OpMethods, y: Tensor, reduction: str) -> Tensor:
+    if reduction == "none":
+        return y
+    n = D.product(y.shape)
+    for d in range(len(y.shape)):
+        y = g.sum(y, d)
+    if reduction == "mean":
+        if not isinstance(n, int):
+            raise Unsupported("a mean loss over a symbolic number of elements")
+        y = g.mul_scalar(y, 1.0 / n)
+    return g.reshape(y, ())
+
+
+def _loss(c: Conv, elementwise: Callable[[OpMethods, Tensor, Tensor], Tensor]) -> Lowered:
+    a, b = c.get("input"), c.get("target")
+    if c.get("size_average", None) is not None or c.get("reduce", None) is not None:
+        raise Unsupported(f"{c.call.name}: the deprecated size_average/reduce arguments")
+    reduction = c.get("reduction", "mean")
+    if reduction not in ("none", "mean", "sum"):
+        raise Unsupported(f"{c.call.name}: reduction={reduction!r}")
+    if c.shape(a) != c.shape(b):
+        raise Unsupported(f"{c.call.name}: input and target of different shapes")
+    i, j = c.tensor(a), c.tensor(b)
+    return Lowered(c.call.name, "compute", c.operands, lambda g, t: _reduced(g, elementwise(g, t[i], t[j]), reduction))
+
+
+def _huber(g: OpMethods, d: Tensor, delta: float, scale: float) -> Tensor:
+    """where(|d| < delta, 0.5 d^2, delta (|d| - 0.5 delta)) * scale, with masks."""
+    ad = g.abs(d)
+    small = g.compare(ad, "lt", delta)
+    quad = g.mul_scalar(g.square(d), 0.5 * scale)
+    lin = g.mul_scalar(g.add_scalar(ad, -0.5 * delta), delta * scale)
+    return g.add(g.mask_select(small, quad), g.mask_select(g.compare(small, "eq", 0.0), lin))
+
+
+@_conv("mse_loss")
+def _mse_loss(c: Conv) -> Lowered:
+    return _loss(c, lambda g, a, b: g.square(g.sub(a, b)))
+
+
+@_conv("l1_loss")
+def _l1_loss(c: Conv) -> Lowered:
+    return _loss(c, lambda g, a, b: g.abs(g.sub(a, b)))
+
+
+@_conv("smooth_l1_loss", "huber_loss")
+def _smooth_l1(c: Conv) -> Lowered:
+    if c.call.name == "huber_loss":
+        delta = c.number(c.get("delta", 1.0), "delta")
+        return _loss(c, lambda g, a, b: _huber(g, g.sub(a, b), delta, 1.0))
+    beta = c.number(c.get("beta", 1.0), "beta")
+    if beta <= 0:
+        raise Unsupported("smooth_l1_loss: beta <= 0")
+    return _loss(c, lambda g, a, b: _huber(g, g.sub(a, b), beta, 1.0 / beta))
+
+
+@_conv("binary_cross_entropy_with_logits")
+def _bce_logits(c: Conv) -> Lowered:
+    if c.get("weight", None) is not None or c.get("pos_weight", None) is not None:
+        raise Unsupported("binary_cross_entropy_with_logits: weight/pos_weight")
+    # (1 - y) x + log(1 + e^(-x)) = softplus(x) - x y
+    return _loss(c, lambda g, x, y: g.sub(g.softplus(x), g.mul(x, y)))
 
 
 @_conv("log_sigmoid", "logsigmoid")
@@ -1036,7 +1157,9 @@ def _slice_lowered(c: Conv, x: Any, d: int, s: slice) -> Lowered:
 def _getitem(c: Conv) -> Lowered:
     x, idx = c.get("input"), c.get("idx")
     mv = meta_value(x) if _is_node(x) else None
-    if isinstance(mv, (list, tuple)) and isinstance(idx, int):  # one result of split/chunk
+    if isinstance(mv, (list, tuple)) and isinstance(idx, int):  # one result of split/chunk/max(dim)
+        if not is_tensor_meta(mv[idx]) or str(mv[idx].dtype) != "torch.float32":
+            raise Unsupported(f"result {idx} of {_describe(x)} is not a float32 tensor (indices stay in PyTorch)")
         op = Operand(x)
         c.operands.append(op)
         return Lowered("getitem", "layout", c.operands, lambda g, t: t[0][idx])

@@ -75,7 +75,8 @@ class PieceRunner(torch.nn.Module):
     """Calls a piece's Prism kernel (see the module docstring); ``prism_calls`` / ``fallback_calls``
     count what ran."""
 
-    def __init__(self, label: str, kernel: Any, inputs: list[InputSpec | None], fallback: torch.nn.Module) -> None:
+    def __init__(self, label: str, kernel: Any, inputs: list[InputSpec | None], fallback: torch.nn.Module,
+                 out_slots: tuple[int | None, ...] | None = None) -> None:
         super().__init__()
         self.label = label
         self.kernel = kernel
@@ -88,6 +89,7 @@ class PieceRunner(torch.nn.Module):
         # input shapes -> (the tuned, compiled Kernel, its input order, the compiled variant, output shapes)
         self._compiled: dict[tuple, Any] = {}
         self._names = tuple(s.name for s in inputs if s is not None)
+        self.out_slots = out_slots  # a tuple result (values, indices): the kernel computes the slots not None
 
     def _once(self, key: str, msg: str) -> None:
         if key not in self._said:
@@ -143,12 +145,16 @@ class PieceRunner(torch.nn.Module):
             msg = f"at input shapes {list(shapes)}: {type(e).__name__}: {str(e).splitlines()[0]}"
             self._bad_shapes[shapes] = msg
             return self._in_pytorch(msg, args)
-        self.prism_calls += 1
+        # counted through __dict__: nn.Module.__setattr__ checks parameters, buffers and submodules on every
+        # assignment (measured 6.7 µs per call under cProfile, ~2 µs without)
+        self.__dict__["prism_calls"] += 1
+        if self.out_slots is not None:
+            return tuple(outs[k] if k is not None else None for k in self.out_slots)
         return outs[0] if len(outs) == 1 else dict(zip(kernel.output_names, outs))
 
     def _in_pytorch(self, why: str, args: tuple) -> Any:
         self._once(why, why)
-        self.fallback_calls += 1
+        self.__dict__["fallback_calls"] += 1
         return self.fallback(*args)
 
     def extra_repr(self) -> str:

@@ -30,6 +30,8 @@ PROGRAMS: dict[str, Callable[..., Any]] = {
     "masked_columns_softmax": lambda x, w: (x @ w.T).masked_fill(w[:, 0] > 0.05, float("-inf")).softmax(-1),
     "where_leaky": lambda x, w: torch.where(x @ w.T > 0, x @ w.T, 0.1 * (x @ w.T)),
     "elu_softplus_sin": lambda x, w: F.elu(x) + F.softplus(x) * torch.sin(x),
+    "mse_loss_scalar": lambda x, w: F.mse_loss(x @ w.T, (x @ w.T).tanh()),
+    "max_values": lambda x, w: torch.max(x @ w.T, dim=-1).values,
     "cosine_similarity": lambda x, w: F.cosine_similarity(x, x.abs() + 1, dim=-1),
 }
 

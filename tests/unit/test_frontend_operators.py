@@ -89,6 +89,9 @@ FUNCTIONS: dict[str, Callable[[Any], Any]] = {
     "torch.linalg.vector_norm": lambda x: torch.linalg.vector_norm(x, dim=-1),
     "F.normalize": lambda x: F.normalize(x, dim=-1),
     "getitem.int": lambda x: x[:, 3] * 2,
+    "torch.max.values": lambda x: torch.max(x, dim=-1).values * 2,
+    "Tensor.min.getitem": lambda x: x.min(0, keepdim=True)[0] + 1,
+    "F.mse_loss": lambda x: F.mse_loss(x, x * 0.5),
     "getitem.int_last_row": lambda x: x[-1] + 1,
 }
 
@@ -101,6 +104,23 @@ def test_function_spelling(name: str) -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return fn(x)
     _check(M(), X)
+
+
+LOSSES: dict[str, Callable[..., Any]] = {
+    "mse_mean": lambda a, b: F.mse_loss(a, b),
+    "mse_sum": lambda a, b: F.mse_loss(a, b, reduction="sum"),
+    "mse_none": lambda a, b: F.mse_loss(a, b, reduction="none"),
+    "l1": lambda a, b: F.l1_loss(a, b),
+    "smooth_l1": lambda a, b: F.smooth_l1_loss(a * 3, b, beta=0.5),
+    "huber": lambda a, b: F.huber_loss(a * 3, b, delta=2.0),
+    "bce_logits": lambda a, b: F.binary_cross_entropy_with_logits(a * 4, torch.sigmoid(b)),
+    "mean_all": lambda a, b: ((a - b) ** 2).mean(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_losses(name: str) -> None:
+    _check(LOSSES[name], X, Y)
 
 
 def test_binary_minimum_and_cosine_similarity() -> None:
@@ -188,3 +208,27 @@ def test_masks_crossing_into_pytorch_stay_in_pytorch() -> None:
     assert "from outside Prism" in cap.fallbacks[0].reason
     cap = capture(torch.fx.symbolic_trace(lambda x: x > 0), [X], None)
     assert "used outside Prism" in cap.fallbacks[0].reason
+
+
+VALUES: dict[str, Callable[..., Any]] = {
+    "max_dim_values": lambda x: torch.max(x, dim=-1).values * 2,
+    "max_dim_getitem": lambda x: torch.max(x, 1, keepdim=True)[0] + 1,
+    "min_dim_values": lambda x: x.min(dim=0).values,
+    "max_all": lambda x: torch.max(x) * 2,
+    "max_two_tensors": lambda x: torch.max(x, x * 0.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_max_min_values(name: str) -> None:
+    fn = VALUES[name]
+
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return fn(x)
+    _check(M(), X)
+
+
+def test_max_indices_stay_in_pytorch_with_a_true_reason() -> None:
+    cap = capture(torch.fx.symbolic_trace(lambda x: torch.max(x, dim=-1).indices), [X], None)
+    assert cap.fallbacks and all("int64" in f.reason or "indices" in f.reason for f in cap.fallbacks)
