@@ -234,6 +234,11 @@ class Kernel:
             v = self.specialize(**self.graph.bind(dict(zip(self.input_names, shapes))))
             self._by_shapes[shapes] = v
         use_torch = any(a.torch for a in args)
+        if use_torch and out is None:  # torch in, fresh torch tensors out (PyTorch's allocator: 64-byte aligned)
+            empty = sys.modules["torch"].empty
+            res = [empty(s) for s in v.gen.output_shapes]
+            v.run([a.ptr for a in args] + [r.data_ptr() for r in res])
+            return res[0] if len(res) == 1 else dict(zip(self.output_names, res))
         outs = self._outputs(v, out, use_torch, args)
         v.run([a.ptr for a in args] + [o.ptr for _, o in outs])
         result = [arr for arr, _ in outs]
