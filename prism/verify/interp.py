@@ -214,9 +214,9 @@ class Interpreter:
         if not isinstance(e, tuple):
             return e
         head, *args = e
-        if head in ("-", "+", "max", "min"):
+        if head in ("-", "+", "*", "max", "min"):
             a, b = (self.eval(x) for x in args)
-            return {"-": a - b, "+": a + b, "max": max(a, b), "min": min(a, b)}[head]  # type: ignore[operator]
+            return {"-": a - b, "+": a + b, "*": a * b, "max": max(a, b), "min": min(a, b)}[head]  # type: ignore[operator]
         if head == "P":
             name, sz = (self.eval(x) for x in args)
             return Pdim(str(name), self.size_of(str(sz)))

@@ -91,6 +91,20 @@ def _rules() -> list[Rule]:
               ex={"a": ("s+l+t", "k"), "b": ("k", "n"), "st": SizeStr("s"), "ln": SizeStr("l")}),
         *both("alg.concat-Un", r, "(Un f (Concat a b d s1 s2))", "(Concat (Un f a) (Un f b) d s1 s2)",
               ex={"a": ("m", "k"), "b": ("m", "l"), "d": -1, "s1": SizeStr("k"), "s2": SizeStr("l")}),
+        *both("alg.concat-Scale", r, "(Scale (Concat a b d s1 s2) c)", "(Concat (Scale a c) (Scale b c) d s1 s2)",
+              ex={"a": ("m", "k"), "b": ("m", "l"), "d": -1, "s1": SizeStr("k"), "s2": SizeStr("l"), "c": 1.5}),
+        *both("alg.concat-Shift", r, "(Shift (Concat a b d s1 s2) c)", "(Concat (Shift a c) (Shift b c) d s1 s2)",
+              ex={"a": ("k", "m"), "b": ("l", "m"), "d": -2, "s1": SizeStr("k"), "s2": SizeStr("l"), "c": -0.5}),
+        # constant folding (f64 arithmetic on the constants: (x*2)*3 = x*6, (x+1)*2 = x*2+2); one direction
+        # each, so the e-graph only ever gets fewer nested constants
+        rewrite("alg.scale-fold", r, "(Scale (Scale x a) b)", "(Scale x (* a b))", ex={"x": ("m", "n"), "a": 2.0,
+                                                                                   "b": -3.0}),
+        rewrite("alg.shift-fold", r, "(Shift (Shift x a) b)", "(Shift x (+ a b))", ex={"x": ("m", "n"), "a": 1.5,
+                                                                                   "b": -0.25}),
+        rewrite("alg.scale-shift", r, "(Scale (Shift x a) b)", "(Shift (Scale x b) (* a b))",
+                ex={"x": ("m", "n"), "a": 1.0, "b": 2.0}, doc="(x + a) * b = x * b + a * b"),
+        rewrite("alg.scale-one", r, "(Scale x 1.0)", "x", ex={"x": ("m", "n")}),
+        rewrite("alg.shift-zero", r, "(Shift x 0.0)", "x", ex={"x": ("m", "n")}),
     ]
     for b in BINARY:
         out += both(f"alg.concat-{b}", r, f"({b} (Concat a1 a2 d s1 s2) (Concat b1 b2 d s1 s2))",
