@@ -195,3 +195,19 @@ def test_hostile_inputs_catch_a_softmax_without_max_subtraction() -> None:
     assert numeric_check(g, ref, kinds=("normal",)).passed  # mathematically equal ...
     r = numeric_check(g, ref, kinds=("hostile",))              # ... but overflows in float32
     assert not r.passed and "non-finite" in r.failures[0].detail
+
+
+def test_numeric_check_judges_ill_conditioned_programs_by_their_own_float32_error() -> None:
+    """x / (x + 1) near x = -1: the program run in float32 is itself far from float64 there; a candidate
+    as accurate as it passes, one with an added error beyond OWN_ERROR_FACTOR times it does not."""
+    from prism.verify.numeric import _compare
+    x = np.concatenate([np.linspace(-3, 3, 4001), [-1 + 1e-5, -1 - 2e-5]])
+    r = x / (x + 1)
+    x32 = x.astype(np.float32)
+    p32 = (x32 / (x32 + np.float32(1))).astype(np.float32)
+    err, why = _compare(p32, r, lambda: p32)
+    assert err <= 1e-4 and "allows" in why
+    plain, _ = _compare(p32, r)
+    assert plain > 1e-4  # without the program's own error the same candidate fails
+    worse = p32.astype(np.float64) * (1 + 1e-3)
+    assert _compare(worse, r, lambda: p32)[0] > 1e-4
