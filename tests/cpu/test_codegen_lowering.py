@@ -230,3 +230,32 @@ def test_large_elementwise_kernel_runs_in_parallel_chunks(rng: np.random.Generat
     g.output(g.mul(g.exp(g.mul_scalar(X, 0.1)), g.silu(Y)), "O")
     g.output(g.sum(g.mul(X, Y), 1), "S")
     check(g, rng)
+
+
+@pytest.mark.parametrize("isa", supported_isas())
+def test_row_max_and_softmax_propagate_nan_and_keep_infinities(isa: str) -> None:
+    """The vectorized max (a compare-and-blend reduction with a NaN flag beside it, loops.max_loop): a NaN
+    anywhere in a row makes the row's max NaN, -inf and +inf are ordinary values, at every position of a
+    vector and of the tail."""
+    g = prism.Graph()
+    X = g.input("X", (8, 37))
+    g.output(g.max(X, 1), "M")
+    g.output(g.softmax(X, 1), "S")
+    x = np.random.default_rng(3).standard_normal((8, 37)).astype(np.float32)
+    x[1, 0] = np.nan           # first lane
+    x[2, 36] = np.nan          # the tail
+    x[3, :] = -np.inf          # every element -inf: max -inf, softmax NaN (as NumPy: -inf - -inf)
+    x[4, 17] = np.inf
+    x[5, 5], x[5, 20] = np.nan, np.inf
+    x[6, 16] = -np.inf
+    with np.errstate(invalid="ignore"):
+        ref = g.evaluate({"X": x}, dtype=np.float64)
+        out = prism.compile(g, isa=isa)(X=x)
+    for k in ("M", "S"):
+        r, o = ref[k], out[k]
+        assert np.array_equal(np.isnan(r), np.isnan(o)), (k, np.argwhere(np.isnan(r) != np.isnan(o)))
+        fin = ~np.isnan(r)
+        assert np.array_equal(r[fin] == np.inf, o[fin] == np.inf) and np.array_equal(r[fin] == -np.inf,
+                                                                                   o[fin] == -np.inf)
+        finite = np.isfinite(r)
+        assert np.max(np.abs(o[finite] - r[finite])) <= 1e-6

@@ -204,8 +204,8 @@ PR_NOINLINE void blk0(const float* restrict a0, const float* restrict a1, const 
         (S + 128)[i9] = (-INFINITY);
       }
       #pragma omp simd
-      for (long i20 = 0; i20 < 4; i20++) {
-        (S + 304)[i20] = 0.0f;
+      for (long i22 = 0; i22 < 4; i22++) {
+        (S + 304)[i22] = 0.0f;
       }
       for (long it = 0; it < 2; it++) {
         const float* v2i = v2 + it * 256;
@@ -222,45 +222,49 @@ PR_NOINLINE void blk0(const float* restrict a0, const float* restrict a1, const 
         const float* v8i = v8 + it * 256;
         for (long i10 = 0; i10 < 4; i10++) {
           float s12 = -INFINITY;
-          #pragma omp simd reduction(max:s12)
+          int nan14 = s12 != s12;
+          #pragma omp simd reduction(max:s12) reduction(|:nan14)
           for (long j11 = 0; j11 < 16; j11++) {
-            s12 = pr_max(s12, (S + 64)[i10 * 16 + j11]);
+            const float v13 = (S + 64)[i10 * 16 + j11];
+            s12 = v13 > s12 ? v13 : s12;
+            nan14 |= v13 != v13;
           }
+          if (nan14) s12 = NAN;
           (S + 160)[i10] = s12;
         }
-        for (long r13 = 0; r13 < 4; r13++) {
-          const float mn = pr_max((S + 128)[r13], (S + 160)[r13]);
-          (S + 144)[r13] = it == 0 ? 0.0f : pr_exp((S + 128)[r13] - mn);
-          (S + 128)[r13] = mn;
+        for (long r15 = 0; r15 < 4; r15++) {
+          const float mn = pr_max((S + 128)[r15], (S + 160)[r15]);
+          (S + 144)[r15] = it == 0 ? 0.0f : pr_exp((S + 128)[r15] - mn);
+          (S + 128)[r15] = mn;
         }
-        for (long i14 = 0; i14 < 4; i14++) {
+        for (long i16 = 0; i16 < 4; i16++) {
           #pragma omp simd
-          for (long i15 = 0; i15 < 16; i15++) {
-            (S + 176)[i14 * 16 + i15] = pr_exp(((S + 64)[i14 * 16 + i15] - (S + 128)[i14]));
+          for (long i17 = 0; i17 < 16; i17++) {
+            (S + 176)[i16 * 16 + i17] = pr_exp(((S + 64)[i16 * 16 + i17] - (S + 128)[i16]));
           }
         }
-        float* C16 = (S + 240);
-        const float* A17 = (S + 176);
-        const float* B18 = v8i;
-        const float* cs19 = (S + 144);
-        pr_nn_avx512_4x1(16, A17 + (0) * 16, 16, 1, B18 + 0, 16, C16 + (0) * 16 + 0, 16, (it > 0 ? 2 : 0), cs19 + 0);
+        float* C18 = (S + 240);
+        const float* A19 = (S + 176);
+        const float* B20 = v8i;
+        const float* cs21 = (S + 144);
+        pr_nn_avx512_4x1(16, A19 + (0) * 16, 16, 1, B20 + 0, 16, C18 + (0) * 16 + 0, 16, (it > 0 ? 2 : 0), cs21 + 0);
         #pragma omp simd
-        for (long i21 = 0; i21 < 4; i21++) {
-          (S + 304)[i21] = ((S + 304)[i21] * (S + 144)[i21]);
+        for (long i23 = 0; i23 < 4; i23++) {
+          (S + 304)[i23] = ((S + 304)[i23] * (S + 144)[i23]);
         }
-        for (long i22 = 0; i22 < 4; i22++) {
-          float s24 = 0.0f;
-          #pragma omp simd reduction(+:s24)
-          for (long j23 = 0; j23 < 16; j23++) {
-            s24 = s24 + (S + 176)[i22 * 16 + j23];
+        for (long i24 = 0; i24 < 4; i24++) {
+          float s26 = 0.0f;
+          #pragma omp simd reduction(+:s26)
+          for (long j25 = 0; j25 < 16; j25++) {
+            s26 = s26 + (S + 176)[i24 * 16 + j25];
           }
-          (S + 304)[i22] = (S + 304)[i22] + s24;
+          (S + 304)[i24] = (S + 304)[i24] + s26;
         }
       }
-      for (long i25 = 0; i25 < 4; i25++) {
+      for (long i27 = 0; i27 < 4; i27++) {
         #pragma omp simd
-        for (long i26 = 0; i26 < 16; i26++) {
-          (o0 + b0 * 64)[i25 * 16 + i26] = ((S + 240)[i25 * 16 + i26] / (S + 304)[i25]);
+        for (long i28 = 0; i28 < 16; i28++) {
+          (o0 + b0 * 64)[i27 * 16 + i28] = ((S + 240)[i27 * 16 + i28] / (S + 304)[i27]);
         }
       }
     }
