@@ -19,6 +19,7 @@ Steps (``capture``):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -357,6 +358,61 @@ def _fuse_rms(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
     return [u for u in out if u.node not in absorbed]
 
 
+def _compose(inner: tuple[int, ...] | None, outer: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """``permute(permute(x, inner), outer) == permute(x, result)`` (None: no permutation)."""
+    if inner is None:
+        return outer
+    p = inner if outer is None else tuple(inner[k] for k in outer)
+    return None if p == tuple(range(len(p))) else p
+
+
+def _fold_transposes(units: list[Unit]) -> list[Unit]:
+    """A transpose or permute whose only user is one compute unit becomes that unit's operand permutation
+    (``x @ w.T``, ``q @ k.transpose(-1, -2)``): the piece then reads the tensor in its stored layout and the
+    search places the permutation (a strided view in the generated code, no copy). It would otherwise stay
+    in PyTorch as a layout operator and its non-contiguous result be copied on every call. Not folded:
+    several transposes that would become the same permuted operand (``x @ w.T`` written twice): the
+    search handles two products of distinct inputs, not two of one (measured: no verified kernel)."""
+    by_node = {u.node: u for u in units}
+
+    def folded(u: Unit, k: int) -> tuple[Operand, list[Any]] | None:
+        op = u.lowered.operands[k]
+        extra: list[Any] = []
+        t, user = by_node.get(op.node), u.node
+        if any(o.node is op.node for j, o in enumerate(u.lowered.operands) if j != k):
+            return None  # the unit reads the transposed value twice: keep it one value
+        while (t is not None and t.kind == "layout" and _sig(t)[:1] == ("permute",)
+               and len(t.lowered.operands) == 1 and list(t.node.users) == [user]):
+            inner = t.lowered.operands[0]
+            op = Operand(inner.node, _compose(_compose(inner.perm, _sig(t)[1]), op.perm))
+            extra = t.members + extra
+            t, user = by_node.get(op.node), t.node
+        return (op, extra) if extra else None
+
+    plans = {(u.id, k): f for u in units if u.kind == "compute" for k in range(len(u.lowered.operands))
+             if (f := folded(u, k)) is not None}
+    targets: dict[Any, int] = {}
+    for op, _ in plans.values():
+        targets[(op.node, op.perm)] = targets.get((op.node, op.perm), 0) + 1
+    absorbed: set[Any] = set()
+    out: list[Unit] = []
+    for u in units:
+        operands = list(u.lowered.operands)
+        extra: list[Any] = []
+        for k in range(len(operands)):
+            f = plans.get((u.id, k))
+            if f is None or targets[(f[0].node, f[0].perm)] > 1:
+                continue
+            operands[k] = f[0]
+            extra = f[1] + extra
+            absorbed.update(m for m in f[1])
+        if extra:
+            u = Unit(u.id, u.node, dataclasses.replace(u.lowered, operands=operands), extra + u.members,
+                     u.ops, u.matmuls, u.heavy)
+        out.append(u)
+    return [u for u in out if u.node not in absorbed]
+
+
 def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = None,
             persistent_inputs: set[int] | None = None) -> Captured:
     """Capture ``gm`` (see the module docstring). ``example_inputs`` are needed only when the graph has
@@ -399,6 +455,7 @@ def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = Non
     units = _masks(units, fallbacks)
     by_node = {u.node: u for u in units}
     units = _fuse_rms(units, by_node)
+    units = _fold_transposes(units)
     graph, units, failed, names = _trial(gm, units)
     fallbacks += failed
     order = {n: i for i, n in enumerate(gm.graph.nodes)}

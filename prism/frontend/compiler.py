@@ -82,9 +82,9 @@ class Options:
 
 def _src_key(cap: Captured, op: Operand) -> Any:
     u = cap.unit_of.get(op.node)
-    if u is not None and u.node is op.node and op.perm is None:
+    if u is not None and u.node is op.node:
         return u.id
-    return (op.node, op.perm)
+    return op.node  # a tensor PyTorch computes: one piece input, however many views of it the piece reads
 
 
 def plan_pieces(cap: Captured, budget: Budget) -> list[Piece]:
@@ -96,11 +96,7 @@ def plan_pieces(cap: Captured, budget: Budget) -> list[Piece]:
         for user in u.node.users:
             v = cap.unit_of.get(user)
             if v is not None and v.id != u.id:
-                # a user that reads this value transposed reads it as an external input
-                if any(o.node is u.node and o.perm is None for o in v.lowered.operands):
-                    us.append(v.id)
-                else:
-                    us.append(("ext", user.name))
+                us.append(v.id)  # transposed or not: a permute inside the piece
             elif v is None:
                 us.append(("ext", user.name))
         users[u.id] = us
@@ -118,6 +114,7 @@ class PieceProgram:
     input_shapes: list[str]
     output: Any                      # the FX node whose value the piece produces
     out_slots: tuple[int | None, ...] | None = None  # a tuple-valued node: which slots Prism computes
+    transposed_inputs: int = 0       # inputs read through a permute inside the program (hoist False)
 
 
 class _Dims:
@@ -138,7 +135,7 @@ class _Dims:
         return tuple(out)
 
 
-def build_piece(cap: Captured, piece: Piece) -> PieceProgram:
+def build_piece(cap: Captured, piece: Piece, hoist: bool = False) -> PieceProgram:
     units = [cap.units[i] for i in piece.members]
     members = {m for u in units for m in u.members}
     label = "+".join(u.op for u in units)
@@ -150,6 +147,7 @@ def build_piece(cap: Captured, piece: Piece) -> PieceProgram:
     args: list[Any] = []
     specs: list[Any] = []
     shapes: list[str] = []
+    transposed: set[Any] = set()
 
     def arg(node: Any) -> int:
         if node not in arg_index:
@@ -162,24 +160,29 @@ def build_piece(cap: Captured, piece: Piece) -> PieceProgram:
         if op.node in values:
             v = values[op.node]
             return g.permute(v, op.perm) if op.perm is not None else v
-        hoist = op.perm is not None and op.node in cap.persistent
-        key = (op.node, op.perm if hoist else None)
+        # stored layout (hoist False): a transposed operand stays a permute inside the program and the
+        # kernel reads the tensor as stored (a Linear weight [out, in]: no transposed copy). hoist True:
+        # the runner passes it transposed (module state: one cached copy)
+        lift = hoist and op.perm is not None
+        if op.perm is not None and not hoist:
+            transposed.add(op.node)
+        key = (op.node, op.perm if lift else None)
         if key not in inputs:
             mv = meta_value(op.node)
             shape = dims(mv.shape)
-            if hoist:
+            if lift:
                 shape = tuple(shape[p] for p in op.perm)  # type: ignore[union-attr]
             name = f"x{len(inputs)}"
             inputs[key] = g.input(name, shape, "float32")
             shapes.append(D.format_shape(shape))
-            spec = InputSpec(name, op.perm if hoist else None, op.node in cap.persistent)
-            if hoist or specs[arg(op.node)] is not None:  # a second view of the same tensor: its own argument
+            spec = InputSpec(name, op.perm if lift else None, op.node in cap.persistent)
+            if lift or specs[arg(op.node)] is not None:  # a second view of the same tensor: its own argument
                 args.append(op.node)
                 specs.append(spec)
             else:
                 specs[arg(op.node)] = spec
         v = inputs[key]
-        return g.permute(v, op.perm) if op.perm is not None and not hoist else v
+        return g.permute(v, op.perm) if op.perm is not None and not lift else v
 
     for u in units:
         values[u.node] = u.lowered.emit(g, [operand(o) for o in u.lowered.operands])
@@ -198,7 +201,7 @@ def build_piece(cap: Captured, piece: Piece) -> PieceProgram:
         for a in m.all_input_nodes:
             if a not in members:
                 arg(a)
-    return PieceProgram(g, units, args, specs, shapes, out_unit.node, slots)
+    return PieceProgram(g, units, args, specs, shapes, out_unit.node, slots, len(transposed))
 
 
 def sink_reshapes(g: Graph) -> Graph:
@@ -302,13 +305,25 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
     for done, (pr, prog, fallback) in enumerate(built, 1):
         if opts.progress:
             opts.progress("search", done, len(built), pr.label)
-        kernel = _superoptimize(prog.graph, opts, pr)
+        kernel = _superoptimize(prog.graph, opts, pr, last=not prog.transposed_inputs)
+        if kernel is None and prog.transposed_inputs:
+            # the search found nothing with the transposes inside the program: search the program whose
+            # transposed inputs the runner passes transposed (a copy per call; module state: one cached copy)
+            piece = pieces[pr.index]
+            prog = build_piece(cap, piece, hoist=True)
+            fallback = _fallback_module(cap, prog)
+            pr.inputs, pr.program_key = prog.input_shapes, prog.graph.key
+            log.warning("prism: piece %d (%s): no kernel reading its inputs as stored (%s); searching again with "
+                        "its %d transposed input(s) copied transposed before each call", pr.index, pr.label,
+                        pr.reason.removeprefix("prism.superoptimize raised "), prog_transposed(prog))
+            kernel = _superoptimize(prog.graph, opts, pr)
         if kernel is None:
             if opts.progress:
                 opts.progress("failed", done, len(built), pr.label)
             continue
+        pr.status, pr.reason = "prism", ""
         runner = PieceRunner(f"{pr.index} ({pr.label})", kernel, list(prog.specs), fallback, prog.out_slots)
-        pr.status, pr.runner = "prism", runner
+        pr.runner = runner
         pr.structure = kernel.implementations[0].structure if kernel.implementations else ""
         _replace(gm, prog, runner, f"prism_piece_{report.index}_{pr.index}", replaced, order)
         if opts.progress:
@@ -319,7 +334,14 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
     return gm, report
 
 
-def _superoptimize(graph: Graph, opts: Options, pr: PieceReport) -> Any:
+def prog_transposed(prog: PieceProgram) -> int:
+    """How many of the runner's inputs it transposes before the call."""
+    return sum(1 for sp in prog.specs if sp is not None and sp.perm is not None)
+
+
+def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = True) -> Any:
+    """The piece's kernel, or None with ``pr`` marked failed (logged as a warning when ``last``, the last
+    attempt for this piece)."""
     from prism.api import NoVerifiedKernelError, superoptimize
     t0 = time.perf_counter()
     limits = opts.search_limits()
@@ -339,7 +361,8 @@ def _superoptimize(graph: Graph, opts: Options, pr: PieceReport) -> Any:
     except Exception as e:  # any failure leaves the piece to PyTorch, loudly
         msg = str(e).splitlines()[0] if str(e) else ""
         pr.status, pr.reason = "failed", f"prism.superoptimize raised {type(e).__name__}: {msg}"
-        log.warning("prism: piece %d (%s) left to PyTorch: %s", pr.index, pr.label, pr.reason)
+        if last:
+            log.warning("prism: piece %d (%s) left to PyTorch: %s", pr.index, pr.label, pr.reason)
         return None
     log.info("prism: piece %d (%s) superoptimized in %.1f s", pr.index, pr.label, time.perf_counter() - t0)
     return k

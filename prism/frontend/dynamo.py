@@ -49,8 +49,11 @@ def prism_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
         r = new_report("dynamo", len(gm.graph.nodes))
         r.error = f"{type(e).__name__}: {e}"
         log.warning("prism: capturing a Dynamo graph failed (%s); it runs in PyTorch", r.error)
-        return gm
-    return new_gm
+        return gm.forward
+    # the module's forward, not the module: Dynamo calls what the backend returns on every call, and a
+    # module costs nn.Module.__call__ plus Dynamo's own wrapping of it (measured on a 1-piece graph:
+    # 38.7 µs per call through the module, 32.4 µs through its forward)
+    return new_gm.forward
 
 
 def register() -> None:

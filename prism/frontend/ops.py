@@ -982,7 +982,7 @@ def _permute(c: Conv) -> Lowered:
     r = c.rank(x)
     perm = tuple(_ndim(c.integer(p, "a permutation entry"), r, "permute") for p in c.get("dims"))
     i = c.tensor(x)
-    return Lowered("permute", "layout", c.operands, lambda g, t: g.permute(t[i], perm))
+    return Lowered("permute", "layout", c.operands, lambda g, t: g.permute(t[i], perm), ("permute", perm))
 
 
 @_conv("transpose", "t")
@@ -996,7 +996,9 @@ def _transpose(c: Conv) -> Lowered:
     else:
         d0, d1 = _ndim(c.get("dim0"), r, "transpose"), _ndim(c.get("dim1"), r, "transpose")
     i = c.tensor(x)
-    return Lowered("transpose", "layout", c.operands, lambda g, t: g.transpose(t[i], d0, d1))
+    perm = list(range(r))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return Lowered("transpose", "layout", c.operands, lambda g, t: g.transpose(t[i], d0, d1), ("permute", tuple(perm)))
 
 
 @_conv("T", "mT")
@@ -1013,7 +1015,7 @@ def _attr_transpose(c: Conv) -> Lowered:
     else:
         perm = tuple(reversed(range(r)))
     i = c.tensor(x)
-    return Lowered("permute", "layout", c.operands, lambda g, t: g.permute(t[i], perm))
+    return Lowered("permute", "layout", c.operands, lambda g, t: g.permute(t[i], perm), ("permute", perm))
 
 
 @_conv("unsqueeze")

@@ -85,6 +85,26 @@ def test_torch_compile_backend_two_batch_sizes_one_search() -> None:
     assert down and down[0].by_prism and down[0].runner.prism_calls == 2
 
 
+def test_linear_weights_are_read_as_stored_no_copies() -> None:
+    """Every Linear weight reaches its piece's kernel as the module stores it ([out, in], contiguous): no
+    transposed copy is made, cached or kept (memory overhead), and the pieces' programs say so."""
+    from prism.frontend.runtime import PREPARED
+    m = MLP()
+    misses = PREPARED.misses
+    opt = prism.optimize(m, (_x(3),), **OPTS)
+    with torch.no_grad():
+        _close(opt(_x(3, seed=1)), m(_x(3, seed=1)))
+    assert PREPARED.misses == misses
+    pieces = opt.prism_pieces()
+    assert pieces and all(p.runner.prism_calls == 2 for p in pieces)  # the example run and ours
+    for p in pieces:
+        assert all(sp is None or sp.perm is None for sp in p.runner.specs)
+        g = p.runner.kernel.program
+        assert any(n.op == "permute" and n.src[0].op == "input" for n in g.nodes), g
+    shapes = {s for p in pieces for s in p.inputs}
+    assert "[128, 64]" in shapes and "[64, 128]" in shapes  # gate/up [h, d] and down [d, h] as stored
+
+
 def test_optimize_a_function_with_attention() -> None:
     def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True) * 2.0
@@ -184,6 +204,9 @@ def test_failed_superoptimize_falls_back_loudly(monkeypatch: pytest.MonkeyPatch,
     assert failed and all("NoVerifiedKernelError" in p.reason for p in failed)
     msgs = [r.getMessage() for r in caplog.records if "superoptimize raised NoVerifiedKernelError" in r.getMessage()]
     assert len(msgs) == len(failed)
+    # every piece reads a Linear weight as stored, so each is searched a second time in the transposed form
+    retries = [r.getMessage() for r in caplog.records if "searching again" in r.getMessage()]
+    assert len(retries) == len(failed)
 
 
 def test_autograd_recording_runs_pytorch_and_gradients_match(caplog: pytest.LogCaptureFixture) -> None:

@@ -180,6 +180,41 @@ def test_attention_written_out() -> None:
     _check(fn, _r(2, 4, 3, 16), _r(2, 4, 5, 16), _r(2, 4, 5, 16))
 
 
+FOLDED: dict[str, tuple[Callable[..., Any], tuple[int, ...]]] = {
+    "w.T": (lambda x, w: x @ w.T * 0.5, (2, 3)),
+    "w.t()": (lambda x, w: torch.relu(x @ w.t()), (2, 3)),
+    "transpose(-1, -2)": (lambda x, w: x @ w.transpose(-1, -2), (2, 3)),
+    "permute then T": (lambda x, w: x @ w.permute(1, 0).T.T, (2, 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOLDED))
+def test_a_transpose_with_one_user_is_folded_into_its_operand(name: str) -> None:
+    """The product reads ``w`` as stored: no layout unit is left, the operand carries the permutation."""
+    fn, wshape = FOLDED[name]
+    cap = _check(fn, _r(4, 3), _r(*wshape, seed=1))
+    assert not cap.layout_units, [u.op for u in cap.layout_units]
+    (mm,) = [u for u in cap.units if u.op == "matmul"]
+    w = [n for n in cap.gm.graph.nodes if n.op == "placeholder"][1]
+    assert any(o.node is w and o.perm == (1, 0) for o in mm.lowered.operands)
+    assert sum(1 for n in cap.graph.nodes if n.op == "permute") == 1
+
+
+def test_transposes_that_would_become_one_operand_stay_layout_units() -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x @ w.T) * torch.tanh(x @ w.T)
+    cap = _check(fn, _r(4, 3), _r(2, 3, seed=1))
+    assert len(cap.layout_units) == 2
+
+
+def test_a_transpose_with_two_users_stays_a_layout_unit() -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        wt = w.T
+        return x @ wt + wt.sum(0)
+    cap = _check(fn, _r(4, 3), _r(2, 3, seed=1))
+    assert len(cap.layout_units) == 1
+
+
 LAYOUT: dict[str, Callable[..., Any]] = {
     "view_transpose": lambda x: x.view(2, 3, 2, 2).transpose(1, 2).reshape(2, -1) * 2,
     "permute_t": lambda x: x.permute(2, 0, 1).contiguous().reshape(4, 6).t() + 1,
