@@ -113,8 +113,8 @@ def clear_memory_caches() -> None:
 def _console(verbose: int) -> Any:
     if verbose <= 0:
         return None
-    from rich.console import Console
-    return Console(stderr=True)
+    from prism.console import console
+    return console(stderr=True)
 
 
 @contextlib.contextmanager

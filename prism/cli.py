@@ -10,12 +10,12 @@ import sys
 
 
 def _workloads(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from prism.console import console as make_console
     from prism.workloads import WORKLOADS, get
 
-    console = Console(width=None if sys.stdout.isatty() else 150)
+    console = make_console()
     chosen = [get(k) for k in args.workloads.split(",")] if args.workloads else list(WORKLOADS.values())
     if not args.check:
         t = Table(title="Prism built-in workloads (WORKLOADS.md)")

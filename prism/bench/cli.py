@@ -7,9 +7,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from prism.console import console
 from prism.errors import PrismError
 
 
@@ -71,8 +71,8 @@ class _RichProgress:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(argv) if argv is not None else None)
-    out = Console()
-    err = Console(stderr=True)
+    out = console()
+    err = console(stderr=True)
     threads = args.threads or default_threads()
     if args.corpus:
         from prism.bench.corpus_run import main as corpus_main

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prism.console import console as make_console
+
 CATEGORIES = {  # name -> (sub-path of the cache dir, what it holds)
     "kernels": ("so", "compiled kernels (.c sources, .so libraries, sidecars)"),
     "search": ("search", "search results (verified sGraphs per program and limits)"),
@@ -88,9 +90,8 @@ def cache_main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps({"root": str(root), "categories": rows}, indent=1))
             return 0
-        from rich.console import Console
         from rich.table import Table
-        console = Console()
+        console = make_console()
         t = Table(title=f"Prism cache: {root}")
         for col in ("category", "files", "size", "path", "holds"):
             t.add_column(col, overflow="fold")
@@ -220,13 +221,12 @@ def _optimize(args: argparse.Namespace) -> int:
     if not callable(model):
         raise _BadFile(f"{args.file}: `model` must be an nn.Module or a function, got {type(model).__name__}")
     import torch
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     import prism
     from prism.frontend.api import _as_args
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     try:
         ex = _as_args(ns["example_inputs"])
     except TypeError as e:

@@ -44,12 +44,15 @@ def prism_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     persistent = {i for i, (n, x) in enumerate(zip(placeholders, example_inputs)) if _module_state(n, x)}
     try:
-        new_gm, _ = compile_graph(copy_module(gm), None, source="dynamo", options=opts, persistent_inputs=persistent)
+        new_gm, report = compile_graph(copy_module(gm), None, source="dynamo", options=opts,
+                                       persistent_inputs=persistent)
     except Exception as e:  # never break the user's model: run this graph in PyTorch
         r = new_report("dynamo", len(gm.graph.nodes))
         r.error = f"{type(e).__name__}: {e}"
         log.warning("prism: capturing a Dynamo graph failed (%s); it runs in PyTorch", r.error)
         return gm.forward
+    if not any(p.by_prism for p in report.pieces):
+        return gm.forward  # nothing runs on Prism: Dynamo's own graph, no rewritten copy to pay for
     # the module's forward, not the module: Dynamo calls what the backend returns on every call, and a
     # module costs nn.Module.__call__ plus Dynamo's own wrapping of it (measured on a 1-piece graph:
     # 38.7 µs per call through the module, 32.4 µs through its forward)

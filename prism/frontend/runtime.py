@@ -64,6 +64,26 @@ class _PreparedCache:
 
 PREPARED = _PreparedCache()
 
+AUTOGRAD = "autograd is recording (an input requires grad; Prism kernels have no backward)"
+_warned: set[str] = set()
+
+
+def _autograd_once() -> None:
+    """The common mistake -- calling an optimized model without ``torch.no_grad()`` -- leaves every piece
+    of every graph to PyTorch: said once per process, as a warning that names the fix, not once per
+    piece (a decoder has dozens)."""
+    if AUTOGRAD in _warned:
+        return
+    _warned.add(AUTOGRAD)
+    log.warning("prism: autograd is recording (an input requires grad), so every Prism piece runs in PyTorch: "
+                "Prism kernels have no backward. For inference, call the model under torch.no_grad() or "
+                "torch.inference_mode() (said once per process)")
+
+
+def reset_warnings() -> None:
+    """Forget which once-per-process warnings were given (tests)."""
+    _warned.clear()
+
 
 def _prepare(t: torch.Tensor, perm: tuple[int, ...] | None) -> torch.Tensor:
     if perm is not None:
@@ -107,7 +127,7 @@ class PieceRunner(torch.nn.Module):
             if a.device.type != "cpu":
                 return f"input {spec.name} is on {a.device} (Prism's kernels run on the CPU)"
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return "autograd is recording (an input requires grad; Prism kernels have no backward)"
+            return AUTOGRAD
         return ""
 
     def forward(self, *args: Any) -> Any:
@@ -153,7 +173,10 @@ class PieceRunner(torch.nn.Module):
         return outs[0] if len(outs) == 1 else dict(zip(kernel.output_names, outs))
 
     def _in_pytorch(self, why: str, args: tuple) -> Any:
-        self._once(why, why)
+        if why.startswith(AUTOGRAD):
+            _autograd_once()
+        else:
+            self._once(why, why)
         self.__dict__["fallback_calls"] += 1
         return self.fallback(*args)
 

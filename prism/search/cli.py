@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prism.console import console as make_console
 from prism.errors import PrismError
 from prism.ir.graph import Graph
 
@@ -72,14 +73,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rich.console import Console
     from rich.live import Live
     from rich.table import Table
 
     from prism.search import Limits, search
 
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = make_console()
     try:
         graph, env, label = _load(args.target, args.shape)
         limits = Limits(args.max_kernel_ops, args.max_customized, args.max_block_ops, args.max_block_inputs,

@@ -210,11 +210,14 @@ def test_failed_superoptimize_falls_back_loudly(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_autograd_recording_runs_pytorch_and_gradients_match(caplog: pytest.LogCaptureFixture) -> None:
+    from prism.frontend.runtime import reset_warnings
     m = MLP()
     opt = prism.optimize(m, (_x(3),), **OPTS)
     x = _x(3, seed=2).requires_grad_(True)
+    reset_warnings()
     with caplog.at_level(logging.WARNING, logger="prism"):
         y = opt(x)
+        opt(x)
     y.sum().backward()
     gx, gw = x.grad.clone(), m.w.grad.clone()
     x.grad = None
@@ -222,7 +225,9 @@ def test_autograd_recording_runs_pytorch_and_gradients_match(caplog: pytest.LogC
     m(x).sum().backward()
     _close(y, m(x))
     _close((gx, gw), (x.grad, m.w.grad))
-    assert any("autograd" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records if "autograd" in r.getMessage()]
+    assert len(said) == 1 and "torch.no_grad()" in said[0], said  # once for every piece and call, with the fix
+    assert sum(p.runner.fallback_calls for p in opt.prism_pieces()) >= 2
 
 
 def test_fx_symbolic_trace_and_export() -> None:

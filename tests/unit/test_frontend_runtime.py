@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import prism  # noqa: E402
 from prism.frontend.compiler import sink_reshapes  # noqa: E402
-from prism.frontend.runtime import PREPARED, InputSpec, PieceRunner  # noqa: E402
+from prism.frontend.runtime import PREPARED, InputSpec, PieceRunner, reset_warnings  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -107,6 +107,7 @@ def test_fallback_cases_run_pytorch_and_log_once(case: str, caplog: pytest.LogCa
     if case == "error":
         k.fail = True
     ctx = torch.enable_grad() if case == "grad" else torch.no_grad()
+    reset_warnings()
     with caplog.at_level(logging.WARNING, logger="prism"), ctx:
         for _ in range(2):
             y = r(x, w)
