@@ -129,15 +129,18 @@ class BlockGraph:
         "output_shapes",
         "outputs",
         "phase",
+        "splits",
     )
 
     def __init__(self, grid: tuple[DimLike, ...], forloop: DimLike, inputs: tuple[InputSpec, ...],
                  outputs: tuple[Node, ...], output_shapes: tuple[tuple[DimLike, ...], ...],
-                 constraints: tuple[Divisible | D.DimEq, ...], phase: dict[Node, str]) -> None:
+                 constraints: tuple[Divisible | D.DimEq, ...], phase: dict[Node, str],
+                 splits: frozenset[str] = frozenset()) -> None:
         self.grid, self.forloop, self.inputs, self.outputs = grid, forloop, inputs, outputs
         self.output_shapes, self.constraints, self.phase = output_shapes, constraints, phase
+        self.splits = splits  # grid size symbols that count the parts of a split reduction (see BlockBuilder)
         self._key = (tuple(_skey(g) for g in grid), _skey(forloop),
-                     tuple((tuple(_skey(d) for d in s.shape), s.dtype) for s in inputs), outputs)
+                     tuple((tuple(_skey(d) for d in s.shape), s.dtype) for s in inputs), outputs, tuple(sorted(splits)))
         self._hash = hash(self._key)
 
     def __hash__(self) -> int:
@@ -209,10 +212,17 @@ class BlockBuilder(OpMethods):
     """
 
     def __init__(self, grid: Sequence[DimLike | str], forloop: DimLike | str = 1,
-                 inputs: Sequence[InputSpec | tuple | Tensor] = ()) -> None:
+                 inputs: Sequence[InputSpec | tuple | Tensor] = (), splits: Sequence[str] = ()) -> None:
         if not 1 <= len(grid) <= 3:
             raise GraphError(f"a block graph has 1 to 3 grid dims, got {len(grid)}: {tuple(grid)}")
         self.grid: tuple[DimLike, ...] = tuple(_pos_dim(g, f"grid dim {i}") for i, g in enumerate(grid))
+        # ``splits``: grid size symbols that count the parts of a split reduction (prism.search.splitk);
+        # the tuner never gives them 1 when more fits (one part is the base sGraph plus a useless combine)
+        grid_syms = {s for g in self.grid for s in D.symbols(g)}
+        bad = sorted(set(splits) - grid_syms)
+        if bad:
+            raise GraphError(f"splits {bad} are not size symbols of the grid {self.grid}")
+        self.splits = frozenset(splits)
         self.forloop: DimLike = _pos_dim(forloop, "for-loop range")
         self.inputs: tuple[InputSpec, ...] = tuple(_as_spec(x, i) for i, x in enumerate(inputs))
         self.ctx = O.ShapeCtx()
@@ -312,7 +322,7 @@ class BlockBuilder(OpMethods):
             seen.setdefault(k, c)
         phase = {n: self.phase[n] for n in toposort(tuple(self.saves))}
         return BlockGraph(self.grid, self.forloop, self.inputs, tuple(self.saves), tuple(out_shapes),
-                          tuple(seen.values()), phase)
+                          tuple(seen.values()), phase, self.splits)
 
     # --- tile operators ------------------------------------------------------------------------
     def _apply(self, op: str, srcs: Sequence[Tensor], arg: tuple = ()) -> Tensor:
@@ -392,9 +402,11 @@ def _rebuild(bg: BlockGraph, env: Mapping[str, object]) -> BlockGraph:
         if name in env and env[name] is not None and not isinstance(env[name], int):
             raise MapError(f"map symbol {name} must be set to a data dim (int) or None, got {env[name]!r}")
     try:
-        bb = BlockBuilder(tuple(D.subs(g, env) for g in bg.grid), D.subs(bg.forloop, env),
+        grid = tuple(D.subs(g, env) for g in bg.grid)
+        free = {s for g in grid for s in D.symbols(g)}
+        bb = BlockBuilder(grid, D.subs(bg.forloop, env),
                           tuple(InputSpec(tuple(D.subs(d, env) for d in s.shape), s.dtype, s.name)
-                                for s in bg.inputs))
+                                for s in bg.inputs), sorted(bg.splits & free))
     except D.DimError as e:
         raise MapError(f"cannot instantiate block graph: {e}") from None
     new: dict[Node, Tensor] = {}

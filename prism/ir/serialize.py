@@ -71,7 +71,7 @@ def _enc_bg(bg: BlockGraph) -> dict:
     nodes, ids = _enc_nodes(bg.outputs)
     return {"grid": [_enc(g) for g in bg.grid], "forloop": _enc(bg.forloop),
             "inputs": [[_enc(s.shape), s.dtype.name, s.name] for s in bg.inputs],
-            "nodes": nodes, "outputs": [ids[o] for o in bg.outputs]}
+            "nodes": nodes, "outputs": [ids[o] for o in bg.outputs], "splits": sorted(bg.splits)}
 
 
 def _order(nodes: list[dict]) -> list[int]:
@@ -111,7 +111,7 @@ def _order(nodes: list[dict]) -> list[int]:
 
 def _dec_bg(d: dict) -> BlockGraph:
     bb = BlockBuilder([_dec(g) for g in d["grid"]], _dec(d["forloop"]),
-                      [InputSpec(_dec(s), as_dtype(dt), nm) for s, dt, nm in d["inputs"]])
+                      [InputSpec(_dec(s), as_dtype(dt), nm) for s, dt, nm in d["inputs"]], d.get("splits", ()))
     nodes = d["nodes"]
     built: dict[int, Tensor] = {}
     for i in _order(nodes):

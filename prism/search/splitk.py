@@ -131,9 +131,10 @@ def _plan(bg: BlockGraph) -> _Plan | Refusal:
 # --- kernel 1: one more grid dim, partials saved ----------------------------------------------------
 
 def _fresh(bg: BlockGraph, taken: set[str]) -> str:
-    """The split count's size symbol: ``P<k>`` (same suffix as the op's grid symbols ``g<k>...``). The
-    ``P`` prefix tells the tuner (:mod:`prism.tune.candidates`) that 1 is not worth a candidate: one split
-    is the base sGraph plus a useless combine pass, and the base is a candidate of its own."""
+    """The split count's size symbol: ``P<k>`` (same suffix as the op's grid symbols ``g<k>...``). It is
+    marked in the block graph (``BlockGraph.splits``), which tells the tuner (:mod:`prism.tune.candidates`)
+    that 1 is not worth a candidate: one split is the base sGraph plus a useless combine pass, and the
+    base is a candidate of its own."""
     first = sorted(D.symbols(bg.grid[0]))
     sfx = next((s[2:] for s in first if s.startswith("g0")), "")
     k = 0
@@ -144,7 +145,7 @@ def _fresh(bg: BlockGraph, taken: set[str]) -> str:
 
 def _kernel1(bg: BlockGraph, plan: _Plan) -> tuple[BlockGraph, str, int, list[tuple[Node, Tensor]]]:
     symbol = _fresh(bg, bg.symbols())
-    bb = BlockBuilder(grid=(*bg.grid, symbol), forloop=bg.forloop, inputs=bg.inputs)
+    bb = BlockBuilder(grid=(*bg.grid, symbol), forloop=bg.forloop, inputs=bg.inputs, splits=(*bg.splits, symbol))
     new: dict[Node, Tensor] = {}
     for n in bg.nodes:
         if n.op == "iter":

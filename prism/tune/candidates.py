@@ -36,7 +36,6 @@ FREE_MAX = 64            # a symbol no constraint bounds: powers of two up to th
 MAX_ASSIGNMENTS = 50_000  # assignments examined per sGraph
 MAX_INSTANCES = 3_000    # instances kept per sGraph (each is instantiated and costed)
 MAX_MAP_CHOICES = 64
-SPLIT_PREFIX = "P"       # split counts of a split reduction (prism.search.splitk): never 1 when > 1 fits
 
 
 @dataclass(eq=False)
@@ -134,10 +133,11 @@ def symbol_values(g: Graph, env: Mapping[str, int]) -> dict[str, list[int]]:
             if s in allowed:
                 ds = set(divisors(num))
                 allowed[s] = ds if allowed[s] is None else allowed[s] & ds  # type: ignore[operator]
+    splits = {s for bg in g.customized_ops() for s in bg.splits}  # split counts (BlockGraph.splits)
     out = {}
     for s, vals in allowed.items():
         v = thin(vals) if vals is not None else [1 << k for k in range(int(math.log2(FREE_MAX)) + 1)]
-        if s.startswith(SPLIT_PREFIX) and len(v) > 1:
+        if s in splits and len(v) > 1:
             v = [x for x in v if x != 1]  # one split = the base sGraph + a useless combine (see splitk)
         out[s] = v
     return out

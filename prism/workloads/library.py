@@ -172,7 +172,8 @@ def _attn_hand(g: Graph, q: Tensor, k: Tensor, v: Tensor, D: int, norm: bool, ro
     """
     b, h = q.shape[0], q.shape[1]
     decode = rows <= 8
-    bb = BlockBuilder(grid=(b, h, "P" if decode else "T"), forloop="F", inputs=[q, k, v])
+    bb = BlockBuilder(grid=(b, h, "P" if decode else "T"), forloop="F", inputs=[q, k, v],
+                      splits=("P",) if decode else ())
     qt = bb.iter(0, imap=(0, 1, None if decode else 2))
     kvmap = (0, 1, 2 if decode else None)
     kt = bb.iter(1, imap=kvmap, fmap=2)

@@ -125,7 +125,7 @@ def test_result_cache(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None
     rebuilt = search(w.program(s), lim, env=w.env(s))
     assert not rebuilt.cached and rebuilt.best is not None
     entry = json.loads(files[0].read_text())
-    assert entry["kind"] == "search" and entry["payload"]["format"] == "search/3"
+    assert entry["kind"] == "search" and entry["payload"]["format"] == "search/4"
 
 
 def test_cli_json(tmp_path: object) -> None:

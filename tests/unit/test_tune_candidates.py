@@ -12,7 +12,7 @@ import prism
 from prism.ir import dims as D
 from prism.ir.block import BlockBuilder, MapVar
 from prism.tune import NoInstanceError, instantiate, symbol_values, tune
-from prism.tune.candidates import SPLIT_PREFIX, divisors, sgraph_symbols, thin, working_sizes
+from prism.tune.candidates import divisors, sgraph_symbols, thin, working_sizes
 from prism.tune.machine import Machine
 from prism.tune.tuner import expected_shapes
 from prism.workloads import WORKLOADS
@@ -41,9 +41,11 @@ def test_symbol_values_divide_the_dims(wid: str) -> None:
     vals = symbol_values(hand, w.env(s))
     size, maps = sgraph_symbols(hand)
     assert sorted(vals) == size and not maps
+    splits = {s for bg in hand.customized_ops() for s in bg.splits}
+    assert splits <= set(size)
     for name, vs in vals.items():
         # 1 always, except for a split count (one split = the base structure plus a useless combine)
-        assert (1 not in vs) if name.startswith(SPLIT_PREFIX) else (1 in vs), (name, vs)
+        assert (1 not in vs) if name in splits else (1 in vs), (name, vs)
         for c in (c for bg in hand.customized_ops() for c in bg.constraints):
             if name in D.symbols(c.den):
                 num = D.evaluate(c.num, w.env(s))
@@ -83,7 +85,8 @@ def test_every_exact_assignment_is_found_and_each_instance_is_concrete(wid: str)
     r = instantiate(hand, env, MACHINE, expected=expected_shapes(w.program(s), env))
     size, _ = sgraph_symbols(hand)
     got = {tuple(i.params[k] for k in size) for i in r.kept + r.dropped}
-    split = [j for j, k in enumerate(size) if k.startswith(SPLIT_PREFIX)]
+    marked = {s for bg in hand.customized_ops() for s in bg.splits}
+    split = [j for j, k in enumerate(size) if k in marked]
     want = {a for a in _brute_force(hand, env) if all(a[j] != 1 for j in split)}
     assert got == want  # values are thinned only beyond 20 per symbol: none here
     for inst in r.kept:
@@ -167,3 +170,31 @@ def test_no_instance_names_the_sizes_that_work() -> None:
     assert working_sizes(g, {"h": 6}, MACHINE)["h"][:3] == [4, 8, 12]
     with pytest.raises(NoInstanceError, match=r"h=6.*\n.*4 \| h(.|\n)*h in \[4, 8, 12"):
         tune([g], p, {"h": 6}, MACHINE)
+
+
+def test_split_counts_are_marked_in_the_block_graph_not_named() -> None:
+    """A grid symbol named P is an ordinary size unless the block graph marks it as a split count; the
+    mark survives serialization and partial instantiation, and naming a non-grid symbol is an error."""
+    from prism.ir import BlockBuilder
+    from prism.ir.serialize import graph_from_json, graph_to_json
+
+    def graph(splits: tuple[str, ...]) -> prism.Graph:
+        g = prism.Graph()
+        x = g.input("X", (64, 256))
+        bb = BlockBuilder(grid=("P", "Q"), inputs=[x], splits=splits)
+        t = bb.iter(0, imap=(0, 1))
+        bb.save(bb.exp(t), omap=(0, 1))
+        (y,) = g.customized(bb.build(), [x])
+        g.output(y, "Y")
+        return g
+
+    plain, marked = graph(()), graph(("Q",))
+    assert 1 in symbol_values(plain, {})["P"] and 1 in symbol_values(plain, {})["Q"]
+    vals = symbol_values(marked, {})
+    assert 1 in vals["P"] and 1 not in vals["Q"] and len(vals["Q"]) > 1
+    back = graph_from_json(graph_to_json(marked))
+    assert [bg.splits for bg in back.customized_ops()] == [frozenset({"Q"})]
+    (bg,) = marked.customized_ops()
+    assert bg.instantiate({"P": 4}).splits == frozenset({"Q"}) and bg.instantiate({"Q": 4}).splits == frozenset()
+    with pytest.raises(prism.GraphError, match="not size symbols of the grid"):
+        BlockBuilder(grid=("P",), inputs=[((4, 4), "float32")], splits=("F",))

@@ -95,6 +95,21 @@ def _rules() -> list[Rule]:
               ex={"a": ("m", "k"), "b": ("m", "l"), "d": -1, "s1": SizeStr("k"), "s2": SizeStr("l"), "c": 1.5}),
         *both("alg.concat-Shift", r, "(Shift (Concat a b d s1 s2) c)", "(Concat (Shift a c) (Shift b c) d s1 s2)",
               ex={"a": ("k", "m"), "b": ("l", "m"), "d": -2, "s1": SizeStr("k"), "s2": SizeStr("l"), "c": -0.5}),
+        rewrite("alg.sum-of-scale", r, "(Sum (Scale x c) d)", "(Scale (Sum x d) c)",
+                ex={"x": ("m", "n"), "c": 1.5, "d": -1}, doc="a constant scale leaves a sum (one direction)"),
+        # a transpose moves through a concat: the concatenated axis follows the swap (i <-> j), any other
+        # axis stays (i < j, as the translator writes them)
+        *both("alg.transpose-concat-i", r, "(Transpose (Concat a b i s1 s2) i j)",
+              "(Concat (Transpose a i j) (Transpose b i j) j s1 s2)",
+              ex={"a": ("k", "m"), "b": ("l", "m"), "i": -2, "j": -1, "s1": SizeStr("k"), "s2": SizeStr("l")}),
+        *both("alg.transpose-concat-j", r, "(Transpose (Concat a b j s1 s2) i j)",
+              "(Concat (Transpose a i j) (Transpose b i j) i s1 s2)",
+              ex={"a": ("z", "m", "k"), "b": ("z", "m", "l"), "i": -3, "j": -1, "s1": SizeStr("k"),
+                  "s2": SizeStr("l")}),
+        *both("alg.transpose-concat-other", r, "(Transpose (Concat a b d s1 s2) i j)",
+              "(Concat (Transpose a i j) (Transpose b i j) d s1 s2)", "(!= d i)", "(!= d j)",
+              ex={"a": ("k", "m", "n"), "b": ("l", "m", "n"), "d": -3, "i": -2, "j": -1, "s1": SizeStr("k"),
+                  "s2": SizeStr("l")}),
         # constant folding (f64 arithmetic on the constants: (x*2)*3 = x*6, (x+1)*2 = x*2+2); one direction
         # each, so the e-graph only ever gets fewer nested constants
         rewrite("alg.scale-fold", r, "(Scale (Scale x a) b)", "(Scale x (* a b))", ex={"x": ("m", "n"), "a": 2.0,
