@@ -293,7 +293,13 @@ class BlockSearch:
                     unused_iters -= 1
                 else:
                     sinks -= 1
-        remaining = self.limits.max_block_ops - st.nops - 1
+        # a permute of an iterator nothing has used yet is a view of the input (a strided read in the
+        # generated code): it does not count against max_block_ops, so a program that reads an input
+        # transposed (x @ w.T, a Linear weight as stored) has the same operator budget as one that does
+        # not. At most one per iterator is free (the iterator is then used).
+        free = t.kind == "permute" and xs[0].op == "iter" and st.uses[srcs[0]] == 0
+        cost = 0 if free else 1
+        remaining = self.limits.max_block_ops - st.nops - cost
         max_out = self._max_outputs()
         if unused_iters + sinks - remaining > max_out or unused_iters > 2 * remaining:
             raise _Prune("limits")
@@ -347,7 +353,7 @@ class BlockSearch:
         for j in set(srcs):
             uses[j] += 1
         uses.append(0)
-        return _State((*ts, bt), tuple(uses), cons, st.nops + 1, st.nacc + (t.op == "acc"),
+        return _State((*ts, bt), tuple(uses), cons, st.nops + cost, st.nacc + (t.op == "acc"),
                       (max(srcs), ti, srcs), unused_iters, sinks)
 
     def _shape(self, t: Template, xs: list[BT], new: list[M.Constraint]) -> tuple[TDim, ...]:
