@@ -204,10 +204,23 @@ def build_piece(cap: Captured, piece: Piece, hoist: bool = False) -> PieceProgra
     return PieceProgram(g, units, args, specs, shapes, out_unit.node, slots, len(transposed))
 
 
+def _squeeze_dims(src: tuple, dst: tuple) -> dict[int, int] | None:
+    """For a reshape that only inserts or removes extent-1 dims (a squeeze, an unsqueeze): each dim of
+    ``dst`` whose extent is not the integer 1 -> its dim in ``src``; None for any other reshape."""
+    def big(shape: tuple) -> list[int]:
+        return [i for i, s in enumerate(shape) if not (isinstance(s, int) and s == 1)]
+    a, b = big(src), big(dst)
+    if len(a) != len(b) or not all(D.structurally_equal(src[i], dst[j]) for i, j in zip(a, b)):
+        return None
+    return dict(zip(b, a))
+
+
 def sink_reshapes(g: Graph) -> Graph:
-    """``unary(reshape(x)) -> reshape(unary(x))`` (element-wise unary operators commute with reshapes), to a
-    fixpoint: a reshape that reaches the program's output is peeled off by the search instead of
-    splitting the program (e.g. GQA attention's regrouping followed by a scale)."""
+    """``unary(reshape(x)) -> reshape(unary(x))`` (element-wise unary operators commute with reshapes), and
+    ``reduce(squeeze(x), d) -> reshape(reduce(x, d'))`` (a keepdim reduction over a dim that a squeeze or
+    unsqueeze only renumbers), to a fixpoint: a reshape that reaches the program's output is peeled off by
+    the search instead of splitting the program (GQA attention's regrouping followed by a scale; a mean of
+    row means, ``x.mean(-1).mean()``, whose squeeze sat between the two reductions)."""
     from prism.ir.ops import OPS
     while True:
         users: Counter[Any] = Counter(x for n in g.nodes for x in n.src)
@@ -223,9 +236,15 @@ def sink_reshapes(g: Graph) -> Graph:
                 ng.output(vals[n.src[0]], n.arg[0])
                 continue
             src = n.src[0] if n.src else None
+            dims = (_squeeze_dims(src.src[0].shape, src.shape) if OPS[n.op].group == "reduction" and src is not None
+                    and src.op == "reshape" and users[src] == 1 else None)
             if (OPS[n.op].group == "unary" and src is not None and src.op == "reshape" and users[src] == 1):
                 inner = ng._apply(n.op, [vals[src.src[0]]], n.arg)
                 vals[n] = ng.reshape(inner, src.arg[0])
+                changed = True
+            elif dims is not None and n.arg[0] in dims:
+                inner = ng._apply(n.op, [vals[src.src[0]]], (dims[n.arg[0]],))
+                vals[n] = ng.reshape(inner, n.shape)
                 changed = True
             else:
                 vals[n] = ng._apply(n.op, [vals[x] for x in n.src], n.arg)

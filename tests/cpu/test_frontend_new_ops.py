@@ -32,6 +32,7 @@ PROGRAMS: dict[str, Callable[..., Any]] = {
     "elu_softplus_sin": lambda x, w: F.elu(x) + F.softplus(x) * torch.sin(x),
     "mse_loss_scalar": lambda x, w: F.mse_loss(x @ w.T, (x @ w.T).tanh()),
     "max_values": lambda x, w: torch.max(x @ w.T, dim=-1).values,
+    "mean_of_means": lambda x, w: x.mean(-1).mean(),
     "cosine_similarity": lambda x, w: F.cosine_similarity(x, x.abs() + 1, dim=-1),
 }
 

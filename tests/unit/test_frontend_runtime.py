@@ -128,3 +128,22 @@ def test_sink_reshapes_moves_unary_operators_before_reshapes() -> None:
     assert ops == ["input", "softmax", "exp", "mul_scalar", "reshape", "output"], ops
     a = np.random.default_rng(0).standard_normal((3, 8, 4))
     np.testing.assert_allclose(h.evaluate({"x": a}, dtype=np.float64)["y"], g.evaluate({"x": a}, dtype=np.float64)["y"])
+
+
+def test_sink_reshapes_moves_a_reduction_before_a_squeeze() -> None:
+    """``x.mean(-1).mean()``: the squeeze between the two means moves to the output, where the search peels
+    it off; a reshape that merges dims is left alone."""
+    g = prism.Graph("t")
+    x = g.input("x", ("b", 8, 4))
+    r = g.mean(g.reshape(g.mean(x, 2), ("b", 8)), 1)              # [b, 1]
+    m = g.sum(g.reshape(x, ("b", 32)), 1)                         # merges dims: stays
+    g.output(g.reshape(r, ("b",)), "r")
+    g.output(m, "m")
+    h = sink_reshapes(g)
+    ops = [n.op for n in h.nodes]
+    assert ops.count("mean") == 2 and not any(
+        n.op == "mean" and n.src[0].op == "reshape" for n in h.nodes), ops
+    assert any(n.op == "sum" and n.src[0].op == "reshape" for n in h.nodes), ops
+    a = np.random.default_rng(1).standard_normal((3, 8, 4))
+    for k in ("r", "m"):
+        np.testing.assert_allclose(h.evaluate({"x": a}, dtype=np.float64)[k], g.evaluate({"x": a}, dtype=np.float64)[k])
