@@ -138,7 +138,7 @@ class PieceRunner(torch.nn.Module):
         for spec, a in zip(self.specs, args):
             if spec is None:
                 continue
-            if not isinstance(a, torch.Tensor) or a.dtype is not _F32 or a.device.type != "cpu" or (
+            if not isinstance(a, torch.Tensor) or a.dtype is not _F32 or not a.is_cpu or (
                     grad and a.requires_grad):
                 return self._in_pytorch(self._why_not(args), args)
             if spec.perm is not None or not a.is_contiguous():
