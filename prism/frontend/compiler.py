@@ -328,13 +328,12 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
         if kernel is None and prog.transposed_inputs:
             # the search found nothing with the transposes inside the program: search the program whose
             # transposed inputs the runner passes transposed (a copy per call; module state: one cached copy)
-            piece = pieces[pr.index]
-            prog = build_piece(cap, piece, hoist=True)
-            fallback = _fallback_module(cap, prog)
-            pr.inputs, pr.program_key = prog.input_shapes, prog.graph.key
             log.warning("prism: piece %d (%s): no kernel reading its inputs as stored (%s); searching again with "
                         "its %d transposed input(s) copied transposed before each call", pr.index, pr.label,
-                        pr.reason.removeprefix("prism.superoptimize raised "), prog_transposed(prog))
+                        pr.reason.removeprefix("prism.superoptimize raised "), prog.transposed_inputs)
+            prog = build_piece(cap, pieces[pr.index], hoist=True)
+            fallback = _fallback_module(cap, prog)
+            pr.inputs, pr.program_key = prog.input_shapes, prog.graph.key
             kernel = _superoptimize(prog.graph, opts, pr)
         if kernel is None:
             if opts.progress:
@@ -351,11 +350,6 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
     gm.recompile()
     log.info("prism: %s", report.summary())
     return gm, report
-
-
-def prog_transposed(prog: PieceProgram) -> int:
-    """How many of the runner's inputs it transposes before the call."""
-    return sum(1 for sp in prog.specs if sp is not None and sp.perm is not None)
 
 
 def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = True) -> Any:

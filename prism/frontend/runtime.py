@@ -3,10 +3,12 @@
 A :class:`PieceRunner` replaces the piece's nodes in the rewritten FX graph. Per call it checks, before
 any native code runs, that every input is a float32 CPU tensor and that autograd does not need the
 result (Prism kernels have no backward); otherwise it runs the piece's original operators (the
-``fallback`` module) and says so once in the ``prism`` log. Non-contiguous inputs are copied to
-contiguous ones; inputs the piece uses transposed (a linear layer's weight) are transposed here, and for
-module state (parameters, buffers) the copy is cached until the tensor changes (its version counter,
-data pointer and strides are the key).
+``fallback`` module) and says so once in the ``prism`` log (autograd recording: once per process).
+Inputs are passed as stored: a piece that reads a tensor transposed (a linear layer's weight) has the
+permute inside its program. Non-contiguous inputs are copied to contiguous ones; a piece that was
+searched again in the transposed form (no kernel read its input as stored; compiler.compile_graph) gets
+those inputs transposed here. For module state (parameters, buffers) the copy is cached until the
+tensor changes (its version counter, data pointer and strides are the key).
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ class PieceRunner(torch.nn.Module):
         return outs[0] if len(outs) == 1 else dict(zip(kernel.output_names, outs))
 
     def _in_pytorch(self, why: str, args: tuple) -> Any:
-        if why.startswith(AUTOGRAD):
+        if why == AUTOGRAD:
             _autograd_once()
         else:
             self._once(why, why)
