@@ -17,7 +17,14 @@ class InconclusiveDimError(DimError):
     Prism never guesses: ``B == 8`` is neither true nor false for a symbolic ``B``. Fix it by making
     the dims structurally equal (use the same symbol), by substituting concrete values, or by
     comparing with :func:`prism.ir.dims.structurally_equal` when identity of form is what you mean.
+
+    ``diff``: for an undecided equality ``a == b``, the dim ``a - b`` (the frontend uses it to identify two
+    sizes PyTorch named differently, :mod:`prism.frontend.symbolic`); None for an inequality.
     """
+
+    def __init__(self, msg: str, diff: object = None) -> None:
+        super().__init__(msg)
+        self.diff = diff
 
 
 class ShapeError(PrismError):

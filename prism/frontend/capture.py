@@ -24,10 +24,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from prism.errors import PrismError
+from prism.errors import InconclusiveDimError, PrismError
 from prism.frontend import ops as O
 from prism.frontend.ops import Lowered, Operand, Unsupported, display_name, is_tensor_meta, meta_value
-from prism.frontend.symbolic import to_shape
+from prism.frontend.symbolic import SymbolEnv, identify, symbol_env, to_shape
 from prism.ir import dims as D
 from prism.ir.builder import Tensor
 from prism.ir.graph import Graph
@@ -72,6 +72,7 @@ class Captured:
     unit_of: dict[Any, Unit] = field(default_factory=dict)       # every member node -> its unit
     persistent: set[Any] = field(default_factory=set)            # module state (parameters, buffers)
     inputs: dict[str, Any] = field(default_factory=dict)         # graph input name -> FX node
+    symbols: SymbolEnv = field(default_factory=SymbolEnv)       # sizes identified (symbolic.identify)
 
     @property
     def layout_units(self) -> list[Unit]:
@@ -417,13 +418,32 @@ def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = Non
             persistent_inputs: set[int] | None = None) -> Captured:
     """Capture ``gm`` (see the module docstring). ``example_inputs`` are needed only when the graph has
     no fake values yet (``symbolic_trace``); ``persistent_inputs``: placeholder indices that are module
-    state (Dynamo's lifted parameters and buffers)."""
+    state (Dynamo's lifted parameters and buffers).
+
+    A unit that fails only because two sizes PyTorch named differently cannot be proved equal, while their
+    example values agree, makes the capture run again with the one read as the other
+    (:func:`prism.frontend.symbolic.identify`; ``Captured.symbols`` keeps the identifications, which
+    ``build_piece`` must read sizes through)."""
     lower_modules(gm)
     if needs_meta(gm):
         if example_inputs is None:
             raise PrismError("this FX graph has no shape information (meta['val']); pass example_inputs so "
                              "that Prism can propagate fake tensors through it")
         propagate_meta(gm, list(example_inputs), dynamic)
+    env = SymbolEnv()
+    for _ in range(_MAX_IDENTIFY + 1):
+        with symbol_env(env):
+            cap, identified = _capture_once(gm, persistent_inputs, env)
+        if not identified:
+            break
+    cap.symbols = env
+    return cap
+
+
+_MAX_IDENTIFY = 16  # captures run again at most this often (each run identifies at least one symbol)
+
+
+def _capture_once(gm: Any, persistent_inputs: set[int] | None, env: SymbolEnv) -> tuple[Captured, bool]:
     units: list[Unit] = []
     fallbacks: list[Fallback] = []
     persistent: set[Any] = set()
@@ -456,7 +476,7 @@ def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = Non
     by_node = {u.node: u for u in units}
     units = _fuse_rms(units, by_node)
     units = _fold_transposes(units)
-    graph, units, failed, names = _trial(gm, units)
+    graph, units, failed, names, identified = _trial(gm, units, env)
     fallbacks += failed
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     fallbacks.sort(key=lambda f: order[f.node])
@@ -464,7 +484,7 @@ def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = Non
         u.id = k
     cap = Captured(gm, units, fallbacks, graph, persistent=persistent, inputs=names)
     cap.unit_of = {m: u for u in units for m in u.members}
-    return cap
+    return cap, identified
 
 
 def _is_bool(node: Any) -> bool:
@@ -494,16 +514,34 @@ def _masks(units: list[Unit], fallbacks: list[Fallback]) -> list[Unit]:
             fallbacks.append(Fallback(u.node, display_name(u.node), why))
 
 
-def _trial(gm: Any, units: list[Unit]) -> tuple[Graph, list[Unit], list[Fallback], dict[str, Any]]:
+def _undecided(e: BaseException) -> Any:
+    """The undecided difference ``a - b`` of an ``a == b`` somewhere in ``e``'s chain (None if none)."""
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        if isinstance(x, InconclusiveDimError) and x.diff is not None:
+            return x.diff
+        x = x.__cause__ or x.__context__
+    return None
+
+
+def _trial(gm: Any, units: list[Unit], env: SymbolEnv
+           ) -> tuple[Graph, list[Unit], list[Fallback], dict[str, Any], bool]:
     b = _Builder("captured")
     ok: list[Unit] = []
     failed: list[Fallback] = []
+    identified = False
     for u in units:
         try:
             operands = [b.operand(op) for op in u.lowered.operands]
             res = u.lowered.emit(b.g, operands)
             _check_shape(b, u, res)
         except (PrismError, Unsupported) as e:
+            diff = _undecided(e)
+            if diff is not None and not identified:  # one at a time: the next capture reads sizes through it
+                diff = D.subs(diff, {str(D.symbols(v).pop()): k for k, v in b.fresh.items()})
+                identified = identify(diff, env, f"needed by {display_name(u.node)}") is not None
             failed.append(Fallback(u.node, display_name(u.node), f"{u.op}: {e}"))
             continue
         new = _new_ops(res, operands)
@@ -519,7 +557,7 @@ def _trial(gm: Any, units: list[Unit]) -> tuple[Graph, list[Unit], list[Fallback
         if type(v).__name__ == "Node" and v in b.values and isinstance(b.values[v], Tensor):
             b.g.output(b.values[v], f"out{k}")
             k += 1
-    return b.g, ok, failed, b.inputs
+    return b.g, ok, failed, b.inputs, identified
 
 
 def _check_shape(b: _Builder, u: Unit, res: Any) -> None:

@@ -28,7 +28,7 @@ from prism.frontend.ops import Operand, meta_value
 from prism.frontend.partition import Budget, Piece, PlanUnit, plan
 from prism.frontend.report import Fallback, GraphReport, PieceReport, new_report
 from prism.frontend.runtime import InputSpec, PieceRunner
-from prism.frontend.symbolic import to_shape
+from prism.frontend.symbolic import symbol_env, to_shape
 from prism.ir import dims as D
 from prism.ir.graph import Graph
 from prism.tune.tuner import TOP_K
@@ -136,6 +136,12 @@ class _Dims:
 
 
 def build_piece(cap: Captured, piece: Piece, hoist: bool = False) -> PieceProgram:
+    """The piece's Prism program, its sizes read through the capture's identifications."""
+    with symbol_env(cap.symbols):
+        return _build_piece(cap, piece, hoist)
+
+
+def _build_piece(cap: Captured, piece: Piece, hoist: bool) -> PieceProgram:
     units = [cap.units[i] for i in piece.members]
     members = {m for u in units for m in u.members}
     label = "+".join(u.op for u in units)
@@ -300,6 +306,9 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
     report = new_report(source, nodes)
     cap = capture(gm, example_inputs, dynamic, persistent_inputs)
     _log_fallbacks(report, cap)
+    report.assumptions = cap.symbols.assumptions()
+    for a in report.assumptions:
+        log.info("prism: graph %d assumes %s", report.index, a)
     report.layout = len(cap.layout_units)
     pieces = plan_pieces(cap, opts.budget)
     built: list[tuple[PieceReport, PieceProgram, torch.nn.Module]] = []

@@ -1073,8 +1073,10 @@ def _expand(c: Conv) -> Lowered:
 @_conv("cat")
 def _cat(c: Conv) -> Lowered:
     xs = list(c.get("tensors"))
+    # PyTorch skips 1-D empty operands whatever the dim (a cache's first update: cat((tensor([]), k), -2))
+    xs = [x for x in xs if not (c.is_tensor(x) and c.rank(x) == 1 and _is_zero(c.shape(x)[0]))]
     if not xs:
-        raise Unsupported("cat: no operands")
+        raise Unsupported("cat: no operands (or only empty 1-D ones)")
     r = c.rank(xs[0]) if c.is_tensor(xs[0]) else 0
     d = _ndim(c.get("dim", 0), r, "cat")
     idx = [c.tensor(x) for x in xs]
@@ -1084,6 +1086,10 @@ def _cat(c: Conv) -> Lowered:
         parts = [t[k] for k in order]
         return parts[0] if len(parts) == 1 else g.concat(parts, d)
     return Lowered("cat", "layout", c.operands, emit)
+
+
+def _is_zero(size: Any) -> bool:
+    return isinstance(size, int) and not isinstance(size, bool) and size == 0
 
 
 def _split_sizes(total: DimLike, size: Any, what: str) -> list[DimLike]:

@@ -48,6 +48,7 @@ class GraphReport:
     fallbacks: list[Fallback] = field(default_factory=list)
     layout: int = 0                            # supported layout operators run as PyTorch views/copies
     error: str = ""                            # capture failed entirely: the graph runs in PyTorch
+    assumptions: list[str] = field(default_factory=list)  # sizes identified (frontend.symbolic.identify)
 
     def prism_pieces(self) -> list[PieceReport]:
         return [p for p in self.pieces if p.by_prism]
@@ -73,6 +74,8 @@ class GraphReport:
                          + (f"  -- {p.reason}" if p.reason else "") + calls)
             if p.structure:
                 lines.append(f"      sGraph: {p.structure}")
+        for a in self.assumptions:
+            lines.append(f"  assumes {a}")
         for f in self.fallbacks:
             lines.append(f"  unsupported: {f.op} x{f.count}: {f.reason}")
         return "\n".join(lines)

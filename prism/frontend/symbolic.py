@@ -8,12 +8,92 @@ divisions translate; anything else (``Mod``, ``Max``, a non-exact division) rais
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 from prism.errors import DimError, UnsupportedError
 from prism.ir import dims as D
 from prism.ir.dims import DimLike
+
+
+@dataclass
+class SymbolEnv:
+    """The example values of PyTorch's size symbols seen so far and the identifications made (see the
+    module docstring)."""
+
+    hints: dict[str, int] = field(default_factory=dict)
+    aliases: dict[str, DimLike] = field(default_factory=dict)   # symbol -> the dim it is read as
+    why: dict[str, str] = field(default_factory=dict)           # symbol -> the operator that needed it
+
+    def assumptions(self) -> list[str]:
+        return [f"{s} == {D.format_dim(v)} (equal in the example; {self.why.get(s, '')}checked on every call: "
+                "a call where it fails runs the piece in PyTorch)" for s, v in self.aliases.items()]
+
+
+_ENV: ContextVar[SymbolEnv | None] = ContextVar("prism_symbol_env", default=None)
+
+
+@contextmanager
+def symbol_env(env: SymbolEnv) -> Iterator[SymbolEnv]:
+    """Conversions inside read sizes through ``env``'s identifications and record example values."""
+    token = _ENV.set(env)
+    try:
+        yield env
+    finally:
+        _ENV.reset(token)
+
+
+def identify(diff: Any, env: SymbolEnv, why: str = "") -> tuple[str, DimLike] | None:
+    """For an undecided ``a == b`` (``diff = a - b``) whose sides are equal at the example values: the symbol
+    to replace and its value, recorded in ``env`` (None when the example values differ or are unknown, or
+    no symbol appears alone with coefficient +-1). The newest symbol (highest number) is the one replaced."""
+    if not isinstance(diff, D.Dim) or D.has_selectors(diff):
+        return None
+    names = D.symbols(diff)
+    if not names or not names <= env.hints.keys() or D.evaluate(diff, env.hints) != 0:
+        return None
+    candidates: list[tuple[str, int]] = []
+    for s in names:
+        terms = [(m, c) for m, c in diff.terms if any(atom[1] == s for atom, _k in m)]
+        if len(terms) == 1 and terms[0][0] == ((("v", s), 1),) and terms[0][1] in (1, -1):
+            candidates.append((s, terms[0][1]))
+    if not candidates:
+        return None
+    s, c = max(candidates, key=lambda t: (len(t[0]), t[0]))
+    value = (diff - c * D.sym(s)) * (-c)
+    env.aliases = {k: D.subs(v, {s: value}) for k, v in env.aliases.items()}
+    env.aliases[s] = value
+    if why:
+        env.why[s] = f"{why}; "
+    return s, value
+
+
+def _record_hints(x: Any, expr: Any) -> None:
+    env = _ENV.get()
+    if env is None:
+        return
+    senv = getattr(x.node, "shape_env", None)
+    vals = getattr(senv, "backed_var_to_val", None)
+    if vals is None:  # torch before backed_var_to_val
+        vals = getattr(senv, "var_to_val", None) or {}
+    for s in getattr(expr, "free_symbols", ()):
+        v = vals.get(s)
+        if v is not None and str(s) not in env.hints:
+            try:
+                env.hints[str(s)] = int(v)
+            except (TypeError, ValueError):
+                pass
+
+
+def _aliased(d: DimLike) -> DimLike:
+    env = _ENV.get()
+    if env is None or not env.aliases or isinstance(d, int):
+        return d
+    return D.subs(d, env.aliases)
 
 
 def _simplified(x: Any) -> Any:
@@ -102,9 +182,11 @@ def to_dim(x: Any) -> DimLike:
             raise UnsupportedError(f"negative size {x}")
         return x
     if type(x).__name__ == "SymInt":
-        return expr_to_dim(_simplified(x))
+        expr = _simplified(x)
+        _record_hints(x, expr)
+        return _aliased(expr_to_dim(expr))
     if hasattr(x, "is_Integer"):
-        return expr_to_dim(x)
+        return _aliased(expr_to_dim(x))
     raise UnsupportedError(f"expected a size, got {type(x).__name__} {x!r}")
 
 

@@ -101,11 +101,12 @@ class Dim:
             return True
         if not isinstance(other, (int, Dim)) or isinstance(other, bool):
             return NotImplemented
-        s = sign(_add(self, other, -1))
+        diff = _add(self, other, -1)
+        s = sign(diff)
         if s not in (-1, 0, 1):
             raise InconclusiveDimError(
                 f"cannot decide {self} == {other} for every value of {sorted(symbols(self) | symbols(other))}; "
-                "use the same symbol on both sides, or substitute concrete values first")
+                "use the same symbol on both sides, or substitute concrete values first", diff)
         return s == 0
 
     def __ne__(self, other: object) -> bool:

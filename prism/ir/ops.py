@@ -352,7 +352,7 @@ def infer(op: OpDef, src_shapes: tuple[Shape, ...], src_dtypes: tuple[DType, ...
         shape = op.shape_rule(ctx, src_shapes, arg)
         dtype = op.dtype_rule(src_dtypes, arg) if src_dtypes else arg[2]
     except InconclusiveDimError as e:
-        raise InconclusiveDimError(f"{op.name}({operands}): {e}") from None
+        raise InconclusiveDimError(f"{op.name}({operands}): {e}", e.diff) from None
     except ShapeError as e:
         raise ShapeError(f"{op.name}({operands}): {e}") from None
     except DTypeError as e:

@@ -121,6 +121,51 @@ def test_optimize_a_function_with_attention() -> None:
     assert "piece 0 [prism]" in opt.explain()
 
 
+def _decode_attention(q: torch.Tensor, kc: torch.Tensor, k: torch.Tensor, vc: torch.Tensor,
+                      v: torch.Tensor) -> torch.Tensor:
+    """One decode step over a KV cache: the cache lengths of keys and values are separate symbols."""
+    return F.scaled_dot_product_attention(q, torch.cat((kc, k), 2), torch.cat((vc, v), 2), enable_gqa=True)
+
+
+def _kv(length: int, kv_len: int | None = None, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)
+    return (r(1, 8, 1, 32), r(1, 2, length, 32), r(1, 2, 1, 32), r(1, 2, kv_len or length, 32), r(1, 2, 1, 32))
+
+
+def test_decode_attention_with_separately_named_cache_lengths() -> None:
+    """Dynamo names the key and value cache lengths differently (nothing it traced compared them): the
+    attention stays on Prism from the dynamic graph on, with the identification in the report."""
+    cf = torch.compile(_decode_attention, backend="prism", options=OPTS)
+    with torch.no_grad():
+        for n in (8, 9, 10):
+            args = _kv(n, seed=n)
+            _close(cf(*args), _decode_attention(*args))
+    rep = reports()[-1]
+    (p,) = rep.pieces
+    assert p.by_prism and p.runner.prism_calls == 2 and p.runner.fallback_calls == 0, rep.table()
+    (a,) = rep.assumptions
+    assert "scaled_dot_product_attention" in a and "checked on every call" in rep.table()
+    g = p.runner.kernel.program  # keys and values read with one length symbol
+    assert g.inputs["x1"].shape[2] is g.inputs["x2"].shape[2]
+
+
+def test_identified_sizes_are_checked_on_every_call() -> None:
+    """A call whose sizes break an identification never reaches the kernel: the piece runs in PyTorch and
+    gives eager's result (PyTorch's CPU attention accepts keys and values of different lengths)."""
+    gm = torch.fx.symbolic_trace(_decode_attention)
+    opt = prism.optimize(gm, _kv(8), dynamic={1: [2], 3: [2]}, **OPTS)
+    (p,) = opt.prism_pieces()
+    assert len(opt.report[0].assumptions) == 1
+    with torch.no_grad():
+        args = _kv(12, seed=1)
+        _close(opt(*args), _decode_attention(*args))
+        assert (p.runner.prism_calls, p.runner.fallback_calls) == (2, 0)
+        bad = _kv(12, kv_len=11, seed=2)
+        _close(opt(*bad), _decode_attention(*bad), tol=0.0)
+    assert (p.runner.prism_calls, p.runner.fallback_calls) == (2, 1)
+
+
 def test_unsupported_operator_between_pieces(caplog: pytest.LogCaptureFixture) -> None:
     def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         y = torch.softmax(x @ w, -1)

@@ -53,3 +53,19 @@ def test_optimize_runs_fully_on_prism(name: str) -> None:
     err = float((got[fin] - ref[fin]).abs().max()) / max(float(ref[fin].abs().max()), 1e-30)
     assert err <= 1e-4, err
     assert sum(p.runner.prism_calls for p in opt.prism_pieces()) >= 1
+
+
+def test_cat_skips_empty_1d_operands_like_pytorch() -> None:
+    """A KV cache's first update: ``cat((tensor([]), k), -2)``. PyTorch skips 1-D empty operands whatever
+    the dim; so does the converter, and the piece runs on Prism."""
+    def fn(e: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.cat((e, x @ w.T), dim=-2).softmax(-1)
+
+    torch.manual_seed(0)
+    args = (torch.empty(0), torch.randn(16, 64), torch.randn(32, 64) * 0.1)
+    opt = prism.optimize(fn, args, **OPTS)
+    assert not [f for r in opt.report for f in r.fallbacks]
+    with torch.no_grad():
+        got, ref = opt(*args), fn(*args)
+    assert got.shape == ref.shape and float((got - ref).abs().max()) <= 1e-4 * float(ref.abs().max())
+    assert sum(p.runner.prism_calls for p in opt.prism_pieces()) >= 1
