@@ -147,6 +147,53 @@ def lower_modules(gm: Any) -> None:
         gm.recompile()
 
 
+def lower_causal(gm: Any) -> None:
+    """``scaled_dot_product_attention(q, k, v, is_causal=True)`` -> the same call with
+    ``attn_mask=causal_bias(q, k)`` (in place): Prism has no operator that depends on an element's
+    position, so the causal mask is built in PyTorch (``L x S`` floats per call) and the attention, its
+    mask added to the scores, runs on Prism. The rewritten call means the same in PyTorch, should the
+    piece run there. Calls that also pass a mask, or whose operands have no fake values, are left as is."""
+    import torch.nn.functional as F
+    from torch._guards import detect_fake_mode
+
+    g = gm.graph
+    changed = False
+    for node in list(g.nodes):
+        if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
+            continue
+        call = O.Call("scaled_dot_product_attention", node.args, dict(node.kwargs))
+        try:
+            q, k = call.get("query"), call.get("key")
+            causal, mask = call.get("is_causal", False), call.get("attn_mask", None)
+        except Unsupported:
+            continue
+        if causal is not True or mask is not None or not all(
+                type(x).__name__ == "Node" and is_tensor_meta(meta_value(x)) for x in (q, k)):
+            continue
+        qv, kv = meta_value(q), meta_value(k)
+        mode = detect_fake_mode([qv, kv])
+        try:
+            if mode is None:
+                val = O.causal_bias(qv, kv)
+            else:
+                with mode:
+                    val = O.causal_bias(qv, kv)
+        except Exception:  # no fake value for the mask: leave the call as PyTorch wrote it
+            continue
+        with g.inserting_before(node):
+            bias = g.call_function(O.causal_bias, (q, k))
+        bias.meta["val"] = val
+        if "example_value" in node.meta:
+            bias.meta["example_value"] = val
+        args = tuple(node.args[:3])
+        kwargs = {key: x for key, x in call.values.items() if key not in ("query", "key", "value")}
+        kwargs.update(attn_mask=bias, is_causal=False)
+        node.args, node.kwargs = args, kwargs
+        changed = True
+    if changed:
+        gm.recompile()
+
+
 def _attr(gm: Any, target: str) -> Any:
     obj = gm
     for part in target.split("."):
@@ -371,7 +418,9 @@ def _fold_transposes(units: list[Unit]) -> list[Unit]:
     """A transpose or permute whose only user is one compute unit becomes that unit's operand permutation
     (``x @ w.T``, ``q @ k.transpose(-1, -2)``): the piece then reads the tensor in its stored layout and the
     search places the permutation (a strided view in the generated code, no copy). It would otherwise stay
-    in PyTorch as a layout operator and its non-contiguous result be copied on every call. Not folded:
+    in PyTorch as a layout operator and its non-contiguous result be copied on every call. No-op
+    conversions (``x.to(torch.float32)`` of a float32 ``x``, ``contiguous``, ``clone``) fold the same way:
+    a norm's ``.to(input_dtype)`` no longer separates it from its weight's multiply. Not folded:
     several transposes that would become the same permuted operand (``x @ w.T`` written twice): the
     search handles two products of distinct inputs, not two of one (measured: no verified kernel)."""
     by_node = {u.node: u for u in units}
@@ -382,10 +431,11 @@ def _fold_transposes(units: list[Unit]) -> list[Unit]:
         t, user = by_node.get(op.node), u.node
         if any(o.node is op.node for j, o in enumerate(u.lowered.operands) if j != k):
             return None  # the unit reads the transposed value twice: keep it one value
-        while (t is not None and t.kind == "layout" and _sig(t)[:1] == ("permute",)
+        while (t is not None and t.kind == "layout" and (_sig(t)[:1] == ("permute",) or _sig(t) == ("identity",))
                and len(t.lowered.operands) == 1 and list(t.node.users) == [user]):
             inner = t.lowered.operands[0]
-            op = Operand(inner.node, _compose(_compose(inner.perm, _sig(t)[1]), op.perm))
+            step = _sig(t)[1] if _sig(t)[0] == "permute" else None  # identity: no permutation
+            op = Operand(inner.node, _compose(_compose(inner.perm, step), op.perm))
             extra = t.members + extra
             t, user = by_node.get(op.node), t.node
         return (op, extra) if extra else None
@@ -402,7 +452,7 @@ def _fold_transposes(units: list[Unit]) -> list[Unit]:
         extra: list[Any] = []
         for k in range(len(operands)):
             f = plans.get((u.id, k))
-            if f is None or targets[(f[0].node, f[0].perm)] > 1:
+            if f is None or (f[0].perm is not None and targets[(f[0].node, f[0].perm)] > 1):
                 continue
             operands[k] = f[0]
             extra = f[1] + extra
@@ -430,6 +480,7 @@ def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = Non
             raise PrismError("this FX graph has no shape information (meta['val']); pass example_inputs so "
                              "that Prism can propagate fake tensors through it")
         propagate_meta(gm, list(example_inputs), dynamic)
+    lower_causal(gm)
     env = SymbolEnv()
     for _ in range(_MAX_IDENTIFY + 1):
         with symbol_env(env):
@@ -462,6 +513,10 @@ def _capture_once(gm: Any, persistent_inputs: set[int] | None, env: SymbolEnv) -
                 continue  # size arithmetic, guards, prints: PyTorch computes them, nothing to capture
             fallbacks.append(Fallback(n, display_name(n), f"produces {type(mv).__name__}, not a tensor"))
             continue
+        kept = _kept_in_pytorch(n)
+        if kept:
+            fallbacks.append(Fallback(n, display_name(n), kept))
+            continue
         problem = _dtype_problem(n)
         if problem:
             fallbacks.append(Fallback(n, display_name(n), problem))
@@ -485,6 +540,24 @@ def _capture_once(gm: Any, persistent_inputs: set[int] | None, env: SymbolEnv) -
     cap = Captured(gm, units, fallbacks, graph, persistent=persistent, inputs=names)
     cap.unit_of = {m: u for u in units for m in u.members}
     return cap, identified
+
+
+# operators that stay in PyTorch by design, with the reason explain() gives (by the name's last part)
+_KEPT = {
+    "embedding": "a lookup of rows by integer ids (the token embedding): PyTorch gathers them",
+    "tensor": "builds a tensor from Python values (cache bookkeeping): PyTorch creates it",
+    "arange": "builds a tensor of positions: PyTorch creates it",
+    "zeros": "builds a constant tensor: PyTorch creates it", "ones": "builds a constant tensor: PyTorch creates it",
+    "full": "builds a constant tensor: PyTorch creates it", "empty": "allocates a tensor: PyTorch creates it",
+}
+
+
+def _kept_in_pytorch(n: Any) -> str:
+    if n.op == "call_function" and n.target is O.causal_bias:
+        return ("the causal mask of scaled_dot_product_attention(is_causal=True), built in PyTorch (L x S floats "
+                "per call; no Prism operator depends on an element's position)")
+    name = getattr(n.target, "__name__", str(n.target)) if n.op != "call_method" else str(n.target)
+    return _KEPT.get(name, "")
 
 
 def _is_bool(node: Any) -> bool:

@@ -883,11 +883,16 @@ def _rms_norm(c: Conv) -> Lowered:
 
 @_conv("scaled_dot_product_attention")
 def _sdpa(c: Conv) -> Lowered:
+    """Attention, with grouped KV heads and an optional mask. ``is_causal=True`` arrives here as a float
+    mask: capture's normalize step gives the call the causal bias built in PyTorch
+    (:func:`causal_bias`). A float mask is added to the scaled scores, a bool one (computed on Prism: a
+    float 0/1) masks them to -inf. Without a mask the query heads of one KV head are stacked as rows (one
+    product per KV head: decode reads each KV head once); with a mask the group is a dim of its own, so that
+    a mask shared by the heads broadcasts over it."""
     q, k, v = c.get("query"), c.get("key"), c.get("value")
-    if c.get("attn_mask", None) is not None:
-        raise Unsupported("scaled_dot_product_attention: attn_mask (Prism has no masking operator)")
+    mask = c.get("attn_mask", None)
     if c.get("is_causal", False):
-        raise Unsupported("scaled_dot_product_attention: is_causal=True (Prism has no masking operator)")
+        raise Unsupported("scaled_dot_product_attention: is_causal=True with a mask given as well")
     if c.number(c.get("dropout_p", 0.0), "dropout_p") != 0.0:
         raise Unsupported("scaled_dot_product_attention: dropout_p > 0")
     gqa = bool(c.get("enable_gqa", False))
@@ -908,18 +913,57 @@ def _sdpa(c: Conv) -> Lowered:
             raise Unsupported(f"scaled_dot_product_attention: {hq} query heads are not a multiple of {hk} KV heads")
         group = hq // hk
     i, j, m = c.tensor(q), c.tensor(k), c.tensor(v)
+    mi, bool_mask, mask_heads = None, False, 1
+    if mask is not None:
+        if not c.is_tensor(mask):
+            raise Unsupported(f"scaled_dot_product_attention: attn_mask must be a tensor, got {_describe(mask)}")
+        ms = c.shape(mask)
+        if len(ms) > len(qs):
+            raise Unsupported(f"scaled_dot_product_attention: attn_mask of rank {len(ms)} > the query's")
+        mask_heads = ms[-3] if len(ms) >= 3 else 1
+        if group > 1 and not (isinstance(mask_heads, int) and mask_heads in (1, qs[-3])):
+            raise Unsupported(f"scaled_dot_product_attention: a mask with {mask_heads} heads and grouped KV heads")
+        bool_mask = str(meta_value(mask).dtype) == "torch.bool"
+        mi = c.tensor(mask)
 
     def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
         qq, kk, vv = t[i], t[j], t[m]
         lead, (hq, rows, dh) = qq.shape[:-3], qq.shape[-3:]
-        if group > 1:  # query head h uses KV head h // group: rows of one KV head's group are contiguous
-            qq = g.reshape(qq, (*lead, D.div_exact(hq, group), rows * group, dh))
-        s = g.mul_scalar(g.matmul(qq, g.transpose(kk, -1, -2)), scale)
+        if mi is None:
+            if group > 1:  # query head h uses KV head h // group: rows of one KV head's group are contiguous
+                qq = g.reshape(qq, (*lead, D.div_exact(hq, group), rows * group, dh))
+            s = g.mul_scalar(g.matmul(qq, g.transpose(kk, -1, -2)), scale)
+            o = g.matmul(g.softmax(s, -1), vv)
+            if group > 1:
+                o = g.reshape(o, (*lead, hq, rows, o.shape[-1]))
+            return o
+        bias = t[mi]
+        if bool_mask:  # True: attend; False: -inf
+            bias = g.mask_scalar(g.compare(bias, "eq", 0.0), float("-inf"))
+        if group > 1:
+            hk = D.div_exact(hq, group)
+            qq = g.reshape(qq, (*lead, hk, group, rows, dh))
+            kk = g.reshape(kk, (*kk.shape[:-2], 1, *kk.shape[-2:]))
+            vv = g.reshape(vv, (*vv.shape[:-2], 1, *vv.shape[-2:]))
+            bs = bias.shape
+            if len(bs) >= 3:  # [.., heads, L, S] -> [.., KV heads, group, L, S] (shared: [.., 1, 1, L, S])
+                bias = g.reshape(bias, (*bs[:-3], hk, group, *bs[-2:]) if mask_heads != 1 else
+                                 (*bs[:-3], 1, 1, *bs[-2:]))
+        s = g.add(g.mul_scalar(g.matmul(qq, g.transpose(kk, -1, -2)), scale), bias)
         o = g.matmul(g.softmax(s, -1), vv)
         if group > 1:
             o = g.reshape(o, (*lead, hq, rows, o.shape[-1]))
         return o
     return Lowered("scaled_dot_product_attention", "compute", c.operands, emit, ("sdpa",))
+
+
+def causal_bias(query: Any, key: Any) -> Any:
+    """The additive mask of ``scaled_dot_product_attention(..., is_causal=True)``: ``[L, S]``, 0 where key
+    ``j <= i`` (PyTorch aligns the triangle top-left), -inf above. Built in PyTorch on every call (L x S
+    floats); capture's normalize step passes it as ``attn_mask`` (a float mask: the same result)."""
+    import torch
+    return torch.full((query.shape[-2], key.shape[-2]), float("-inf"), dtype=query.dtype,
+                      device=query.device).triu(1)
 
 
 # --- layout ---------------------------------------------------------------------------------------------

@@ -166,6 +166,64 @@ def test_identified_sizes_are_checked_on_every_call() -> None:
     assert (p.runner.prism_calls, p.runner.fallback_calls) == (2, 1)
 
 
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def test_causal_attention_runs_on_prism() -> None:
+    """is_causal=True (a prompt's prefill): the attention runs on Prism with the causal mask built in
+    PyTorch, at a static and then a dynamic prompt length; top-left aligned like PyTorch (more keys than
+    queries: the triangle starts at key 0)."""
+    cf = torch.compile(_causal, backend="prism", options=OPTS)
+    with torch.no_grad():
+        for lq, lk in ((16, 16), (21, 21), (9, 13)):
+            g = torch.Generator().manual_seed(lq)
+            args = (torch.randn(1, 8, lq, 32, generator=g), torch.randn(1, 2, lk, 32, generator=g),
+                    torch.randn(1, 2, lk, 32, generator=g))
+            _close(cf(*args), _causal(*args))
+    for rep in reports():
+        (p,) = rep.pieces
+        assert p.by_prism and p.runner.fallback_calls == 0, rep.table()
+        assert [f.op for f in rep.fallbacks] == ["prism.frontend.ops.causal_bias"], rep.table()
+        assert "causal mask" in rep.fallbacks[0].reason
+    assert sum(p.runner.prism_calls for r in reports() for p in r.pieces) == 3
+
+
+@pytest.mark.parametrize("heads", [1, 8])
+def test_attention_with_a_float_mask(heads: int) -> None:
+    """An additive float mask shared by the heads ([b, 1, L, S]) or per head ([b, hq, L, S]), grouped KV
+    heads, -inf entries included."""
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+
+    g = torch.Generator().manual_seed(heads)
+    m = torch.randn(2, heads, 12, 20, generator=g)
+    m[..., 3] = float("-inf")
+    args = (torch.randn(2, 8, 12, 32, generator=g), torch.randn(2, 2, 20, 32, generator=g),
+            torch.randn(2, 2, 20, 32, generator=g), m)
+    opt = prism.optimize(fn, args, **OPTS)
+    (p,) = opt.prism_pieces()
+    assert not opt.report[0].fallbacks
+    with torch.no_grad():
+        _close(opt(*args), fn(*args))
+    assert p.runner.prism_calls == 2  # priming + 1
+
+
+def test_attention_with_a_bool_mask_from_pytorch_stays_there(caplog: pytest.LogCaptureFixture) -> None:
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m) * 2.0
+
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(1, 4, 8, 32, generator=g), torch.randn(1, 4, 8, 32, generator=g),
+            torch.randn(1, 4, 8, 32, generator=g), torch.rand(1, 1, 8, 8, generator=g) > 0.3)
+    with caplog.at_level(logging.WARNING, logger="prism"):
+        opt = prism.optimize(fn, args, **OPTS)
+        with torch.no_grad():
+            _close(opt(*args), fn(*args))
+    assert any("bool operand" in f.reason for f in opt.report[0].fallbacks)
+    assert "scaled_dot_product_attention left to PyTorch" in caplog.text
+
+
 def test_unsupported_operator_between_pieces(caplog: pytest.LogCaptureFixture) -> None:
     def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         y = torch.softmax(x @ w, -1)

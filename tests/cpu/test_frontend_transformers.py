@@ -1,0 +1,81 @@
+"""Hugging Face decoders end to end: tiny Llama, Qwen2 (bias in Q/K/V), Qwen3 (QK-norm) and Mistral configs
+from ``transformers`` (random weights, seeded, no downloads), ``model.forward`` compiled with
+``backend="prism"``, ``generate()`` greedy: the same token ids as eager, and every matmul, attention
+(causal prefill, decode over the KV cache with its dynamic length, grouped KV heads), norm and activation
+on Prism. What stays in PyTorch must be one of the operators kept there by design (the embedding gather,
+cache bookkeeping, integer positions, the causal mask), each with its reason in the report."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers", reason="transformers is an optional extra: pip install -e '.[test]'")
+
+from prism.frontend import clear_reports, reports  # noqa: E402
+
+pytestmark = pytest.mark.cpu
+
+OPTS = {"top_k": 2, "time_limit": 60.0, "measure_machine": False}
+LAYERS = 2
+KEPT = {  # operator -> a word its reason must contain
+    "torch.nn.functional.embedding": "ids",
+    "torch.tensor": "bookkeeping",
+    "prism.frontend.ops.causal_bias": "causal",
+    "operator.getitem": "int64",   # the integer positions of the rotary embedding
+    "Tensor.float": "int64",
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    torch._dynamo.reset()
+    clear_reports()
+    yield
+    torch._dynamo.reset()
+
+
+def _model(kind: str) -> Any:
+    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=128, max_position_embeddings=128)
+    if kind == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    if kind == "qwen2":
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    if kind == "qwen3":
+        return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=16, **common))
+    return transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=None, **common))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])
+def test_generate_matches_eager_with_the_decoder_on_prism(kind: str) -> None:
+    torch.manual_seed(0)
+    m = _model(kind).eval()
+    ids = torch.randint(0, 128, (1, 7))
+    with torch.no_grad():
+        ref = m.generate(ids, max_new_tokens=6, do_sample=False)
+        m.forward = torch.compile(m.forward, backend="prism", options=OPTS)
+        got = m.generate(ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(got, ref)
+    reps = reports()
+    assert len(reps) >= 2  # the prompt, then decode steps
+    for r in reps:
+        table = r.table()
+        assert not r.error, table
+        for f in r.fallbacks:
+            assert f.op in KEPT and KEPT[f.op] in f.reason, table
+        assert all(p.status != "failed" for p in r.pieces), table
+        on = [p for p in r.pieces if p.by_prism]
+        assert all(p.runner.fallback_calls == 0 for p in on), table
+        labels = [p.label for p in on]
+        assert sum("scaled_dot_product_attention" in x for x in labels) == LAYERS, table
+        # q, k, v, o, gate and up (one piece), down per layer, and the LM head
+        assert sum(x.count("linear") for x in labels) == 7 * LAYERS + 1, table
+        assert sum("rms_norm" in x for x in labels) >= 2 * LAYERS + 1, table
+        assert sum(x.count("silu") for x in labels) == LAYERS, table
+    decode = reps[-1]  # the dynamic decode graph serves every step after the first two
+    attn = [p for p in decode.pieces if "scaled_dot_product_attention" in p.label]
+    assert all(p.runner.prism_calls >= 1 for p in attn), decode.table()
