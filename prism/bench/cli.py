@@ -51,6 +51,14 @@ def parser() -> argparse.ArgumentParser:
                         "suite: eager, torch.compile and prism.optimize, checked against float64, interleaved")
     p.add_argument("--corpus-filter", metavar="SUBSTR", default=None,
                    help="with --corpus: only the programs whose name contains SUBSTR")
+    p.add_argument("--models", nargs="?", const="default", default=None, metavar="NAMES",
+                   help="benchmark Hugging Face decoders end to end (generate(): start-up, prefill, decode tokens/s, "
+                        "memory, share on Prism, decode roofline) under eager, torch.compile and Prism; NAMES: "
+                        "comma-separated from prism/bench/models.py (default llama-1b; --quick: llama-small). "
+                        "Needs transformers (pip install -e '.[models]')")
+    p.add_argument("--prompt", type=int, default=128, help="with --models: prompt tokens (default 128)")
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help="with --models: tokens generated per timed call (default 32; --quick: 16)")
     return p
 
 
@@ -74,6 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = console()
     err = console(stderr=True)
     threads = args.threads or default_threads()
+    if args.models is not None:
+        from prism.bench.models import main as models_main
+        from prism.bench.systems import configure_threads
+        configure_threads(threads)
+        return models_main(args, threads)
     if args.corpus:
         from prism.bench.corpus_run import main as corpus_main
         from prism.bench.systems import configure_threads

@@ -1,0 +1,343 @@
+"""``prism bench --models``: Hugging Face decoders end to end, ``generate()`` under eager PyTorch,
+``torch.compile`` (inductor, default mode) and ``torch.compile(backend="prism")``, in one process.
+
+Per model (a ``transformers`` config built with seeded random weights; nothing is downloaded):
+
+1. **Prepare** each system on its own copy of the same weights: the first ``generate()`` from the
+   caches as they are (empty caches: pass ``PRISM_CACHE_DIR`` of an empty folder) is timed as *start-up*
+   (Dynamo capture, Prism's search, tuning and compiles, inductor's codegen), and the memory it adds
+   (RSS after ``malloc_trim``, less the copy of the weights) is recorded. The timed calls then run once
+   untimed as *warm-up* (a one-token ``generate()`` takes other graphs: Dynamo recompiles), timed too.
+   The generated token ids must equal eager's (greedy decoding); a system that differs is flagged.
+2. **Time** in interleaved rounds (rotated order, same thread count, ``torch.inference_mode()``): per
+   round and system, ``generate(max_new_tokens=1)`` gives the time to first token (the prompt's prefill)
+   and ``generate(max_new_tokens=N, min_new_tokens=N)`` the total; decode tokens/s is
+   ``(N - 1) / (total - first)``. Medians over rounds.
+3. **Roofline** of decode: bytes per token are the parameters a step reads (all but the embedding table,
+   of which one row is read; the KV cache is left out: a few MB at these lengths) over the read bandwidth
+   measured beside the run (a read-only sum of a 1 GiB buffer with transparent huge pages requested,
+   best of 5, before and after the rounds; the lower is used, so the fraction is not flattered).
+4. **Share on Prism**: of the compute operators in the prefill and the dynamic decode graph (layout
+   operators -- views, ``cat``, slicing -- not counted), the fraction inside pieces that Prism runs;
+   what stays in PyTorch is listed with its reason.
+
+llama.cpp is a baseline of this benchmark where ``llama-cpp-python`` and ``gguf`` are installed (not in CI);
+without them the report says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import gc
+import json
+import mmap
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SYSTEMS = ("eager", "compile", "prism")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    arch: str                     # llama | qwen2 | qwen3 | mistral
+    layers: int
+    hidden: int
+    mlp: int
+    heads: int
+    kv_heads: int
+    vocab: int = 32000
+    head_dim: int | None = None   # qwen3 states it; the others derive hidden / heads
+
+
+MODELS: dict[str, ModelSpec] = {
+    "llama-tiny": ModelSpec("llama", 2, 64, 128, 4, 2, vocab=128),        # the tests' size
+    "llama-small": ModelSpec("llama", 4, 1024, 2816, 16, 4),              # the issue's first try
+    "llama-1b": ModelSpec("llama", 8, 2048, 5632, 16, 4),                 # the llama.cpp anchor (1.7 GB f32)
+    "qwen2-small": ModelSpec("qwen2", 4, 1024, 2816, 16, 4),              # bias in Q/K/V
+    "qwen3-small": ModelSpec("qwen3", 4, 1024, 3072, 16, 8, head_dim=64),  # QK-norm
+    "mistral-small": ModelSpec("mistral", 4, 1024, 2816, 16, 4),
+}
+DEFAULT = ("llama-1b",)
+QUICK = ("llama-small",)
+
+
+def build(spec: ModelSpec, seed: int = 0) -> Any:
+    """The model of ``spec`` with seeded random weights, float32, eval mode."""
+    import torch
+    import transformers as tf
+    common = dict(hidden_size=spec.hidden, intermediate_size=spec.mlp, num_hidden_layers=spec.layers,
+                  num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads, vocab_size=spec.vocab,
+                  max_position_embeddings=4096)
+    cls, cfg = {"llama": (tf.LlamaForCausalLM, tf.LlamaConfig), "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config),
+                "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config),
+                "mistral": (tf.MistralForCausalLM, tf.MistralConfig)}[spec.arch]
+    if spec.head_dim is not None:
+        common["head_dim"] = spec.head_dim
+    if spec.arch == "mistral":
+        common["sliding_window"] = None
+    torch.manual_seed(seed)
+    return cls(cfg(**common)).eval()
+
+
+def decode_bytes(model: Any) -> int:
+    """Parameter bytes one decode step reads: all but the input embedding table, of which one row is read
+    (unless the LM head shares it: then the head reads all of it)."""
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not emb or p is head)
+
+
+def read_bandwidth(size: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes/s of a read-only sum over ``size`` bytes (huge pages requested), best of ``repeats``."""
+    import torch
+    buf = mmap.mmap(-1, size)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    t = torch.frombuffer(buf, dtype=torch.float32)
+    t.fill_(1.0)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        t.sum()
+        best = min(best, time.perf_counter() - t0)
+    del t
+    buf.close()
+    return size / best
+
+
+def rss() -> int:
+    """Resident bytes of this process after a collection and ``malloc_trim``."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass
+class SystemResult:
+    status: str = "ok"                 # ok | wrong: ... | failed: ...
+    startup_s: float | None = None     # the first generate(), compiling included
+    warmup_s: float | None = None      # the timed calls once more, untimed (recompiles happen here)
+    memory_mib: float | None = None    # RSS the system added beyond its copy of the weights
+    ttft_ms: list[float] = field(default_factory=list)
+    total_ms: list[float] = field(default_factory=list)
+    share: float | None = None         # Prism: compute operators on Prism (prefill and decode graphs)
+    kept: list[str] = field(default_factory=list)   # Prism: what stayed in PyTorch, with the reason
+    prism_pieces: int | None = None
+
+    def ttft(self) -> float | None:
+        return statistics.median(self.ttft_ms) if self.ttft_ms else None
+
+    def decode_tps(self, new_tokens: int) -> float | None:
+        if not self.total_ms or not self.ttft_ms:
+            return None
+        per = [(t - f) / (new_tokens - 1) for t, f in zip(self.total_ms, self.ttft_ms)]
+        m = statistics.median(per)
+        return 1e3 / m if m > 0 else None
+
+
+@dataclass
+class ModelResult:
+    name: str
+    spec: dict[str, Any]
+    prompt: int
+    new_tokens: int
+    decode_bytes: int
+    bandwidth: list[float] = field(default_factory=list)
+    systems: dict[str, SystemResult] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def roofline(self, system: str) -> float | None:
+        tps = self.systems[system].decode_tps(self.new_tokens)
+        if tps is None or not self.bandwidth:
+            return None
+        return self.decode_bytes / min(self.bandwidth) * tps
+
+
+def _share(reports: list[Any]) -> tuple[float | None, list[str]]:
+    on = off = 0
+    kept: dict[str, int] = {}
+    for r in reports:
+        for p in r.pieces:
+            if p.by_prism:
+                on += len(p.ops)
+            else:
+                off += len(p.ops)
+                kept[f"{p.label}: {p.reason or p.status}"] = kept.get(f"{p.label}: {p.reason or p.status}", 0) + 1
+        for f in r.fallbacks:
+            off += f.count
+            kept[f"{f.op}: {f.reason}"] = kept.get(f"{f.op}: {f.reason}", 0) + f.count
+    total = on + off
+    return (on / total if total else None), [f"{k} (x{v})" for k, v in kept.items()]
+
+
+def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: int,
+              log: Callable[[str], None]) -> ModelResult:
+    import torch
+
+    from prism.frontend import clear_reports, reports
+    base = build(spec)
+    res = ModelResult(name, asdict(spec), prompt, new_tokens, decode_bytes(base))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, spec.vocab, (1, prompt), generator=g)
+    kw = dict(do_sample=False, pad_token_id=0)
+    calls: dict[str, Any] = {}
+    ref = None
+    for sysname in SYSTEMS:
+        r = res.systems[sysname] = SystemResult()
+        before = rss()
+        model = base if sysname == "eager" else copy.deepcopy(base)
+        copied = rss()
+        clear_reports()  # no torch._dynamo.reset(): it would drop the other systems' compiled graphs
+        if sysname == "compile":
+            model.forward = torch.compile(model.forward)
+        elif sysname == "prism":
+            model.forward = torch.compile(model.forward, backend="prism")
+        log(f"{name}: {sysname}: first generate() ...")
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+        except Exception as e:  # a system failing must not stop the others
+            r.status = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            log(f"{name}: {sysname}: {r.status}")
+            continue
+        r.startup_s = time.perf_counter() - t0
+        if ref is None:
+            ref = out
+        elif not torch.equal(out, ref):
+            r.status = "wrong: token ids differ from eager's"
+        t0 = time.perf_counter()  # the timed calls once, untimed: Dynamo's recompiles (a one-token
+        with torch.inference_mode():  # generate() takes other paths) happen here, not in the rounds
+            model.generate(ids, max_new_tokens=1, **kw)
+            model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+        r.warmup_s = time.perf_counter() - t0
+        r.memory_mib = (rss() - copied) / 2**20 if sysname != "eager" else (rss() - before) / 2**20
+        if sysname == "prism":
+            reps = reports()
+            r.share, r.kept = _share(reps)
+            r.prism_pieces = sum(len(x.prism_pieces()) for x in reps)
+        log(f"{name}: {sysname}: start-up {r.startup_s:.1f} s, warm-up {r.warmup_s:.1f} s, "
+            f"+{r.memory_mib:.0f} MiB, {r.status}")
+        calls[sysname] = model
+    res.bandwidth.append(read_bandwidth())
+    with torch.inference_mode():
+        for k in range(rounds):
+            order = list(calls)
+            order = order[k % len(order):] + order[:k % len(order)]
+            for sysname in order:
+                model = calls[sysname]
+                t0 = time.perf_counter()
+                model.generate(ids, max_new_tokens=1, **kw)
+                t1 = time.perf_counter()
+                model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+                t2 = time.perf_counter()
+                res.systems[sysname].ttft_ms.append((t1 - t0) * 1e3)
+                res.systems[sysname].total_ms.append((t2 - t1) * 1e3)
+            log(f"{name}: round {k + 1}/{rounds}")
+    res.bandwidth.append(read_bandwidth())
+    try:
+        import llama_cpp  # noqa: F401
+        res.notes.append("llama.cpp is installed, but its GGUF export is not wired into this benchmark yet")
+    except ImportError:
+        res.notes.append("llama.cpp: not installed (llama-cpp-python and gguf; not part of CI)")
+    return res
+
+
+def _f(x: float | None, spec: str = "{:.1f}") -> str:
+    return spec.format(x) if x is not None else "-"
+
+
+def markdown(results: list[ModelResult], meta: dict[str, Any]) -> str:
+    lines = [f"Machine: {meta.get('cpu', '?')}, {meta.get('threads')} threads; load before {meta.get('load_before')}, "
+             f"after {meta.get('load_after')}; {meta.get('rounds')} interleaved rounds."]
+    for m in results:
+        bw = min(m.bandwidth) / 1e9 if m.bandwidth else None
+        lines += ["", f"**{m.name}** ({m.spec['arch']}, {m.spec['layers']} layers, hidden {m.spec['hidden']}, MLP "
+                  f"{m.spec['mlp']}, {m.spec['heads']}/{m.spec['kv_heads']} heads, vocab {m.spec['vocab']}; "
+                  f"{m.decode_bytes / 1e9:.2f} GB read per decode step; read bandwidth {_f(bw)} GB/s; prompt "
+                  f"{m.prompt} tokens, {m.new_tokens} new)", "",
+                  "| system | start-up s | warm-up s | memory added MiB | prefill ms | prefill tok/s | decode tok/s | "
+                  "decode vs eager | roofline | status |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        eager_tps = m.systems["eager"].decode_tps(m.new_tokens) if "eager" in m.systems else None
+        for s, r in m.systems.items():
+            tps, ttft = r.decode_tps(m.new_tokens), r.ttft()
+            lines.append(f"| {s} | {_f(r.startup_s)} | {_f(r.warmup_s)} | {_f(r.memory_mib, '{:.0f}')} | {_f(ttft)} | "
+                         f"{_f(m.prompt / ttft * 1e3 if ttft else None)} | {_f(tps, '{:.2f}')} | "
+                         f"{_f(tps / eager_tps if tps and eager_tps else None, '{:.2f}x')} | "
+                         f"{_f(m.roofline(s), '{:.2f}')} | {r.status} |")
+        p = m.systems.get("prism")
+        if p is not None and p.share is not None:
+            lines += ["", f"Prism: {p.prism_pieces} pieces over the captured graphs; {p.share:.0%} of the compute "
+                      "operators on Prism. In PyTorch: " + ("; ".join(p.kept) or "nothing")]
+        lines += [f"{n}." for n in m.notes]
+    return "\n".join(lines)
+
+
+def plot(results: list[ModelResult], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    for ax, what in zip(axes, ("decode tok/s", "prefill tok/s")):
+        labels, values = [], []
+        for m in results:
+            for s, r in m.systems.items():
+                ttft = r.ttft()
+                v = r.decode_tps(m.new_tokens) if what.startswith("decode") else (
+                    m.prompt / ttft * 1e3 if ttft else None)
+                labels.append(f"{m.name}\n{s}")
+                values.append(v or 0.0)
+        ax.bar(range(len(values)), values, color=["#888", "#48c", "#c62"] * len(results))
+        ax.set_xticks(range(len(values)), labels, fontsize=7)
+        ax.set_title(what)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(args: Any, threads: int) -> int:
+    import torch
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("prism bench --models needs transformers: pip install -e '.[models]'", file=sys.stderr)
+        return 2
+    torch.set_num_threads(threads)
+    names = [n.strip() for n in args.models.split(",") if n.strip()] if args.models not in (None, "default") \
+        else list(QUICK if args.quick else DEFAULT)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        print(f"prism bench --models: unknown model(s) {unknown}; known: {sorted(MODELS)}", file=sys.stderr)
+        return 2
+    rounds = args.rounds if args.rounds is not None else (2 if args.quick else 3)
+    prompt = args.prompt
+    new = args.new_tokens if args.new_tokens else (16 if args.quick else 32)
+    if new < 2:
+        print("prism bench --models: --new-tokens must be >= 2", file=sys.stderr)
+        return 2
+    from prism.bench.machine import machine_info
+    meta = {"threads": threads, "rounds": rounds, "load_before": os.getloadavg()[0],
+            "cpu": machine_info(threads).get("cpu"), "prism_cache": os.environ.get("PRISM_CACHE_DIR")}
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+    results = [run_model(n, MODELS[n], prompt, new, rounds, log) for n in names]
+    meta["load_after"] = os.getloadavg()[0]
+    print(markdown(results, meta))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "models": [asdict(r) for r in results]}, f, indent=1)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        plot(results, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

@@ -1,0 +1,47 @@
+"""``prism bench --models`` on the tiny Llama: the report has every system, equal token ids, the Prism share
+and what stays in PyTorch, and JSON/PNG outputs. Nothing here asserts on a timing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers", reason="transformers is an optional extra: pip install -e '.[test]'")
+
+from prism.bench.cli import main  # noqa: E402
+from prism.bench.models import MODELS, build, decode_bytes  # noqa: E402
+
+pytestmark = pytest.mark.cpu
+
+
+def test_decode_bytes_leave_out_the_embedding_table() -> None:
+    m = build(MODELS["llama-tiny"])
+    total = sum(p.numel() * 4 for p in m.parameters())
+    assert decode_bytes(m) == total - m.get_input_embeddings().weight.numel() * 4
+
+
+def test_models_bench_on_the_tiny_llama(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, png = tmp_path / "m.json", tmp_path / "m.png"
+    # the shapes of test_frontend_transformers (same session cache): its tunings serve here
+    rc = main(["--models", "llama-tiny", "--rounds", "1", "--prompt", "7", "--new-tokens", "6",
+               "--json", str(out), "--plot", str(png)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "| prism |" in text and "| compile |" in text and "compute operators on Prism" in text
+    data = json.loads(out.read_text())
+    (m,) = data["models"]
+    assert set(m["systems"]) == {"eager", "compile", "prism"}
+    for s in m["systems"].values():
+        assert s["status"] == "ok" and len(s["ttft_ms"]) == len(s["total_ms"]) == 1
+    p = m["systems"]["prism"]
+    assert 0.5 < p["share"] <= 1.0 and p["prism_pieces"] > 0
+    assert any("embedding" in k for k in p["kept"])
+    assert png.stat().st_size > 0
+
+
+def test_unknown_model_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--models", "gpt-17"]) == 2
+    assert "unknown model" in capsys.readouterr().err
