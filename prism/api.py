@@ -14,9 +14,11 @@ stop reason. See docs/tune.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -66,6 +68,7 @@ class Specialization:
     tuning: TuneResult
     check: Any               # prism.verify.NumericResult of the compiled kernel at this shape
     from_cache: bool
+    derived_from: dict[str, int] | None = None   # the tuned shape whose winner this is (Options.derive)
 
     @property
     def source(self) -> str:
@@ -81,6 +84,7 @@ class Options:
     extra: dict[str, Any] = field(default_factory=dict)
     time_limit: float | None = None     # the search's time limit: also the budget of the first shape's tuning
     deadline: float | None = None       # perf_counter time by which the superoptimize call's work should end
+    derive: bool = False                # a new shape near a tuned one takes its winner (SuperKernel._derive)
 
 
 SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
@@ -103,11 +107,18 @@ _SEARCH_MEMO: dict[tuple, tuple[Any, list[Implementation]]] = {}
 _MEMO_LOCK = threading.Lock()
 
 
+# superoptimize(program) with the same search and tuning options returns one SuperKernel per process, so
+# the pieces of a model with equal programs (a decoder's layers) share its tunings: one per distinct
+# (program, shape, machine), tuned or read from disk once (issue 14: 130 tunings of 42 distinct pieces)
+_KERNEL_MEMO: dict[tuple, SuperKernel] = {}
+
+
 def clear_memory_caches() -> None:
-    """Forget the search results held in this process (the disk caches stay): the next superoptimize of
-    a program reads the search's disk cache as a new process would."""
+    """Forget the search results and kernels held in this process (the disk caches stay): the next
+    superoptimize of a program reads the search's disk cache as a new process would."""
     with _MEMO_LOCK:
         _SEARCH_MEMO.clear()
+        _KERNEL_MEMO.clear()
 
 
 def _console(verbose: int) -> Any:
@@ -190,7 +201,8 @@ def search_env(graph: Graph, search_dims: Mapping[str, int] | None = None) -> di
 
 def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None = None, top_k: int = TOP_K,
                   tune_budget_s: float | None = None, workers: int = 1, verbose: int = 0,
-                  measure_machine: bool | None = None, search_dims: Mapping[str, int] | None = None) -> SuperKernel:
+                  measure_machine: bool | None = None, search_dims: Mapping[str, int] | None = None,
+                  derive: bool = False) -> SuperKernel:
     """Search, verify and (per shape, on first use) tune and compile ``graph``.
 
     ``limits``: a ``prism.search.Limits`` (the search space and its budget); ``time_limit``: shorthand for
@@ -201,7 +213,11 @@ def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None 
     the search ranks and prunes with (default ``SEARCH_DIM`` = 8 each) -- the sGraphs it returns stay
     symbolic and every shape is still tuned and checked on its own. Measured need: with no values the
     search could not apply its size-dependent pruning and W2 generated 1.7M states (time limit, 153 s)
-    instead of 16k (7 s). Raises :class:`NoVerifiedKernelError` when nothing verifies.
+    instead of 16k (7 s). ``derive=True``: a new shape within a factor of 2 (each dim) of a tuned one takes
+    that tuning's winner -- compiled at the new shape and numerically checked, not measured
+    (:meth:`SuperKernel.specialize`; the frontend's choice, where a dynamic dim takes a new value per call).
+    Calls with the same program and options return the same kernel object (its tunings shared).
+    Raises :class:`NoVerifiedKernelError` when nothing verifies.
     """
     t_start = time.perf_counter()
     if not isinstance(graph, Graph):
@@ -243,9 +259,15 @@ def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None 
             _SEARCH_MEMO[key] = (result, impls)
     if not impls:
         raise NoVerifiedKernelError(_no_kernel_message(graph, result, limits))
-    return SuperKernel(graph, result, impls, Options(top_k, tune_budget_s, verbose, measure_machine,
-                                                     time_limit=limits.time_limit,
-                                                     deadline=t_start + limits.time_limit))
+    kkey = (*key, top_k, tune_budget_s, verbose, measure_machine, derive)
+    with _MEMO_LOCK:
+        k = _KERNEL_MEMO.get(kkey)
+        if k is None:
+            k = _KERNEL_MEMO[kkey] = SuperKernel(
+                graph, result, impls, Options(top_k, tune_budget_s, verbose, measure_machine,
+                                              time_limit=limits.time_limit, deadline=t_start + limits.time_limit,
+                                              derive=derive))
+    return k
 
 
 def _no_kernel_message(graph: Graph, result: Any, limits: Any) -> str:
@@ -289,6 +311,7 @@ class SuperKernel:
         self._specs: dict[tuple, Specialization] = {}
         self._lock = threading.Lock()
         self._machine: Machine | None = None
+        self._disk_anchors: list[tuple[dict[str, int], TuneResult]] | None = None
 
     @property
     def stop_reason(self) -> str:
@@ -346,7 +369,51 @@ class SuperKernel:
     def _build(self, env: dict[str, int]) -> Specialization:
         path, material = self._cache_path(env)
         spec = self._from_store(env, path, material)
+        if spec is None and self.options.derive:
+            spec = self._derive(env, material)
         return spec if spec is not None else self._tune(env, path, material)
+
+    def _anchors(self, material: dict[str, Any]) -> list[tuple[dict[str, int], TuneResult]]:
+        """Measured tunings of this program on this machine: this kernel's, and the disk cache's (read once
+        per kernel object)."""
+        out = [(s.env, s.tuning) for s in self._specs.values() if s.derived_from is None]
+        if self._disk_anchors is None:
+            self._disk_anchors = []
+            same = {k: v for k, v in material.items() if k != "shapes"}
+            for path in sorted((store.root() / "results" / self.program.key).glob("*.json")):
+                p = store.load(path, "tuning").payload
+                try:
+                    key = dict(p["key"]) if p is not None else None
+                    if key is None or {k: v for k, v in key.items() if k != "shapes"} != same:
+                        continue
+                    env = self.program.bind({k: tuple(v) for k, v in key["shapes"].items()})
+                    self._disk_anchors.append((env, TuneResult.from_json(p["result"])))
+                except (PrismError, KeyError, TypeError, ValueError):
+                    continue  # an unreadable entry is not an anchor (its own lookup reports it)
+        return out + self._disk_anchors
+
+    def _derive(self, env: dict[str, int], material: dict[str, Any]) -> Specialization | None:
+        """The winner of the nearest tuned shape within a factor of 2 in every dim, compiled at ``env`` and
+        numerically checked there (never unverified); None when there is none or it fails (then ``env``
+        is tuned). Saves the tuning's compiles and measurements (decode attention: 1.9 s per KV length,
+        of which 1.5 s compiling 6 candidates); the choice is the neighbour's, not measured at ``env``."""
+        best: tuple[float, dict[str, int], TuneResult] | None = None
+        for aenv, res in self._anchors(material):
+            if set(aenv) != set(env) or aenv == env or any(aenv[k] <= 0 for k in env):
+                continue
+            ratios = [env[k] / aenv[k] for k in env]
+            if not all(0.5 <= r <= 2.0 for r in ratios):
+                continue
+            dist = sum(abs(math.log(r)) for r in ratios)
+            if best is None or dist < best[0]:
+                best = (dist, aenv, res)
+        if best is None:
+            return None
+        spec = self._from_cached(env, best[2])
+        if spec is None:
+            return None
+        STATS.tune_derived += 1
+        return dataclasses.replace(spec, derived_from=dict(best[1]))
 
     def _from_store(self, env: dict[str, int], path: Any, material: dict[str, Any]) -> Specialization | None:
         """The cached tuning of this shape, its winner compiled and checked again; None when there is none

@@ -44,7 +44,10 @@ class Options:
     kernel operator, 60 s, 3 results — pieces are cut to fit one kernel); ``time_limit`` overrides its
     budget. ``top_k``, ``tune_budget_s``, ``measure_machine``, ``verbose``: as ``prism.superoptimize``.
     ``budget``: the piece size bounds (:class:`~prism.frontend.partition.Budget`). ``progress``: a
-    callback ``(event, index, total, label)`` with events "search", "done", "failed"."""
+    callback ``(event, index, total, label)`` with events "search", "done", "failed". ``derive``: a new
+    value of a dynamic dim within a factor of 2 of a tuned one takes that tuning's winner, compiled and
+    checked at the new shape, not measured (``prism.superoptimize(derive=...)``; a decoder's KV length is
+    new at every step)."""
 
     limits: Any = None
     time_limit: float | None = None
@@ -54,6 +57,7 @@ class Options:
     verbose: int = 0
     budget: Budget = field(default_factory=Budget)
     progress: Progress | None = None
+    derive: bool = True
 
     @classmethod
     def from_any(cls, options: Any) -> Options:
@@ -370,7 +374,7 @@ def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = Tr
     try:
         try:
             k = superoptimize(graph, limits=limits, top_k=opts.top_k, tune_budget_s=opts.tune_budget_s,
-                              verbose=opts.verbose, measure_machine=opts.measure_machine)
+                              verbose=opts.verbose, measure_machine=opts.measure_machine, derive=opts.derive)
         except NoVerifiedKernelError:
             if opts.limits is not None or limits.max_kernel_ops != 1:
                 raise
@@ -379,7 +383,7 @@ def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = Tr
             import dataclasses
             k = superoptimize(graph, limits=dataclasses.replace(limits, max_kernel_ops=2), top_k=opts.top_k,
                               tune_budget_s=opts.tune_budget_s, verbose=opts.verbose,
-                              measure_machine=opts.measure_machine)
+                              measure_machine=opts.measure_machine, derive=opts.derive)
     except Exception as e:  # any failure leaves the piece to PyTorch, loudly
         msg = str(e).splitlines()[0] if str(e) else ""
         pr.status, pr.reason = "failed", f"prism.superoptimize raised {type(e).__name__}: {msg}"

@@ -211,3 +211,35 @@ def test_contention_limit_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRISM_TUNE_CONTENTION_LIMIT", "lots")
     with pytest.raises(ValueError, match="PRISM_TUNE_CONTENTION_LIMIT"):
         contention_limit()
+
+
+def test_one_kernel_object_per_program_and_options() -> None:
+    """Equal pieces of a model (a decoder's layers) get one kernel object: its tunings are shared."""
+    clear_memory_caches()
+    a = prism.superoptimize(_program(), limits=LIMITS)
+    assert prism.superoptimize(_program(), limits=LIMITS) is a
+    assert prism.superoptimize(_program(), limits=LIMITS, top_k=2) is not a
+
+
+def test_derive_serves_a_nearby_shape_with_the_tuned_winner_checked() -> None:
+    """derive=True: a new n within a factor of 2 of a tuned one takes its winner -- compiled and checked at the
+    new shape, not measured; farther shapes are tuned; a new process derives from the disk cache's tunings."""
+    clear_memory_caches()
+    reset_stats()
+    k = prism.superoptimize(_program(), limits=LIMITS, derive=True)
+    for n, tunings, derived in ((16, 1, 0), (20, 1, 1), (27, 1, 2), (40, 2, 2)):
+        x = _inputs(n, seed=n)
+        _check(k(**x), x)
+        assert (STATS.tunings, STATS.tune_derived) == (tunings, derived), n
+    s20, s27 = k.specialize(n=20), k.specialize(n=27)
+    assert s20.derived_from == {"n": 16} and s20.check.passed and s20.params == k.specialize(n=16).params
+    assert s27.derived_from == {"n": 16}  # derived shapes are never anchors themselves
+    assert k.specialize(n=40).derived_from is None
+    clear_memory_caches()                          # as a new process would
+    k2 = prism.superoptimize(_program(), limits=LIMITS, derive=True)
+    x = _inputs(24, seed=3)
+    _check(k2(**x), x)
+    assert k2.specialize(n=24).derived_from == {"n": 16} and (STATS.tunings, STATS.tune_derived) == (2, 3)
+    k3 = prism.superoptimize(_program(), limits=LIMITS)   # derive off (the default): tuned
+    k3(**_inputs(21))
+    assert STATS.tunings == 3
