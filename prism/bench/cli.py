@@ -59,6 +59,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", type=int, default=128, help="with --models: prompt tokens (default 128)")
     p.add_argument("--new-tokens", type=int, default=None,
                    help="with --models: tokens generated per timed call (default 32; --quick: 16)")
+    p.add_argument("--new-lengths", default=None, metavar="N,N",
+                   help="with --models: prompt + N tokens, the new prompt lengths timed after the rounds (default "
+                        "13,29; 'none' skips them)")
     return p
 
 

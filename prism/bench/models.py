@@ -14,11 +14,14 @@ Per model (a ``transformers`` config built with seeded random weights; nothing i
    then ``generate`` of 2 and of N tokens (``min_new_tokens`` equal: no early stop); decode tokens/s is
    ``(N - 2) / (T(N) - T(2))``: the same prefill and first step (Dynamo's static decode graph) cancel,
    what is left are N - 2 steps of the dynamic decode graph. Medians over rounds.
-3. **Roofline** of decode: bytes per token are the parameters a step reads (all but the embedding table,
+3. **New prompt lengths**: after the rounds, per system, a one-token ``generate()`` at two new prompt
+   lengths (prompt + 13: Dynamo compiles its dynamic prefill graph; prompt + 29: a second new value of
+   it), each less the same call repeated: the time a new length adds.
+4. **Roofline** of decode: bytes per token are the parameters a step reads (all but the embedding table,
    of which one row is read; the KV cache is left out: a few MB at these lengths) over the read bandwidth
    measured beside the run (a read-only sum of a 1 GiB buffer with transparent huge pages requested,
    best of 5, before and after the rounds; the lower is used, so the fraction is not flattered).
-4. **Share on Prism**: of the compute operators in the prefill and the dynamic decode graph (layout
+5. **Share on Prism**: of the compute operators in the prefill and the dynamic decode graph (layout
    operators -- views, ``cat``, slicing -- not counted), the fraction inside pieces that Prism runs;
    what stays in PyTorch is listed with its reason.
 
@@ -66,6 +69,7 @@ MODELS: dict[str, ModelSpec] = {
     "mistral-small": ModelSpec("mistral", 4, 1024, 2816, 16, 4),
 }
 DEFAULT = ("llama-1b",)
+NEW_LENGTHS = (13, 29)   # prompt + these: the first new length (Dynamo's dynamic graph), then another
 QUICK = ("llama-small",)
 
 
@@ -136,6 +140,7 @@ class SystemResult:
     kept: list[str] = field(default_factory=list)   # Prism: what stayed in PyTorch, with the reason
     prism_pieces: int | None = None
     stats: dict[str, int] = field(default_factory=dict)   # Prism: searches, tunings, compiles of start-up
+    new_length_s: list[float] = field(default_factory=list)  # first call at a new prompt length less the next
 
     def ttft(self) -> float | None:
         return statistics.median(self.ttft_ms) if self.ttft_ms else None
@@ -184,7 +189,7 @@ def _share(reports: list[Any]) -> tuple[float | None, list[str]]:
 
 
 def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: int,
-              log: Callable[[str], None]) -> ModelResult:
+              log: Callable[[str], None], new_lengths: tuple[int, ...] = NEW_LENGTHS) -> ModelResult:
     import torch
 
     from prism.frontend import clear_reports, reports
@@ -257,6 +262,18 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 res.systems[sysname].total_ms.append((t3 - t2) * 1e3)
             log(f"{name}: round {k + 1}/{rounds}")
     res.bandwidth.append(read_bandwidth())
+    with torch.inference_mode():  # new prompt lengths: what a new length adds to the time to first token
+        for extra in new_lengths:
+            longer = torch.randint(0, spec.vocab, (1, prompt + extra), generator=g)
+            for sysname, model in calls.items():
+                t0 = time.perf_counter()
+                model.generate(longer, max_new_tokens=1, **kw)
+                t1 = time.perf_counter()
+                model.generate(longer, max_new_tokens=1, **kw)
+                t2 = time.perf_counter()
+                res.systems[sysname].new_length_s.append((t1 - t0) - (t2 - t1))
+            log(f"{name}: prompt length {prompt + extra}: " + ", ".join(
+                f"{s} +{r.new_length_s[-1]:.2f} s" for s, r in res.systems.items() if r.new_length_s))
     try:
         import llama_cpp  # noqa: F401
         res.notes.append("llama.cpp is installed, but its GGUF export is not wired into this benchmark yet")
@@ -278,13 +295,15 @@ def markdown(results: list[ModelResult], meta: dict[str, Any]) -> str:
                   f"{m.spec['mlp']}, {m.spec['heads']}/{m.spec['kv_heads']} heads, vocab {m.spec['vocab']}; "
                   f"{m.decode_bytes / 1e9:.2f} GB read per decode step; read bandwidth {_f(bw)} GB/s; prompt "
                   f"{m.prompt} tokens, {m.new_tokens} new)", "",
-                  "| system | start-up s | warm-up s | memory added MiB | prefill ms | prefill tok/s | decode tok/s | "
-                  "decode vs eager | roofline | status |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "| system | start-up s | warm-up s | new lengths s | memory added MiB | prefill ms | prefill tok/s | "
+                  "decode tok/s | decode vs eager | roofline | status |",
+                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
         eager_tps = m.systems["eager"].decode_tps(m.new_tokens) if "eager" in m.systems else None
         for s, r in m.systems.items():
             tps, ttft = r.decode_tps(m.new_tokens), r.ttft()
-            lines.append(f"| {s} | {_f(r.startup_s)} | {_f(r.warmup_s)} | {_f(r.memory_mib, '{:.0f}')} | {_f(ttft)} | "
+            lens = ", ".join(f"{x:.2f}" for x in r.new_length_s) or "-"
+            lines.append(f"| {s} | {_f(r.startup_s)} | {_f(r.warmup_s)} | {lens} | {_f(r.memory_mib, '{:.0f}')} | "
+                         f"{_f(ttft)} | "
                          f"{_f(m.prompt / ttft * 1e3 if ttft else None)} | {_f(tps, '{:.2f}')} | "
                          f"{_f(tps / eager_tps if tps and eager_tps else None, '{:.2f}x')} | "
                          f"{_f(m.roofline(s), '{:.2f}')} | {r.status} |")
@@ -344,7 +363,9 @@ def main(args: Any, threads: int) -> int:
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
-    results = [run_model(n, MODELS[n], prompt, new, rounds, log) for n in names]
+    lengths = NEW_LENGTHS if args.new_lengths is None else tuple(
+        int(x) for x in args.new_lengths.split(",") if x.strip() and x.strip() != "none")
+    results = [run_model(n, MODELS[n], prompt, new, rounds, log, lengths) for n in names]
     meta["load_after"] = os.getloadavg()[0]
     print(markdown(results, meta))
     if args.json:

@@ -26,7 +26,7 @@ def test_decode_bytes_leave_out_the_embedding_table() -> None:
 def test_models_bench_on_the_tiny_llama(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, png = tmp_path / "m.json", tmp_path / "m.png"
     # the shapes of test_frontend_transformers (same session cache): its tunings serve here
-    rc = main(["--models", "llama-tiny", "--rounds", "1", "--prompt", "7", "--new-tokens", "6",
+    rc = main(["--models", "llama-tiny", "--rounds", "1", "--prompt", "7", "--new-tokens", "6", "--new-lengths", "none",
                "--json", str(out), "--plot", str(png)])
     assert rc == 0
     text = capsys.readouterr().out
