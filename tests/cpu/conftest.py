@@ -20,3 +20,16 @@ def _prism_cpu_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         mp.setenv("PRISM_POISON_WS", "1")
         mp.delenv("PRISM_ISA", raising=False)
         yield
+
+
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """Dynamo's compiled graphs and Prism's graph reports dropped before and after the test (frontend tests
+    assert on the reports of their own graphs)."""
+    import torch
+
+    from prism.frontend import clear_reports
+    torch._dynamo.reset()
+    clear_reports()
+    yield
+    torch._dynamo.reset()

@@ -6,7 +6,6 @@ autograd, a failed superoptimize — runs correctly in PyTorch with a log line."
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,21 +15,13 @@ F = torch.nn.functional
 nn = torch.nn
 
 import prism  # noqa: E402
-from prism.frontend import clear_reports, reports  # noqa: E402
+from prism.frontend import reports  # noqa: E402
 from prism.tune import STATS  # noqa: E402
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("fresh_dynamo")]
 
 OPTS = {"top_k": 2, "time_limit": 60.0, "measure_machine": False}
 TOL = 1e-4  # max |got - eager| / max |eager|, float32
-
-
-@pytest.fixture(autouse=True)
-def _fresh() -> Iterator[None]:
-    torch._dynamo.reset()
-    clear_reports()
-    yield
-    torch._dynamo.reset()
 
 
 def _close(got: Any, ref: Any, tol: float = TOL) -> None:

@@ -7,7 +7,6 @@ cache bookkeeping, integer positions, the causal mask), each with its reason in 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,9 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", reason="transformers is an optional extra: pip install -e '.[test]'")
 
-from prism.frontend import clear_reports, reports  # noqa: E402
+from prism.frontend import reports  # noqa: E402
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("fresh_dynamo")]
 
 # default options, as a user writes it (and as prism bench --models compiles: the two share the caches)
 LAYERS = 2
@@ -28,14 +27,6 @@ KEPT = {  # operator -> a word its reason must contain
     "operator.getitem": "int64",   # the integer positions of the rotary embedding
     "Tensor.float": "int64",
 }
-
-
-@pytest.fixture(autouse=True)
-def _fresh() -> Iterator[None]:
-    torch._dynamo.reset()
-    clear_reports()
-    yield
-    torch._dynamo.reset()
 
 
 def _model(kind: str) -> Any:
