@@ -431,7 +431,7 @@ def _fold_transposes(units: list[Unit]) -> list[Unit]:
         t, user = by_node.get(op.node), u.node
         if any(o.node is op.node for j, o in enumerate(u.lowered.operands) if j != k):
             return None  # the unit reads the transposed value twice: keep it one value
-        while (t is not None and t.kind == "layout" and (_sig(t)[:1] == ("permute",) or _sig(t) == ("identity",))
+        while (t is not None and t.kind == "layout" and (_sig(t)[:1] == ("permute",) or _same_dtype_identity(t))
                and len(t.lowered.operands) == 1 and list(t.node.users) == [user]):
             inner = t.lowered.operands[0]
             step = _sig(t)[1] if _sig(t)[0] == "permute" else None  # identity: no permutation
@@ -462,6 +462,15 @@ def _fold_transposes(units: list[Unit]) -> list[Unit]:
                      u.ops, u.matmuls, u.heavy)
         out.append(u)
     return [u for u in out if u.node not in absorbed]
+
+
+def _same_dtype_identity(t: Unit) -> bool:
+    """A no-op conversion (``to``/``contiguous``/``clone`` keeping the dtype); not ``mask.float()``, whose bool
+    operand must stay behind a unit of its own (``_masks``)."""
+    if _sig(t) != ("identity",) or len(t.lowered.operands) != 1:
+        return False
+    a, b = meta_value(t.lowered.operands[0].node), meta_value(t.node)
+    return is_tensor_meta(a) and is_tensor_meta(b) and a.dtype == b.dtype
 
 
 def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = None,

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 from prism.frontend.capture import Captured, capture  # noqa: E402
+from prism.frontend.ops import meta_value  # noqa: E402
 from prism.frontend.symbolic import to_dim  # noqa: E402
 from prism.ir import dims as D  # noqa: E402
 
@@ -205,6 +206,34 @@ def test_transposes_that_would_become_one_operand_stay_layout_units() -> None:
         return (x @ w.T) * torch.tanh(x @ w.T)
     cap = _check(fn, _r(4, 3), _r(2, 3, seed=1))
     assert len(cap.layout_units) == 2
+
+
+def test_a_no_op_conversion_with_one_user_is_folded() -> None:
+    """A norm's ``.to(input_dtype)`` (float32 to float32) no longer separates it from its weight's multiply:
+    the planner puts the norm and the multiply in one piece (Llama's RMSNorm as transformers writes it)."""
+    from prism.frontend.compiler import plan_pieces
+    from prism.frontend.partition import Budget
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * h.to(x.dtype)
+    cap = _check(fn, _r(4, 8), _r(8, seed=1))
+    (first,) = cap.layout_units  # the input's .to(float32) has two users (the norm reads h twice): kept
+    assert first.node.args[0].op == "placeholder"
+    (piece,) = plan_pieces(cap, Budget())
+    assert [cap.units[i].op for i in piece.members] == ["rms_norm", "mul"]
+
+
+def test_a_mask_conversion_is_not_folded() -> None:
+    """``mask.float()`` changes the dtype: it stays a unit of its own (a bool from PyTorch never enters a
+    piece)."""
+    def fn(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return x * m.float() + 1.0
+    cap = _capture(fn, (_r(4, 8), _r(4, 8, seed=1) > 0))
+    assert any(f.op.endswith("float") for f in cap.fallbacks) or any(u.op == "float" for u in cap.units)
+    (mul,) = [u for u in cap.units if u.op == "mul"]
+    assert all(str(meta_value(o.node).dtype) == "torch.float32" for o in mul.lowered.operands)
 
 
 def test_a_transpose_with_two_users_stays_a_layout_unit() -> None:
