@@ -41,6 +41,7 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -173,17 +174,17 @@ class ModelResult:
 
 def _share(reports: list[Any]) -> tuple[float | None, list[str]]:
     on = off = 0
-    kept: dict[str, int] = {}
+    kept: Counter[str] = Counter()
     for r in reports:
         for p in r.pieces:
             if p.by_prism:
                 on += len(p.ops)
             else:
                 off += len(p.ops)
-                kept[f"{p.label}: {p.reason or p.status}"] = kept.get(f"{p.label}: {p.reason or p.status}", 0) + 1
+                kept[f"{p.label}: {p.reason or p.status}"] += 1
         for f in r.fallbacks:
             off += f.count
-            kept[f"{f.op}: {f.reason}"] = kept.get(f"{f.op}: {f.reason}", 0) + f.count
+            kept[f"{f.op}: {f.reason}"] += f.count
     total = on + off
     return (on / total if total else None), [f"{k} (x{v})" for k, v in kept.items()]
 

@@ -551,13 +551,14 @@ def _capture_once(gm: Any, persistent_inputs: set[int] | None, env: SymbolEnv) -
     return cap, identified
 
 
-# operators that stay in PyTorch by design, with the reason explain() gives (by the name's last part)
+# operators that stay in PyTorch by design, with the reason explain() gives (by their display_name)
+_CONSTANT = "builds a constant tensor: PyTorch creates it"
 _KEPT = {
-    "embedding": "a lookup of rows by integer ids (the token embedding): PyTorch gathers them",
-    "tensor": "builds a tensor from Python values (cache bookkeeping): PyTorch creates it",
-    "arange": "builds a tensor of positions: PyTorch creates it",
-    "zeros": "builds a constant tensor: PyTorch creates it", "ones": "builds a constant tensor: PyTorch creates it",
-    "full": "builds a constant tensor: PyTorch creates it", "empty": "allocates a tensor: PyTorch creates it",
+    "torch.nn.functional.embedding": "a lookup of rows by integer ids (the token embedding): PyTorch gathers them",
+    "torch.tensor": "builds a tensor from Python values (cache bookkeeping): PyTorch creates it",
+    "torch.arange": "builds a tensor of positions: PyTorch creates it",
+    "torch.zeros": _CONSTANT, "torch.ones": _CONSTANT, "torch.full": _CONSTANT,
+    "torch.empty": "allocates a tensor: PyTorch creates it",
 }
 
 
@@ -565,8 +566,7 @@ def _kept_in_pytorch(n: Any) -> str:
     if n.op == "call_function" and n.target is O.causal_bias:
         return ("the causal mask of scaled_dot_product_attention(is_causal=True), built in PyTorch (L x S floats "
                 "per call; no Prism operator depends on an element's position)")
-    name = getattr(n.target, "__name__", str(n.target)) if n.op != "call_method" else str(n.target)
-    return _KEPT.get(name, "")
+    return _KEPT.get(display_name(n), "")
 
 
 def _is_bool(node: Any) -> bool:

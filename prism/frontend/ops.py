@@ -929,19 +929,13 @@ def _sdpa(c: Conv) -> Lowered:
     def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
         qq, kk, vv = t[i], t[j], t[m]
         lead, (hq, rows, dh) = qq.shape[:-3], qq.shape[-3:]
-        if mi is None:
-            if group > 1:  # query head h uses KV head h // group: rows of one KV head's group are contiguous
-                qq = g.reshape(qq, (*lead, D.div_exact(hq, group), rows * group, dh))
-            s = g.mul_scalar(g.matmul(qq, g.transpose(kk, -1, -2)), scale)
-            o = g.matmul(g.softmax(s, -1), vv)
-            if group > 1:
-                o = g.reshape(o, (*lead, hq, rows, o.shape[-1]))
-            return o
-        bias = t[mi]
-        if bool_mask:  # True: attend; False: -inf
+        hk = D.div_exact(hq, group)
+        bias = None if mi is None else t[mi]
+        if bias is not None and bool_mask:  # True: attend; False: -inf
             bias = g.mask_scalar(g.compare(bias, "eq", 0.0), float("-inf"))
-        if group > 1:
-            hk = D.div_exact(hq, group)
+        if group > 1 and bias is None:  # query head h uses KV head h // group: its group's rows are contiguous
+            qq = g.reshape(qq, (*lead, hk, rows * group, dh))
+        elif group > 1:  # the group a dim of its own, over which KV heads and a shared mask broadcast
             qq = g.reshape(qq, (*lead, hk, group, rows, dh))
             kk = g.reshape(kk, (*kk.shape[:-2], 1, *kk.shape[-2:]))
             vv = g.reshape(vv, (*vv.shape[:-2], 1, *vv.shape[-2:]))
@@ -949,7 +943,9 @@ def _sdpa(c: Conv) -> Lowered:
             if len(bs) >= 3:  # [.., heads, L, S] -> [.., KV heads, group, L, S] (shared: [.., 1, 1, L, S])
                 bias = g.reshape(bias, (*bs[:-3], hk, group, *bs[-2:]) if mask_heads != 1 else
                                  (*bs[:-3], 1, 1, *bs[-2:]))
-        s = g.add(g.mul_scalar(g.matmul(qq, g.transpose(kk, -1, -2)), scale), bias)
+        s = g.mul_scalar(g.matmul(qq, g.transpose(kk, -1, -2)), scale)
+        if bias is not None:
+            s = g.add(s, bias)
         o = g.matmul(g.softmax(s, -1), vv)
         if group > 1:
             o = g.reshape(o, (*lead, hq, rows, o.shape[-1]))

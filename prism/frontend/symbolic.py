@@ -30,8 +30,10 @@ class SymbolEnv:
     why: dict[str, str] = field(default_factory=dict)           # symbol -> the operator that needed it
 
     def assumptions(self) -> list[str]:
-        return [f"{s} == {D.format_dim(v)} (equal in the example; {self.why.get(s, '')}checked on every call: "
-                "a call where it fails runs the piece in PyTorch)" for s, v in self.aliases.items()]
+        return [f"{s} == {D.format_dim(v)} (equal in the example; "
+                + (f"{self.why[s]}; " if s in self.why else "")
+                + "checked on every call: a call where it fails runs the piece in PyTorch)"
+                for s, v in self.aliases.items()]
 
 
 _ENV: ContextVar[SymbolEnv | None] = ContextVar("prism_symbol_env", default=None)
@@ -68,7 +70,7 @@ def identify(diff: Any, env: SymbolEnv, why: str = "") -> tuple[str, DimLike] | 
     env.aliases = {k: D.subs(v, {s: value}) for k, v in env.aliases.items()}
     env.aliases[s] = value
     if why:
-        env.why[s] = f"{why}; "
+        env.why[s] = why
     return s, value
 
 
