@@ -345,6 +345,12 @@ def main(args: Any, threads: int) -> int:
     except ImportError:
         print("prism bench --models needs transformers: pip install -e '.[models]'", file=sys.stderr)
         return 2
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("prism bench --models --plot needs matplotlib: pip install -e '.[bench]'", file=sys.stderr)
+            return 2
     torch.set_num_threads(threads)
     names = [n.strip() for n in args.models.split(",") if n.strip()] if args.models not in (None, "default") \
         else list(QUICK if args.quick else DEFAULT)

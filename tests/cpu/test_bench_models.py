@@ -24,10 +24,10 @@ def test_decode_bytes_leave_out_the_embedding_table() -> None:
 
 
 def test_models_bench_on_the_tiny_llama(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out, png = tmp_path / "m.json", tmp_path / "m.png"
+    out = tmp_path / "m.json"
     # the shapes of test_frontend_transformers (same session cache): its tunings serve here
     rc = main(["--models", "llama-tiny", "--rounds", "1", "--prompt", "7", "--new-tokens", "6", "--new-lengths", "none",
-               "--json", str(out), "--plot", str(png)])
+               "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "| prism |" in text and "| compile |" in text and "compute operators on Prism" in text
@@ -39,7 +39,25 @@ def test_models_bench_on_the_tiny_llama(tmp_path: Path, capsys: pytest.CaptureFi
     p = m["systems"]["prism"]
     assert 0.5 < p["share"] <= 1.0 and p["prism_pieces"] > 0
     assert any("embedding" in k for k in p["kept"])
+
+
+def test_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib is in the bench extra: pip install -e '.[bench]'")
+    from prism.bench.models import ModelResult, SystemResult, plot
+    m = ModelResult("llama-tiny", {}, 8, 6, 1000, systems={
+        "eager": SystemResult(ttft_ms=[2.0], two_ms=[3.0], total_ms=[7.0]),
+        "prism": SystemResult(ttft_ms=[1.5], two_ms=[2.5], total_ms=[5.0])})
+    png = tmp_path / "m.png"
+    plot([m], str(png))
     assert png.stat().st_size > 0
+
+
+def test_plot_without_matplotlib_is_refused_before_the_run(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert main(["--models", "llama-tiny", "--plot", "x.png"]) == 2
+    assert "matplotlib" in capsys.readouterr().err
 
 
 def test_unknown_model_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
