@@ -164,7 +164,7 @@ def _verified_implementations(result: Any, program: Graph, console: Any) -> list
             continue
         STATS.reverifications += 1
         try:
-            r = verify(c.graph, program)
+            r = verify(c.graph, program, generalize=True)
         except UnsupportedError as e:
             if console is not None:
                 console.log(f"dropped a numeric-only candidate the verifier cannot model: {e}")

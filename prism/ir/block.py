@@ -188,6 +188,11 @@ class BlockGraph:
         """
         return _rebuild(self, env)
 
+    def generalize(self, sizes: Mapping[int, DimLike]) -> BlockGraph:
+        """A copy whose inputs' fixed sizes (and reshape/split sizes) in ``sizes`` are replaced (``{2048: K}``),
+        every tile and constraint derived again (see :meth:`prism.Graph.generalize`)."""
+        return _rebuild(self, {}, sizes)
+
     def __str__(self) -> str:
         from prism.ir.printer import format_block_graph
         return format_block_graph(self)
@@ -397,15 +402,23 @@ def _subs_arg(a: Any, env: Mapping[str, object]) -> Any:
     return a
 
 
-def _rebuild(bg: BlockGraph, env: Mapping[str, object]) -> BlockGraph:
+def generalized_size(sizes: Mapping[int, DimLike]) -> Callable[[DimLike], DimLike]:
+    """``d -> sizes[d]`` for a fixed size ``d`` in ``sizes``, every other size unchanged."""
+    def fn(d: DimLike) -> DimLike:
+        return sizes.get(d, d) if isinstance(d, int) and not isinstance(d, bool) else d
+    return fn
+
+
+def _rebuild(bg: BlockGraph, env: Mapping[str, object], sizes: Mapping[int, DimLike] | None = None) -> BlockGraph:
     for name in bg.map_symbols():
         if name in env and env[name] is not None and not isinstance(env[name], int):
             raise MapError(f"map symbol {name} must be set to a data dim (int) or None, got {env[name]!r}")
     try:
         grid = tuple(D.subs(g, env) for g in bg.grid)
         free = {s for g in grid for s in D.symbols(g)}
+        size = generalized_size(sizes or {})
         bb = BlockBuilder(grid, D.subs(bg.forloop, env),
-                          tuple(InputSpec(tuple(D.subs(d, env) for d in s.shape), s.dtype, s.name)
+                          tuple(InputSpec(tuple(size(D.subs(d, env)) for d in s.shape), s.dtype, s.name)
                                 for s in bg.inputs), sorted(bg.splits & free))
     except D.DimError as e:
         raise MapError(f"cannot instantiate block graph: {e}") from None
@@ -422,5 +435,8 @@ def _rebuild(bg: BlockGraph, env: Mapping[str, object]) -> BlockGraph:
             _, om, fm = _subs_arg(n.arg, env)
             bb.save(new[n.src[0]], om, fm)
         else:
-            new[n] = bb._apply(n.op, [new[s] for s in n.src], _subs_arg(n.arg, env))
+            arg = _subs_arg(n.arg, env)
+            if sizes and n.op in O.OPS:
+                arg = O.map_sizes(O.OPS[n.op], arg, size)
+            new[n] = bb._apply(n.op, [new[s] for s in n.src], arg)
     return bb.build()

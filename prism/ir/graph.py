@@ -9,7 +9,7 @@ from typing import Any
 from prism.errors import GraphError, InputError
 from prism.ir import dims as D
 from prism.ir import ops as O
-from prism.ir.block import BlockGraph, _subs_arg
+from prism.ir.block import BlockGraph, _subs_arg, generalized_size
 from prism.ir.builder import OpMethods, Tensor
 from prism.ir.dims import DimLike, format_shape
 from prism.ir.dtypes import as_dtype
@@ -173,26 +173,43 @@ class Graph(OpMethods):
 
     def instantiate(self, env: Mapping[str, object]) -> Graph:
         """A copy with symbols substituted (kernel dims and block-graph parameters alike)."""
+        return self._copy(env, {})
+
+    def generalize(self, sizes: Mapping[int, DimLike]) -> Graph:
+        """A copy with the fixed sizes in ``sizes`` replaced, e.g. ``{2048: D.sym("K")}``: in input shapes,
+        reshape/split sizes and block-graph inputs; every other shape, tile and constraint is derived again.
+        ``copy.instantiate({"K": 2048})`` computes what this graph does. A size that only coincides with a
+        derived one (a reshape to ``[4096]`` of two ``[2048]`` halves, with 2048 generalized and 4096 not)
+        makes the copy inconsistent: ShapeError or MapError, never a different graph."""
+        return self._copy({}, sizes)
+
+    def _copy(self, env: Mapping[str, object], sizes: Mapping[int, DimLike]) -> Graph:
+        size = generalized_size(sizes)
+
+        def arg_of(n: Node) -> tuple:
+            a = _subs_arg(n.arg, env)
+            return O.map_sizes(O.get(n.op), a, size) if sizes else a
         g = Graph(self.name)
         new: dict[Node, Node] = {}
         results: dict[Node, tuple[Tensor, ...]] = {}
         for n in self.nodes:
             if n.op == "input":
                 name, shape, dt = n.arg
-                new[n] = g.input(name, tuple(D.subs(d, env) for d in shape), dt).node
+                new[n] = g.input(name, tuple(size(D.subs(d, env)) for d in shape), dt).node
             elif n.op == "output":
                 g.output(Tensor(g, new[n.src[0]]), n.arg[0])
             elif n.op == "customized":
-                res = g.customized(n.arg[0].instantiate(env), [Tensor(g, new[s]) for s in n.src])
+                bg = n.arg[0].instantiate(env) if env else n.arg[0]
+                res = g.customized(bg.generalize(sizes) if sizes else bg, [Tensor(g, new[s]) for s in n.src])
                 new[n] = res[0].node.src[0]
                 results[n] = res
             elif n.op == "result":
                 new[n] = results[n.src[0]][n.arg[0]].node
             else:
-                new[n] = g._apply(n.op, [Tensor(g, new[s]) for s in n.src], _subs_arg(n.arg, env)).node
+                new[n] = g._apply(n.op, [Tensor(g, new[s]) for s in n.src], arg_of(n)).node
         # keep declared-but-unused inputs, in declaration order
         for name, node in self._inputs.items():
             if name not in g._inputs:
-                g.input(name, tuple(D.subs(d, env) for d in node.shape), node.dtype)
+                g.input(name, tuple(size(D.subs(d, env)) for d in node.shape), node.dtype)
         g._inputs = {k: g._inputs[k] for k in self._inputs}
         return g

@@ -82,6 +82,7 @@ class OpDef:
     shape_rule: ShapeRule
     doc: str
     elementwise: bool = False
+    size_attrs: tuple[str, ...] = ()    # attributes that hold sizes (a shape, split sizes): Graph.generalize
     # --- per-stage rules of element-wise operators (prism.ir.elementwise) ---
     defaults: tuple = ()                 # attribute defaults (builder methods, term names)
     numpy: NumpyImpl | None = None       # reference (float32 or float64 arrays in, same dtype out)
@@ -147,6 +148,13 @@ def register(name: str, group: str, arity: int | None, attrs: tuple[str, ...], r
     op = OpDef(name, group, arity, attrs, rule, doc, elementwise, **stages)
     OPS[name] = op
     return op
+
+
+def map_sizes(op: OpDef, arg: tuple, fn: Callable[[DimLike], DimLike]) -> tuple:
+    """``arg`` with ``fn`` applied to every size its :attr:`OpDef.size_attrs` hold."""
+    if not op.size_attrs:
+        return arg
+    return tuple(tuple(fn(d) for d in a) if name in op.size_attrs else a for name, a in zip(op.attrs, arg))
 
 
 def get(name: str) -> OpDef:
@@ -300,7 +308,8 @@ def _result(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
 
 # --- the registry ------------------------------------------------------------------------------
 
-register("input", "io", 0, ("name", "shape", "dtype"), _input, "A device tensor given by the caller.")
+register("input", "io", 0, ("name", "shape", "dtype"), _input, "A device tensor given by the caller.",
+         size_attrs=("shape",))
 register("output", "io", 1, ("name",), _unary, "Marks a tensor as a program output.")
 register("matmul", "contraction", 2, (), _matmul,
          "Matrix product over the last two dims; leading dims broadcast as batch.")
@@ -325,9 +334,11 @@ register("rms_norm", "composite", 1, ("dim", "eps"), _rowwise, "x / sqrt(mean(x*
 register("softmax", "composite", 1, ("dim",), _rowwise, "exp(x - max) / sum(exp(x - max)) over dim",
          decomp=_softmax)
 register("permute", "layout", 1, ("perm",), _permute, "Reorders dims (transpose is a permute).")
-register("reshape", "layout", 1, ("shape",), _reshape, "Row-major reshape; the element count must match.")
+register("reshape", "layout", 1, ("shape",), _reshape, "Row-major reshape; the element count must match.",
+         size_attrs=("shape",))
 register("concat", "layout", None, ("dim",), _concat, "Concatenation along dim.")
-register("split", "layout", 1, ("dim", "sizes", "index"), _split, "Part `index` of a split along dim.")
+register("split", "layout", 1, ("dim", "sizes", "index"), _split, "Part `index` of a split along dim.",
+         size_attrs=("sizes",))
 register("customized", "custom", None, ("block_graph",), _customized,
          "A graph-defined kernel: a block graph run over a grid (its results are `result` nodes).")
 register("result", "custom", 1, ("index",), _result, "Result `index` of a customized operator.")

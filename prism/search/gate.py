@@ -64,20 +64,26 @@ def verify(candidate: Graph, program: Graph, seed: int = 0) -> Verdict:
     """The verifier's verdict (formal proof AND its numeric check) when it exists; the numeric-only gate
     otherwise, or when the verifier says it cannot model the candidate yet (then labelled so)."""
     fn = formal_verifier()
+    # the numeric checks run with the program's big fixed sizes made symbols, at small values of them
+    # (prism.verify.numeric.generalized); the proof and the compiled kernel's final check at the real ones
+    nc, nprog = generalized_pair(candidate, program)
     if fn is None:
-        return numeric(candidate, program, seed)
-    envs = instantiations(candidate, program, 1)
-    if envs and work(program, {k: envs[0][k] for k in program.symbols()}) > BIG_WORK:
+        return numeric(nc, nprog, seed)
+    envs = instantiations(nc, nprog, 1)
+    if nc is not candidate and (not envs or work(nprog, {k: envs[0][k] for k in nprog.symbols()}) > BIG_WORK):
+        nc, nprog = candidate, program   # no small values fit the candidate, or still big: the real sizes
+        envs = instantiations(nc, nprog, 1)
+    if nc is candidate and envs and work(program, {k: envs[0][k] for k in program.symbols()}) > BIG_WORK:
         return _verify_big(candidate, program, envs[0], seed)
-    quick = numeric(candidate, program, seed, count=1, scales=(1.0, HOSTILE), envs=envs)
+    quick = numeric(nc, nprog, seed, count=1, scales=(1.0, HOSTILE), envs=envs)
     if not quick.ok:  # a cheap float64 pre-filter: most false candidates of the lax pruning die here
         quick.how = "formal+numeric"
         quick.detail = "rejected by the float64 pre-filter: " + quick.detail
         return quick
     try:
-        r = fn(candidate, program)
+        r = fn(candidate, program, generalize=nc is not candidate)
     except UnsupportedError as e:
-        v = numeric(candidate, program, seed)
+        v = numeric(nc, nprog, seed)
         v.detail = f"{v.detail} [formal verifier cannot model this candidate: {e}]"
         return v
     except PrismError as e:
@@ -86,6 +92,21 @@ def verify(candidate: Graph, program: Graph, seed: int = 0) -> Verdict:
     detail = f"formal: {str(r.formal).splitlines()[0]}; {str(r.numeric).splitlines()[0]}"
     envs = [dict(e) for e in getattr(r.numeric, "instantiations", ())]
     return Verdict(ok, "formal+numeric", detail, envs)
+
+
+def _generalized(candidate: Graph, program: Graph) -> tuple[Graph, Graph, dict[str, int]] | None:
+    try:
+        from prism.verify.numeric import generalized
+    except ImportError:
+        return None
+    return generalized(candidate, program)
+
+
+def generalized_pair(candidate: Graph, program: Graph) -> tuple[Graph, Graph]:
+    """The candidate and the program with their big fixed sizes made symbols when the verifier is there
+    and both graphs stay consistent (:func:`prism.verify.numeric.generalized`), else the two as given."""
+    gen = _generalized(candidate, program)
+    return (gen[0], gen[1]) if gen is not None else (candidate, program)
 
 
 def _verify_big(candidate: Graph, program: Graph, env: dict[str, int], seed: int) -> Verdict:
@@ -214,22 +235,38 @@ class UnsplitCheck:
     The inputs and the program's output are computed once per search.
     """
 
+    GENERAL_VALUE = 6   # the value of a generalized fixed size here (any value fits: nothing is split)
+
     def __init__(self, program: Graph, seed: int = 0) -> None:
-        self.program = program
-        self.env = dict.fromkeys(sorted(program.symbols()), 2)
-        # at a big fixed shape one float64 run per structure costs seconds and gigabytes (a 1 GB output:
-        # the reference, the candidate and their difference in float64): the check is skipped there, and
-        # the formal proof (milliseconds, run first by the big-shape verifier) rejects wrong structures
-        self.big = work(program, self.env) > BIG_WORK
-        if self.big:
+        gen = _generalized(program, program)   # the big fixed sizes made symbols, as in verify()
+        for sizes in ([gen[2]] if gen is not None else []) + [{}]:
+            self.sizes = {v: D.sym(name) for name, v in sizes.items()}
+            self.program = program.generalize(self.sizes) if sizes else program
+            self.env = {**dict.fromkeys(sorted(program.symbols()), 2), **dict.fromkeys(sizes, self.GENERAL_VALUE)}
+            # at a big fixed shape one float64 run per structure costs seconds and gigabytes (a 1 GB output:
+            # the reference, the candidate and their difference in float64): the check is skipped there,
+            # and the formal proof (milliseconds, run first by the big-shape verifier) rejects wrong ones
+            self.big = work(self.program, self.env) > BIG_WORK
+            if self.big:
+                return
+            rng = np.random.default_rng(seed)
+            self.inputs = {name: rng.standard_normal(tuple(D.evaluate(d, self.env) for d in n.shape))
+                           for name, n in self.program.inputs.items()}
+            try:
+                with np.errstate(all="ignore"):
+                    self.ref = self.program.evaluate(self.inputs, dtype=np.float64)
+            except PrismError:
+                if not sizes:
+                    raise
+                continue
             return
-        rng = np.random.default_rng(seed)
-        self.inputs = {name: rng.standard_normal(tuple(D.evaluate(d, self.env) for d in n.shape))
-                       for name, n in program.inputs.items()}
-        with np.errstate(all="ignore"):
-            self.ref = program.evaluate(self.inputs, dtype=np.float64)
 
     def __call__(self, candidate: Graph) -> bool:
+        if self.sizes:
+            try:
+                candidate = candidate.generalize(self.sizes)
+            except PrismError:
+                return True   # a pre-filter only: the gate verifies every candidate returned
         params = {s: 1 for bg in candidate.customized_ops() for s in bg.symbols() - bg.map_symbols()
                   if s not in self.env}
         try:

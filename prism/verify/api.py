@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from prism.errors import InputError
+from prism.errors import InputError, PrismError
 from prism.ir.graph import Graph
 from prism.verify.egraph import FormalResult, Limits, prove
-from prism.verify.numeric import KINDS, SEEDS, NumericResult, Runner, numeric_check
+from prism.verify.numeric import KINDS, SEEDS, NumericResult, Runner, choose_instantiations, generalized, numeric_check
 
 
 @dataclass(frozen=True)
@@ -29,13 +29,17 @@ def verify(candidate: Graph, reference: Graph, *, limits: Limits | None = None, 
            instantiations: Sequence[Mapping[str, int]] | None = None, n_instantiations: int = 3,
            kinds: Sequence[str] = KINDS,
            seeds: Sequence[int] = SEEDS, runners: Sequence[Runner] | None = None,
-           hostile_input: str | Sequence[str] | None = None) -> VerifyResult:
+           hostile_input: str | Sequence[str] | None = None, generalize: bool = False) -> VerifyResult:
     """Check that ``candidate`` computes ``reference``: an e-graph proof for every value of the symbols
     (grid sizes, for-loop ranges, batch dims) and numeric testing at small instantiations.
 
     ``explain=True`` also reports the rules the proof needs; ``runners`` adds ways to run the candidate
     (e.g. ``compiled_runner(prism.compile)``); ``hostile_input`` names the input(s) scaled for hostile and tiny
     runs (default: every input in turn). See :func:`~prism.verify.numeric.numeric_check`.
+    ``generalize=True``: the numeric check runs on both graphs with their big fixed sizes made symbols
+    (:func:`~prism.verify.numeric.generalized`), at small values of them (the search's gate: a check at a
+    [32000, 2048] weight's real size costs seconds per run); the proof stays at the real sizes. Ignored with
+    ``instantiations`` or ``runners`` given (they are of the real sizes).
     Raises :class:`~prism.errors.UnsupportedError` for constructs the formal verifier does not model yet.
     """
     for what, g in (("candidate", candidate), ("reference", reference)):
@@ -43,6 +47,14 @@ def verify(candidate: Graph, reference: Graph, *, limits: Limits | None = None, 
             raise InputError(f"prism.verify: the {what} must be a prism.Graph, got {type(g).__name__} ({g!r:.60}); "
                              "build it with prism.Graph() or load it with prism.ir.serialize.graph_from_json")
     formal = prove(candidate, reference, limits, explain=explain)
+    gen = generalized(candidate, reference) if generalize and instantiations is None and runners is None else None
+    if gen is not None:
+        try:
+            envs = choose_instantiations(gen[0], gen[1], n_instantiations, sizes=gen[2])
+        except PrismError:   # no small values satisfy the candidate's constraints: check at the real sizes
+            envs = None
+        if envs is not None:
+            candidate, reference, instantiations = gen[0], gen[1], envs
     numeric = numeric_check(candidate, reference, instantiations=instantiations, n_instantiations=n_instantiations,
                             kinds=kinds, seeds=seeds, runners=runners, hostile_input=hostile_input)
     return VerifyResult(formal, numeric)

@@ -181,16 +181,20 @@ def _symbols(*graphs: Graph) -> tuple[list[str], list[str]]:
     return sorted(batch), sorted(block - batch)
 
 
-def _valid(env: Mapping[str, int], graphs: Sequence[Graph]) -> bool:
+def _constraints_hold(env: Mapping[str, int], blocks: Sequence[BlockGraph]) -> bool:
+    for bg in blocks:
+        for c in bg.constraints:
+            try:
+                num, den = D.evaluate(c.num, env), D.evaluate(c.den, env)
+            except D.DimError:
+                return False
+            if den <= 0 or num % den:
+                return False
+    return True
+
+
+def _instantiable(env: Mapping[str, int], graphs: Sequence[Graph]) -> bool:
     for g in graphs:
-        for bg in _block_graphs(g):
-            for c in bg.constraints:
-                try:
-                    num, den = D.evaluate(c.num, env), D.evaluate(c.den, env)
-                except D.DimError:
-                    return False
-                if den <= 0 or num % den:
-                    return False
         try:
             g.instantiate(env)
         except PrismError:
@@ -198,15 +202,14 @@ def _valid(env: Mapping[str, int], graphs: Sequence[Graph]) -> bool:
     return True
 
 
-def _work(env: Mapping[str, int], graphs: Sequence[Graph]) -> int:
+def _work(env: Mapping[str, int], blocks: Sequence[BlockGraph]) -> int:
     """Number of block iterations the simulator runs (its cost)."""
     total = 0
-    for g in graphs:
-        for bg in _block_graphs(g):
-            n = D.evaluate(bg.forloop, env)
-            for d in bg.grid:
-                n *= D.evaluate(d, env)
-            total += n
+    for bg in blocks:
+        n = D.evaluate(bg.forloop, env)
+        for d in bg.grid:
+            n *= D.evaluate(d, env)
+        total += n
     return total
 
 
@@ -215,48 +218,103 @@ _BLOCK_VALUES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 32)
 
 
 def choose_instantiations(candidate: Graph, reference: Graph, n: int = 3, max_work: int = 256,
-                          seed: int = 0) -> list[dict[str, int]]:
+                          seed: int = 0, sizes: Collection[str] = ()) -> list[dict[str, int]]:
     """Up to ``n`` small valid instantiations of all symbols, satisfying every Divisible constraint.
 
     The first keeps every value small but > 1 where the constraints allow (so splits are exercised);
-    the next prefers values that are not powers of two; the rest are random valid choices.
+    the next prefers values that are not powers of two; the rest are random valid choices. ``sizes``:
+    symbols that stand for generalized fixed sizes (:func:`generalized`), given the block graphs' values
+    (a grid size must divide them).
     """
     graphs = (candidate, reference)
     batch, block = _symbols(*graphs)
     names = batch + block
     if not names:
         return [{}]
-    choices = [_BATCH_VALUES if s in batch else _BLOCK_VALUES for s in names]
-    valid: list[dict[str, int]] = []
+    blocks = [bg for g in graphs for bg in _block_graphs(g)]
+    choices = [_BATCH_VALUES if s in batch and s not in sizes else _BLOCK_VALUES for s in names]
     combos = itertools.product(*choices)
     rng = np.random.default_rng(seed)
     space = math.prod(len(c) for c in choices)
     if space > 4096:  # sample instead of enumerating
-        combos = (tuple(int(rng.choice(c)) for c in choices) for _ in range(4096))
+        picked = [np.asarray(c)[rng.integers(0, len(c), 4096)].tolist() for c in choices]
+        combos = zip(*picked)
+    # the cheap tests (work, divisibility) on every combination; instantiating the graphs (the costly
+    # test) only on the ones picked, in the order of preference
+    fits: dict[tuple[int, ...], tuple[dict[str, int], int]] = {}
     for values in combos:
+        if values in fits:
+            continue
         env = dict(zip(names, values))
-        if _work(env, graphs) <= max_work and _valid(env, graphs):
-            valid.append(env)
-    if not valid:
+        w = _work(env, blocks)
+        if w <= max_work and _constraints_hold(env, blocks):
+            fits[values] = (env, w)
+    known: dict[tuple[int, ...], bool] = {}
+
+    def valid(values: tuple[int, ...]) -> bool:
+        if values not in known:
+            known[values] = _instantiable(fits[values][0], graphs)
+        return known[values]
+
+    def small(values: tuple[int, ...]) -> tuple:
+        return (sum(v == 1 for v in values), fits[values][1], sum(values))
+
+    def odd(values: tuple[int, ...]) -> tuple:
+        return (-sum(v & (v - 1) != 0 for v in values), small(values))
+    picks: list[tuple[int, ...]] = []
+    for key in (small, odd):
+        for values in sorted(fits, key=key):
+            if values not in picks and valid(values):
+                picks.append(values)
+                break
+    if not picks:
         raise PrismError(f"no small instantiation of {names} satisfies the block graphs' constraints "
                          f"(tried values {_BLOCK_VALUES} for grid/loop symbols, {_BATCH_VALUES} for batch dims); "
                          "pass instantiations=[{...}] explicitly")
+    rest = [v for v in fits if v not in picks]
+    for i in rng.permutation(len(rest)):
+        if len(picks) >= n:
+            break
+        if valid(rest[int(i)]):
+            picks.append(rest[int(i)])
+    return [fits[v][0] for v in picks[:n]]
 
-    def small(env: dict[str, int]) -> tuple:
-        return (sum(v == 1 for v in env.values()), _work(env, graphs), sum(env.values()))
 
-    def odd(env: dict[str, int]) -> tuple:
-        return (-sum(v & (v - 1) != 0 for v in env.values()), small(env))
-    picks: list[dict[str, int]] = []
-    for key in (small, odd):
-        for env in sorted(valid, key=key):
-            if env not in picks:
-                picks.append(env)
-                break
-    rest = [e for e in valid if e not in picks]
-    for i in rng.permutation(len(rest))[: max(0, n - len(picks))]:
-        picks.append(rest[int(i)])
-    return picks[:n]
+# --- generalized sizes -------------------------------------------------------------------------------
+
+GENERAL_MIN = 64   # fixed input sizes above this become symbols for the numeric check (:func:`generalized`)
+
+
+def generalized(candidate: Graph, reference: Graph, min_size: int = GENERAL_MIN
+                ) -> tuple[Graph, Graph, dict[str, int]] | None:
+    """``(candidate, reference, {symbol: fixed size})`` with the fixed sizes above ``min_size`` of the
+    reference's inputs replaced by symbols in both graphs (:meth:`prism.Graph.generalize`), so the numeric
+    check runs at small instantiations of them: a search over a Linear of a [32000, 2048] weight drew,
+    copied and evaluated the whole weight in float64 about 40 times per candidate (63 s for 5 candidates).
+    At the real sizes the generalized graphs are the given ones; the formal proof and the final check of the
+    compiled kernel run at the real sizes. A size is left fixed where generalizing it makes either graph
+    inconsistent (a reshape that only coincides with it). None when no size is generalized."""
+    values = sorted({d for n in reference.inputs.values() for d in n.shape
+                     if isinstance(d, int) and not isinstance(d, bool) and d > min_size}, reverse=True)
+    used = set(reference.symbols()) | set(candidate.symbols())
+    for bg in candidate.customized_ops():
+        used |= bg.symbols()
+    taken: dict[int, D.DimLike] = {}
+    best: tuple[Graph, Graph] | None = None
+    for v in values:
+        name = f"size{v}"
+        while name in used:
+            name += "_"
+        trial = {**taken, v: D.sym(name)}
+        try:
+            pair = candidate.generalize(trial), reference.generalize(trial)
+        except PrismError:
+            continue
+        taken, best = trial, pair
+        used.add(name)
+    if best is None:
+        return None
+    return best[0], best[1], {D.format_dim(s): v for v, s in taken.items()}
 
 
 # --- inputs and tolerances ----------------------------------------------------------------------
@@ -630,5 +688,5 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
 
 
 __all__ = ["KINDS", "RTOL", "SEEDS", "SMALL_INPUT", "Check", "NumericResult", "Runner", "choose_instantiations",
-           "compiled_runner", "interpreter_runner", "make_inputs", "numeric_check", "reduction_length",
+           "compiled_runner", "generalized", "interpreter_runner", "make_inputs", "numeric_check", "reduction_length",
            "standard_normal_inputs", "to_float32", "tolerance"]
