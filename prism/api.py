@@ -410,10 +410,41 @@ class SuperKernel:
         if best is None:
             return None
         spec = self._from_cached(env, best[2])
+        if spec is None:  # e.g. its grid sizes do not divide the new dims (157 is prime; 141 = 3 * 47)
+            params = self._nearest_params(env, best[2].best)
+            spec = (self._from_cached(env, best[2], params)
+                    if params is not None and params != best[2].best.params else None)
         if spec is None:
             return None
         STATS.tune_derived += 1
         return dataclasses.replace(spec, derived_from=dict(best[1]))
+
+    def _nearest_params(self, env: dict[str, int], row: Row) -> dict[str, Any] | None:
+        """The values of ``row``'s sGraph's symbols valid at ``env`` nearest to ``row.params`` (the same map
+        choices; grid sizes and loop ranges nearest in log scale, ties to the model's estimate), from the
+        tuner's own instantiation of the sGraph at ``env`` (every constraint holds, the machine filters
+        applied); None when there is none. Measured need: a new prompt length adopted the neighbouring
+        length's winner only where its grid sizes divided the new length, so 5 of the 11 pieces of a
+        2048-wide Llama's prefill were tuned again at a prime length (7 of the 12.9 s it added)."""
+        from prism.tune.candidates import instantiate, sgraph_symbols
+        from prism.tune.tuner import expected_shapes
+        if not 0 <= row.sgraph < len(self.implementations):
+            return None
+        g = self.implementations[row.sgraph].graph
+        try:
+            inst = instantiate(g, env, self.machine, row.sgraph, expected_shapes(self.program, env))
+        except PrismError:
+            return None
+        size, maps = sgraph_symbols(g)
+        best: tuple[float, int, dict[str, Any]] | None = None
+        for rank, i in enumerate(inst.kept):
+            if any(i.params.get(k) != row.params.get(k) for k in maps):
+                continue
+            dist = sum(abs(math.log(max(1, int(i.params[k])) / max(1, int(row.params[k]))))
+                       for k in size if k in i.params and isinstance(row.params.get(k), int))
+            if best is None or (dist, rank) < best[:2]:
+                best = (dist, rank, dict(i.params))
+        return best[2] if best is not None else None
 
     def _from_store(self, env: dict[str, int], path: Any, material: dict[str, Any]) -> Specialization | None:
         """The cached tuning of this shape, its winner compiled and checked again; None when there is none
@@ -531,19 +562,23 @@ class SuperKernel:
         raise NoVerifiedKernelError("no tuned candidate passed the final numeric check at "
                                     f"{env}:\n  " + "\n  ".join(failures or ["no candidate was measured"]))
 
-    def _from_cached(self, env: dict[str, int], cached: TuneResult) -> Specialization | None:
+    def _from_cached(self, env: dict[str, int], cached: TuneResult,
+                     params: Mapping[str, Any] | None = None) -> Specialization | None:
+        """``cached``'s winner (with ``params`` instead of its own where given) compiled at ``env`` and
+        numerically checked there; None when it does not compile or fails the check."""
         row: Row = cached.best
         if not 0 <= row.sgraph < len(self.implementations):
             return None
         impl = self.implementations[row.sgraph]
+        params = dict(row.params if params is None else params)
         try:
-            kernel = compile_graph(impl.graph.instantiate({**env, **row.params}))
+            kernel = compile_graph(impl.graph.instantiate({**env, **params}))
         except PrismError:
             return None
-        check = self._check(impl, env, row.params, kernel)
+        check = self._check(impl, env, params, kernel)
         if not check.passed:
             return None
-        return Specialization(env, impl, dict(row.params), kernel, cached, check, True)
+        return Specialization(env, impl, params, kernel, cached, check, True)
 
     # --- reporting -------------------------------------------------------------------------------
     def explain(self, **dims: int) -> str:

@@ -13,6 +13,7 @@ import pytest
 
 import prism
 from prism.api import clear_memory_caches
+from prism.errors import PrismError
 from prism.runtime import store
 from prism.search import Limits
 from prism.tune import STATS, reset_stats
@@ -257,3 +258,33 @@ def test_derive_serves_a_nearby_shape_with_the_tuned_winner_checked() -> None:
     k3 = prism.superoptimize(_small(), limits=LIMITS)   # derive off (the default): tuned
     _run_small(k3, 80)
     assert STATS.tunings == 3
+
+
+def test_derive_adapts_the_winners_sizes_to_a_length_they_do_not_divide() -> None:
+    """A new n that the tuned winner's grid sizes do not divide (17, prime) takes the same sGraph with the
+    valid sizes nearest to the winner's (compiled and checked there), not a new tuning."""
+    clear_memory_caches()
+    reset_stats()
+    g = prism.Graph("rmsnorm_linear_derive_prime")
+    X, W = g.input("X", ("n", 128), "float32"), g.input("W", (128, 160), "float32")
+    g.output(g.matmul(g.rms_norm(X), W), "Y")
+    k = prism.superoptimize(g, limits=LIMITS, derive=True)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((128, 160), dtype=np.float32)
+    for n in (16, 17, 24):
+        x = rng.standard_normal((n, 128), dtype=np.float32)
+        ref = g.evaluate({"X": x.astype(np.float64), "W": w.astype(np.float64)}, dtype=np.float64)["Y"]
+        y = k(X=x, W=w)
+        assert np.max(np.abs(y - ref) / (np.abs(ref) + np.sqrt(np.mean(ref ** 2)))) <= 2e-4, n
+    assert (STATS.tunings, STATS.tune_derived) == (1, 2)
+    s16, s17 = k.specialize(n=16), k.specialize(n=17)
+    assert s17.derived_from == {"n": 16} and s17.check.passed
+    assert s17.implementation.index == s16.implementation.index
+    # every size symbol the winner gives a value divides what it splits at 17 (the IR re-checks each)
+    s17.implementation.graph.instantiate({"n": 17, **s17.params})
+    try:   # the 16-winner's own sizes at 17: where they do not fit, the derived kernel's differ
+        s16.implementation.graph.instantiate({"n": 17, **s16.params})
+        fits = True
+    except PrismError:
+        fits = False
+    assert fits == (s17.params == s16.params)
