@@ -30,6 +30,14 @@ from prism.verify import verify
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    if name == "quantize_weights":   # imports torch: only when asked for
+        from prism.frontend.quantize import quantize_weights
+        return quantize_weights
+    raise AttributeError(f"module 'prism' has no attribute {name!r}")
+
 __all__ = ["BlockBuilder", "BlockGraph", "DTypeError", "Dim", "DimError", "Graph", "GraphError",
            "InconclusiveDimError", "InputError", "MapError", "MapVar", "PrismError", "ShapeError", "Tensor",
-           "UnsupportedError", "compile", "optimize", "search", "superoptimize", "sym", "verify"]
+           "UnsupportedError", "compile", "optimize", "quantize_weights", "search", "superoptimize", "sym",
+           "verify"]

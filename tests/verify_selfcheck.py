@@ -200,7 +200,8 @@ def instantiate(pattern: Sexp, conds: list[Sexp], example: Mapping[str, object],
         data = {}
         for idx in itertools.product(*(range(sizes[d]) for d in dims)):
             a = rng.standard_normal(shape)
-            data[idx] = np.abs(a) + 0.25 if positive else a
+            # float32 values (what a program holds; op.cast-float32 holds on them only), checked in float64
+            data[idx] = (np.abs(a) + 0.25 if positive else a).astype(np.float32).astype(np.float64)
         b[name] = FamilyValue(dims, {d: sizes[d] for d in dims}, data)
     inst = Instance(b, letters)
     for c in conds:

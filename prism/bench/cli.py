@@ -36,6 +36,12 @@ def parser() -> argparse.ArgumentParser:
                    help="leave Prism out (characterize the baselines alone)")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds per case (default 5; --quick: 3)")
     p.add_argument("--quick", action="store_true", help="one small shape per workload, few rounds (~2 min)")
+    p.add_argument("--shape", default=None, metavar="K=V[,K=V]",
+                   help="only the cases whose shape has these dims, e.g. n=1 (the decode cases)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "int8w"),
+                   help="precision of the suite's programs: bfloat16 (every tensor, as model.to(torch.bfloat16)) "
+                        "or int8w (int8 weight-only, per-channel scales: W1-W3, W7); every system runs the same "
+                        "values (default float32)")
     p.add_argument("--threads", type=int, default=None, help="threads for every system (default: usable cores)")
     p.add_argument("--block-ms", type=float, default=50.0, help="timed block per system per round (ms)")
     p.add_argument("--warmup-ms", type=float, default=10.0, help="untimed warm-up at each visit (ms)")
@@ -63,6 +69,19 @@ def parser() -> argparse.ArgumentParser:
                    help="with --models: prompt + N tokens, the new prompt lengths timed after the rounds (default "
                         "13,29; 'none' skips them)")
     return p
+
+
+def _shape_filter(spec: str | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in (spec or "").split(",")):
+        if not part:
+            continue
+        k, _, v = part.partition("=")
+        try:
+            out[k.strip()] = int(v)
+        except ValueError:
+            raise PrismError(f"--shape: expected K=V with an integer V, got {part!r}") from None
+    return out
 
 
 class _RichProgress:
@@ -100,17 +119,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from prism.bench.systems import configure_threads, select
         warnings = configure_threads(threads)
         systems = select(args.systems, prism=not args.no_prism)
-        from prism.bench.run import QUICK_WORKLOADS, Config, run, select_cases
-        from prism.workloads import WORKLOADS
-        wl = [w.strip().upper() for w in args.workloads.split(",") if w.strip()] if args.workloads else (
-            list(QUICK_WORKLOADS) if args.quick else list(WORKLOADS))
+        from prism.bench.run import Config, default_workloads, run, select_cases
+        wl = ([w.strip().upper() for w in args.workloads.split(",") if w.strip()] if args.workloads else
+              default_workloads(args.dtype, args.quick))
         rounds = args.rounds if args.rounds is not None else (3 if args.quick else 5)
         if rounds < 1:
             raise PrismError(f"--rounds must be >= 1, got {rounds}")
         cfg = Config(workloads=wl, rounds=rounds, block_ms=args.block_ms, warmup_ms=args.warmup_ms,
                      settle_ms=args.settle_ms,
-                     threads=threads, seed=args.seed, quick=args.quick)
-        select_cases(cfg.workloads, cfg.quick)  # validate names before the slow part
+                     threads=threads, seed=args.seed, quick=args.quick, precision=args.dtype,
+                     shape=_shape_filter(args.shape))
+        if not select_cases(cfg.workloads, cfg.quick, cfg.precision, cfg.shape):  # validate before the slow part
+            raise PrismError(f"no case of {cfg.workloads} has the shape {args.shape}")
     except PrismError as e:
         err.print(f"[red]prism bench: {e}[/red]")
         return 2

@@ -12,7 +12,8 @@ from prism.bench.results import CaseResult, Report, SystemResult
 from prism.tune.contention import SETTLE_MAX_S, WARN_CORES
 
 SHORT = {"torch": "eager", "torch-sdpa": "sdpa", "compile": "compile", "max-autotune": "max-auto", "jax": "jax",
-         "ort": "ort", "prism": "prism", "hand": "hand"}
+         "ort": "ort", "prism": "prism", "hand": "hand", "torch-int8mm": "int8mm",
+         "prism-f32": "prism f32"}
 
 
 def _num(x: float | None, fmt: str = "{:.0f}") -> str:
@@ -44,6 +45,8 @@ def header(report: Report) -> Text:
         ("machine: ", "bold"), f"{m.get('cpu')}, {m.get('cores')} cores, {m.get('threads')} threads, "
         f"SIMD {' '.join(m.get('simd', []))}\n",
         ("software: ", "bold"), ", ".join(f"{k} {val}" for k, val in v.items()) + f", {m.get('cc')}\n",
+        ("precision: ", "bold"), f"{report.config.get('precision', 'float32')} (every system runs the same values; "
+        "correct = within the precision's tolerance of the float64 reference)\n",
         ("limits: ", "bold"), f"peak {lim['peak_gflops']:.0f} GFLOP/s (FP32 FMA loop), triad "
         f"{lim['startup_triad_gbs']:.1f} GB/s at start ({lim.get('method')}); each case's roofline uses the "
         "triad measured beside it\n",

@@ -7,14 +7,14 @@ import datetime
 import gc
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from prism.bench.accounting import program_cost, roofline_seconds
-from prism.bench.data import case_inputs, check_outputs, reference
+from prism.bench.data import RTOLS, case_inputs, check_outputs, reference
 from prism.bench.results import CaseResult, Report, SystemResult, finish_case
 from prism.bench.schedule import interleave
 from prism.bench.systems.base import Prepared, System, Unavailable
@@ -22,6 +22,7 @@ from prism.errors import PrismError
 from prism.tune.contention import CpuMeter, wait_until_idle
 from prism.workloads import WORKLOADS, Workload
 from prism.workloads.base import Shape
+from prism.workloads.precision import PRECISIONS, precision_of, variant
 
 # --quick: a couple of cases that run in about two minutes including torch.compile's compilation
 QUICK_WORKLOADS = ("W1", "W6")
@@ -54,15 +55,35 @@ class Config:
     threads: int = 1
     seed: int = 0
     quick: bool = False
+    precision: str = "float32"   # float32 | bfloat16 | int8w (prism.workloads.precision)
+    shape: dict[str, int] = field(default_factory=dict)   # only the cases with these dims (--shape n=1)
 
 
-def select_cases(workloads: Sequence[str], quick: bool) -> list[tuple[Workload, Shape]]:
-    """Every shape of the named workloads, or with ``quick`` the one quick shape of each."""
+def default_workloads(precision: str, quick: bool) -> list[str]:
+    """Every workload (--quick: W1, W6); int8 weight-only: the ones with weights."""
+    ids = list(QUICK_WORKLOADS) if quick else list(WORKLOADS)
+    if precision == "int8w":
+        # W7 (LoRA over an int8 base weight) is left out by default: its search finds no structure within 60 s
+        # (936k block states; the scale on the base product breaks the concatenation that serves float32)
+        ids = ["W1", "W3"] if quick else ["W1", "W2", "W3"]
+    return ids
+
+
+def select_cases(workloads: Sequence[str], quick: bool, precision: str = "float32",
+                 shape: Mapping[str, int] | None = None) -> list[tuple[Workload, Shape]]:
+    """Every shape of the named workloads at ``precision``, or with ``quick`` the one quick shape of each;
+    ``shape``: only those with these dims."""
+    if shape:
+        return [(w, s) for w, s in select_cases(workloads, quick, precision)
+                if all(s.get(k) == v for k, v in shape.items())]
+    if precision not in PRECISIONS:
+        raise PrismError(f"unknown precision {precision!r}; choose from {list(PRECISIONS)}")
     out = []
     for key in workloads:
         w = WORKLOADS.get(key.upper())
         if w is None:
             raise PrismError(f"unknown workload {key!r}; built-in: {sorted(WORKLOADS)}")
+        w = variant(w, precision)
         if not quick:
             out.extend((w, s) for s in w.shapes)
             continue
@@ -97,7 +118,7 @@ def prepare_and_check(system: System, w: Workload, shape: Shape, inputs: dict[st
         return r, None
     r.info.update(prep.info)
     try:
-        c = check_outputs(prep.fetch(prep.call()), ref)
+        c = check_outputs(prep.fetch(prep.call()), ref, RTOLS[precision_of(w)])
     except Exception as e:
         r.status, r.reason = "failed", "while checking: " + _reason(e)
         return r, None
@@ -176,7 +197,7 @@ def run(cfg: Config, systems: Sequence[System], limits: Limits, machine: dict, p
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     peak = peak_flops if peak_flops is not None else limits.peak_flops()
     startup_bw = limits.triad_bandwidth()
-    cases = select_cases(cfg.workloads, cfg.quick)
+    cases = select_cases(cfg.workloads, cfg.quick, cfg.precision, cfg.shape)
     report = Report(machine=machine,
                     limits={"peak_gflops": peak / 1e9, "startup_triad_gbs": startup_bw / 1e9,
                             "method": getattr(limits, "method", "unknown")},

@@ -30,7 +30,7 @@ from prism.codegen import microkernels as mk
 from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.matmul import Support, emit_matmul
 from prism.codegen.prelude import c_float
-from prism.codegen.tiles import ELEMENTWISE, Expr, Operand, View, contiguous_strides
+from prism.codegen.tiles import ELEMENTWISE, Expr, Operand, View, contiguous_strides, ctype, elem_of
 from prism.errors import UnsupportedError
 from prism.ir.block import BlockGraph
 from prism.ir.node import Node
@@ -68,14 +68,15 @@ def consumers(nodes: list[Node]) -> dict[Node, list[Node]]:
 
 
 class BlockLowering:
-    def __init__(self, bg: BlockGraph, name: str, sup: Support, nm: Namer) -> None:
+    def __init__(self, bg: BlockGraph, name: str, sup: Support, nm: Namer, in_elems: list[str] | None = None,
+                 out_elems: list[str] | None = None) -> None:
+        """``in_elems`` / ``out_elems``: the storage of the buffers the caller passes (default: the inputs'
+        dtypes, float outputs); tiles are float32 whatever they are."""
         if not bg.is_concrete():
             raise UnsupportedError(f"cannot generate code for a block graph with free symbols {sorted(bg.symbols())}; "
                                    "instantiate it (pass params=...)")
-        for spec in bg.inputs:
-            if spec.dtype.name != "float32":
-                raise UnsupportedError(f"code generation supports float32 only; block graph input {spec.name!r} "
-                                       f"is {spec.dtype}")
+        self.in_elems = in_elems if in_elems is not None else [elem_of(spec.dtype) for spec in bg.inputs]
+        self.out_elems = out_elems if out_elems is not None else ["f32"] * len(bg.outputs)
         self.bg, self.name, self.sup, self.nm = bg, name, sup, nm
         self.grid = _ints(bg.grid)
         self.F = int(bg.forloop)
@@ -177,13 +178,14 @@ class BlockLowering:
         shape, tile = _ints(spec.shape), _ints(n.shape)
         off, step = self.region(shape, tile, im, fm)
         v = self.nm("v")
-        self.w["inv"].line(f"const float* {v} = {in_ptrs[idx]}" + (f" + {off};" if off != "0" else ";"))
+        el = self.in_elems[idx]
+        self.w["inv"].line(f"const {ctype(el)}* {v} = {in_ptrs[idx]}" + (f" + {off};" if off != "0" else ";"))
         strides = contiguous_strides(shape)
         if fm is not None:
             vi = v + "i"
-            self.w["loop"].line(f"const float* {vi} = {v} + it * {step};")
+            self.w["loop"].line(f"const {ctype(el)}* {vi} = {v} + it * {step};")
             v = vi
-        self.vals[n] = View(v, tile, strides)
+        self.vals[n] = View(v, tile, strides, el)
 
     def lower_save(self, n: Node, out_ptrs: list[str]) -> None:
         k, om, fm = n.arg
@@ -205,16 +207,21 @@ class BlockLowering:
         phase = "loop" if fm is not None else "post"
         if fm is not None:
             off = f"{off} + it * {step}"
-        target = View(f"({base} + {off})", tile, contiguous_strides(shape))
+        target = View(f"({base} + {off})", tile, contiguous_strides(shape), "f32" if red else self.out_elems[k])
         LP.assign(self.w[phase], self.nm, target, self.vals[n.src[0]])
 
     def _partial_sum(self, k: int, pw: str, shape: tuple[int, ...], slots: int, out: str) -> str:
+        """out = the sum of the slots, in float: a low-precision output is rounded once, at the end."""
         w = CWriter(1)
         numel = math.prod(shape)
-        LP.assign(w, self.nm, View.dense(out, (numel,)), View.dense(pw, (numel,)), par="nth")
+        el = self.out_elems[k]
+        acc = View.dense(out if el == "f32" else pw, (numel,))
+        if el == "f32":
+            LP.assign(w, self.nm, acc, View.dense(pw, (numel,)), par="nth")
         for s in range(1, slots):
-            LP.assign(w, self.nm, View.dense(out, (numel,)), View.dense(f"({pw} + {s * numel})", (numel,)), "+=",
-                      par="nth")
+            LP.assign(w, self.nm, acc, View.dense(f"({pw} + {s * numel})", (numel,)), "+=", par="nth")
+        if el != "f32":
+            LP.assign(w, self.nm, View.dense(out, (numel,), el), acc, par="nth")
         return w.text()
 
     def lower_acc(self, n: Node, smax_src: set[Node]) -> None:
@@ -320,7 +327,8 @@ class BlockLowering:
                 work += nblk * self.F * math.prod(_ints(n.shape)) * int(n.src[0].shape[-1]) // 8
         par = max(1, min(nblk, work // PAR_WORK))
         w = CWriter()
-        params = [f"const float* restrict {p}" for p in in_ptrs] + [f"float* restrict {p}" for p in out_ptrs]
+        params = ([f"const {ctype(e)}* restrict {p}" for p, e in zip(in_ptrs, self.in_elems)]
+                  + [f"{ctype(e)}* restrict {p}" for p, e in zip(out_ptrs, self.out_elems)])
         params += [f"float* restrict pw{k}" for k, _ in self.partial]
         params += ["float* restrict scr", "long scr_stride", "int nth"]
         w.line(f"/* block graph: grid={self.grid} forloop={self.F} */")

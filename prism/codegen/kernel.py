@@ -22,7 +22,7 @@ from prism.codegen.block import ALIGN, BlockLowering, lower_layout_or_reduce
 from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.matmul import Support, emit_matmul
 from prism.codegen.prelude import prelude
-from prism.codegen.tiles import ELEMENTWISE, Expr, Operand, View
+from prism.codegen.tiles import ELEMENTWISE, Expr, Operand, View, ctype, elem_of
 from prism.errors import UnsupportedError
 from prism.ir.graph import Graph
 from prism.ir.node import Node
@@ -80,8 +80,11 @@ class _KernelLowering:
         self.outputs = g.outputs
         self.nin = len(self.inputs)
         for n in self.nodes:
-            if n.dtype is not None and n.dtype.name != "float32":
-                raise UnsupportedError(f"code generation supports float32 only; {n.describe()} is {n.dtype}")
+            if n.dtype is not None and n.dtype.name == "float64":
+                raise UnsupportedError(f"code generation has no float64 path; {n.describe()} is float64 (float64 is "
+                                       "for reference graphs)")
+        self.in_elems = [elem_of(g.inputs[k].dtype) for k in self.inputs]
+        self.out_elems = [elem_of(o.dtype) for o in self.outputs]
 
     def alloc_ws(self, nfloats: int) -> str:
         off = self.ws
@@ -96,11 +99,18 @@ class _KernelLowering:
 
     # --- storage plan: which nodes compute straight into an output buffer ---------------------
     def claim_outputs(self) -> dict[Node, int]:
+        """Which nodes compute straight into an output buffer. A low-precision output is claimed only by code
+        that stores each element once (an element-wise loop, a block graph's saves) and only when nothing else
+        reads the value (it would read it rounded); anything else (a matmul, a reduction, a row-wise
+        composite) computes in float32 workspace, then one loop stores it rounded."""
         claims: dict[Node, int] = {}
         for k, o in enumerate(self.outputs):
             root = o.src[0]
             while root.op == "reshape":
                 root = root.src[0]
+            if self.out_elems[k] != "f32" and ((root.op not in ELEMENTWISE and root.op != "result")
+                                               or any(c.op != "output" for c in self.cons[root])):
+                continue  # (other consumers read the value unrounded, from workspace)
             if root.op != "input" and root not in claims:
                 claims[root] = k
         return claims
@@ -119,7 +129,7 @@ class _KernelLowering:
     def target(self, n: Node, shape: tuple[int, ...]) -> View:
         k = self.claims.get(n)
         if k is not None:
-            return View.dense(f"out{k}", shape)
+            return View.dense(f"out{k}", shape, self.out_elems[k])
         return View.dense(self.alloc_ws(math.prod(shape)), shape)
 
     def as_view(self, val: Operand) -> View:
@@ -136,7 +146,8 @@ class _KernelLowering:
         for n in self.nodes:
             op = n.op
             if op == "input":
-                self.vals[n] = View.dense(f"in{self.inputs.index(n.arg[0])}", _ints(n.shape))
+                i = self.inputs.index(n.arg[0])
+                self.vals[n] = View.dense(f"in{i}", _ints(n.shape), self.in_elems[i])
             elif op == "output":
                 continue
             elif op == "customized":
@@ -171,7 +182,8 @@ class _KernelLowering:
             while root.op == "reshape":
                 root = root.src[0]
             if self.claims.get(root) != k:
-                LP.assign(self.body, self.nm, View.dense(f"out{k}", _ints(o.shape)), self.vals[o.src[0]], par="nth")
+                LP.assign(self.body, self.nm, View.dense(f"out{k}", _ints(o.shape), self.out_elems[k]),
+                          self.vals[o.src[0]], par="nth")
         return self.assemble()
 
     def lower_customized(self, n: Node, results: dict[Node, dict[int, View]]) -> None:
@@ -187,10 +199,12 @@ class _KernelLowering:
         fname = f"blk{len(self.funcs)}"
         ins = [f"a{i}" for i in range(len(n.src))]
         outp = [f"o{k}" for k in range(len(bg.outputs))]
-        fn = BlockLowering(bg, fname, self.sup, self.nm).lower(ins, outp)
+        in_views = [self.as_view(self.vals[s]) for s in n.src]
+        fn = BlockLowering(bg, fname, self.sup, self.nm, [v.elem for v in in_views],
+                           [outs[k].elem for k in range(len(bg.outputs))]).lower(ins, outp)
         self.scratch = max(self.scratch, fn.scratch_floats)
         self.funcs.append(fn.text)
-        args = [self.as_view(self.vals[s]).ptr for s in n.src] + [outs[k].ptr for k in range(len(bg.outputs))]
+        args = [v.ptr for v in in_views] + [outs[k].ptr for k in range(len(bg.outputs))]
         args += [self.alloc_ws(nf) for _, nf in fn.partial_ws]
         args += ["scr", "scr_stride", "nth"]
         self.body.line(f"{fname}({', '.join(args)});")
@@ -209,9 +223,11 @@ class _KernelLowering:
             w.line("")
         with w.block("int prism_entry(void** io, float* ws, int nth)"):
             for i in range(self.nin):
-                w.line(f"const float* restrict in{i} = (const float*)io[{i}];")
+                t = ctype(self.in_elems[i])
+                w.line(f"const {t}* restrict in{i} = (const {t}*)io[{i}];")
             for k in range(len(self.outputs)):
-                w.line(f"float* restrict out{k} = (float*)io[{self.nin + k}];")
+                t = ctype(self.out_elems[k])
+                w.line(f"{t}* restrict out{k} = ({t}*)io[{self.nin + k}];")
             w.line("float* restrict scr = ws + PRISM_WS_FLOATS;")
             w.line("const long scr_stride = PRISM_SCRATCH_FLOATS;")
             w.line("(void)scr; (void)scr_stride;")

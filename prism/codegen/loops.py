@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.prelude import c_float
-from prism.codegen.tiles import Operand, View, leaves, render
+from prism.codegen.tiles import Operand, View, ctype, ld, leaves, render, st
 
 PAR_MIN = 1 << 15      # elements below which a kernel-level loop runs on one thread (a fork costs ~µs)
 CHUNK = 4096           # a 1-D parallel loop is split into chunks of this many elements
@@ -99,14 +99,21 @@ def assign(w: CWriter, nm: Namer, target: View, src: Operand, op: str = "=", par
         nest = Nest([1], [[0] for _ in nest.strides])
     _split_1d(nest, par)
     vars_ = [nm("i") for _ in nest.sizes]
-    access = {id(v): f"{v.ptr}[{offset(vars_, s)}]" for v, s in zip(lvs, nest.strides[1:])}
+    access = {id(v): v.at(offset(vars_, s)) for v, s in zip(lvs, nest.strides[1:])}
     t = f"{target.ptr}[{offset(vars_, nest.strides[0])}]"
     e = render(src, access)
     with loops(w, vars_, nest.sizes, par=par, total=math.prod(shape)):
-        if op == "max":
-            w.line(f"{t} = pr_max({t}, {e});")
-        else:
-            w.line(f"{t} {op} {e};")
+        w.line(store(target.elem, t, op, e))
+
+
+def store(elem: str, t: str, op: str, e: str) -> str:
+    """The C statement ``t (op)= e`` for an element ``t`` stored as ``elem`` (op ``=``, ``+=`` or ``max``):
+    the value is computed in float and rounded once when it is stored."""
+    cur = ld(elem, t)
+    value = e if op == "=" else f"{cur} + {e}" if op == "+=" else f"pr_max({cur}, {e})"
+    if elem == "f32" and op != "max":
+        return f"{t} {op} {e};"
+    return f"{t} = {st(elem, value)};"
 
 
 REDUCE_INIT = {"sum": "0.0f", "max": "-INFINITY"}
@@ -153,8 +160,7 @@ def reduce(w: CWriter, nm: Namer, target: View, src: Operand, axis: int, kind: s
         vars_ = [nm("i") for _ in nest.sizes]
         j = nm("j")
         s = nm("s")
-        access = {id(v): f"{v.ptr}[{_join(offset(vars_, ns), j, ls[axis])}]"
-                  for v, ns, ls in zip(lvs, nest.strides[1:], lstr)}
+        access = {id(v): v.at(_join(offset(vars_, ns), j, ls[axis])) for v, ns, ls in zip(lvs, nest.strides[1:], lstr)}
         t = f"{target.ptr}[{offset(vars_, nest.strides[0])}]"
         clause = "+" if kind == "sum" else "max"
         with loops(w, vars_, nest.sizes, simd=None, par=par, total=math.prod(shape)):
@@ -165,9 +171,9 @@ def reduce(w: CWriter, nm: Namer, target: View, src: Operand, axis: int, kind: s
                 with loops(w, [j], [n], simd=f"reduction({clause}:{s})"):
                     w.line(f"{s} = {_combine(kind, s, render(src, access))};")
             if mode == "set":
-                w.line(f"{t} = {post(s)};")
+                w.line(store(target.elem, t, "=", post(s)))
             else:
-                w.line(f"{t} = {_combine(kind, t, post(s))};")
+                w.line(store(target.elem, t, "=", _combine(kind, ld(target.elem, t), post(s))))
         return
     # the axis is not innermost: sweep it sequentially, vectorize over the inner dims
     onest = make_nest(outer_shape, [tstr[:axis]] + [s[:axis] for s in lstr])
@@ -175,8 +181,10 @@ def reduce(w: CWriter, nm: Namer, target: View, src: Operand, axis: int, kind: s
     ov = [nm("i") for _ in onest.sizes]
     iv = [nm("k") for _ in inest.sizes]
     j = nm("j")
-    access = {id(v): f"{v.ptr}[{_join(_join(offset(ov, os_), j, ls[axis]), offset(iv, is_), 1)}]"
+    access = {id(v): v.at(_join(_join(offset(ov, os_), j, ls[axis]), offset(iv, is_), 1))
               for v, os_, is_, ls in zip(lvs, onest.strides[1:], inest.strides[1:], lstr)}
+    if target.elem != "f32":   # the sweep accumulates in the target: a float target (callers materialize)
+        raise ValueError(f"reduce along a non-innermost axis into a {target.elem} target")
     t = f"{target.ptr}[{_join(offset(ov, onest.strides[0]), offset(iv, inest.strides[0]), 1)}]"
     tmp = target.ptr if mode == "set" else None
     with loops(w, ov, onest.sizes, simd=None, par=par, total=math.prod(shape)):
@@ -220,6 +228,8 @@ def rowwise(w: CWriter, nm: Namer, target: View, src: View, axis: int, kind: str
     """
     shape = src.shape
     n = shape[axis]
+    if target.elem != "f32":   # softmax divides in place in the target
+        raise ValueError(f"rowwise {kind} into a {target.elem} target (callers give a float target)")
     drop = [d for d in range(len(shape)) if d != axis]
     oshape = tuple(shape[d] for d in drop)
     nest = make_nest(oshape, [[target.strides[d] for d in drop], [src.strides[d] for d in drop]])
@@ -230,8 +240,8 @@ def rowwise(w: CWriter, nm: Namer, target: View, src: View, axis: int, kind: str
     ts, ss = target.strides[axis], src.strides[axis]
     with loops(w, vars_, nest.sizes, simd=None, par=par, total=math.prod(shape)):
         w.line(f"float* {tb} = {target.ptr} + {offset(vars_, nest.strides[0])};")
-        w.line(f"const float* {sb} = {src.ptr} + {offset(vars_, nest.strides[1])};")
-        xj, tj = f"{sb}[{_join('0', j, ss)}]", f"{tb}[{_join('0', j, ts)}]"
+        w.line(f"const {ctype(src.elem)}* {sb} = {src.ptr} + {offset(vars_, nest.strides[1])};")
+        xj, tj = ld(src.elem, f"{sb}[{_join('0', j, ss)}]"), f"{tb}[{_join('0', j, ts)}]"
         if kind == "rms_norm":
             q = nm("q")
             w.line(f"float {q} = 0.0f;")

@@ -24,7 +24,7 @@ from prism.codegen import microkernels as mk
 from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.isa import ISA
 from prism.codegen.loops import PAR_MIN, assign, make_nest, offset
-from prism.codegen.tiles import View
+from prism.codegen.tiles import View, ctype, ld
 
 # K chunk = B rows per micro-kernel call (see emit_nn): 4 rows per C row, at least 8. Measured on W1
 # (d=4096, one thread): n=1 best at 4-8 (sgemv-like streaming, C reloads are cheap), n=8/16 at 32
@@ -42,14 +42,16 @@ class Support:
         self.funcs.setdefault(name, text)
         return name
 
-    def nn(self, mr: int, nv: int, tail: int, blocked: bool = False) -> str:
-        """The nn micro-kernel; ``blocked`` for calls whose K may exceed ``mk.ACC_CHUNK``."""
-        return self.need(mk.nn_name(self.isa, mr, nv, tail, blocked), mk.nn_kernel(self.isa, mr, nv, tail, blocked))
+    def nn(self, mr: int, nv: int, tail: int, blocked: bool = False, elems: tuple[str, str] = ("f32", "f32")) -> str:
+        """The nn micro-kernel; ``blocked`` for calls whose K may exceed ``mk.ACC_CHUNK``; ``elems``: the
+        storage of A and B."""
+        return self.need(mk.nn_name(self.isa, mr, nv, tail, blocked, elems),
+                         mk.nn_kernel(self.isa, mr, nv, tail, blocked, elems))
 
-    def nt(self, r: int, j: int) -> str:
+    def nt(self, r: int, j: int, elems: tuple[str, str] = ("f32", "f32")) -> str:
         if self.isa.vector and r * j > 1:
             self.need(*mk.nt_helpers(self.isa))
-        return self.need(mk.nt_name(self.isa, r, j), mk.nt_kernel(self.isa, r, j))
+        return self.need(mk.nt_name(self.isa, r, j, elems), mk.nt_kernel(self.isa, r, j, elems))
 
     def text(self) -> str:
         return "\n".join(self.funcs.values())
@@ -91,10 +93,11 @@ def plan_nn(isa: ISA, M: int, N: int, K: int) -> NNPlan:
 
 
 def _nn_calls(w: CWriter, sup: Support, p: NNPlan, j0: str, nv: int, tail: int, K: str, a: str, sa0: int,
-              sa1: int, b: str, sb0: int, c: str, sc0: int, beta: str, cs: str, nm: Namer) -> None:
+              sa1: int, b: str, sb0: int, c: str, sc0: int, beta: str, cs: str, nm: Namer,
+              elems: tuple[str, str]) -> None:
     """The calls for one panel starting at column ``j0``, over all row groups."""
     def call(mr: int, r0: str) -> None:
-        fn = sup.nn(mr, nv, tail)
+        fn = sup.nn(mr, nv, tail, elems=elems)
         csr = "0" if cs == "0" else f"{cs} + {r0}"
         w.line(f"{fn}({K}, {a} + ({r0}) * {sa0}, {sa0}, {sa1}, {b} + {j0}, {sb0}, {c} + ({r0}) * {sc0} + {j0}, "
                f"{sc0}, {beta}, {csr});")
@@ -117,13 +120,14 @@ def parallel_nn(p: NNPlan, M: int, N: int, K: int, par: str | None) -> bool:
 
 
 def emit_nn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str, sa0: int, sa1: int, b: str,
-            sb0: int, c: str, sc0: int, beta: str, cs: str = "0", par: str | None = None) -> None:
+            sb0: int, c: str, sc0: int, beta: str, cs: str = "0", par: str | None = None,
+            elems: tuple[str, str] = ("f32", "f32")) -> None:
     p = plan_nn(sup.isa, M, N, K)
     if parallel_nn(p, M, N, K, par):
-        _emit_nn_parallel(w, nm, sup, p, M, N, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, par)
+        _emit_nn_parallel(w, nm, sup, p, M, N, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, par, elems)
         return
     if p.kc >= K:
-        _nn_panels(w, nm, sup, p, str(K), a, sa0, sa1, b, sb0, c, sc0, beta, cs)
+        _nn_panels(w, nm, sup, p, str(K), a, sa0, sa1, b, sb0, c, sc0, beta, cs, elems)
         return
     # K chunks outermost: every B row of a chunk is read across all panels within a short time, so
     # the DRAM stream of a weight strip stays sequential per row (and row groups reuse it from L1)
@@ -131,7 +135,7 @@ def emit_nn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     with w.block(f"for (long {kv} = 0; {kv} < {K}; {kv} += {p.kc})"):
         w.line(f"const long {kn} = pr_minl({p.kc}, {K} - {kv});")
         _nn_panels(w, nm, sup, p, kn, f"({a} + {kv} * {sa1})", sa0, sa1, f"({b} + {kv} * {sb0})", sb0, c, sc0,
-                   f"({kv} == 0 ? {beta} : 1)", cs)
+                   f"({kv} == 0 ? {beta} : 1)", cs, elems)
 
 
 def _grouped(w: CWriter, nm: Namer, product: Callable[[str, str, str, str], None], M: int, N: int, K: int,
@@ -165,20 +169,22 @@ def _grouped(w: CWriter, nm: Namer, product: Callable[[str, str, str, str], None
 
 
 def _nn_panels(w: CWriter, nm: Namer, sup: Support, p: NNPlan, K: str, a: str, sa0: int, sa1: int, b: str,
-               sb0: int, c: str, sc0: int, beta: str, cs: str) -> None:
+               sb0: int, c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str]) -> None:
     """All panels (a C loop over the full ones, then the last partial one) for one K range."""
     if p.npanels == 1:
-        _nn_calls(w, sup, p, "0", p.nv, 0, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, nm)
+        _nn_calls(w, sup, p, "0", p.nv, 0, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, nm, elems)
     elif p.npanels > 1:
         jv = nm("jp")
         with w.block(f"for (long {jv} = 0; {jv} < {p.npanels * p.pw}; {jv} += {p.pw})"):
-            _nn_calls(w, sup, p, jv, p.nv, 0, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, nm)
+            _nn_calls(w, sup, p, jv, p.nv, 0, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, nm, elems)
     if p.rc:
-        _nn_calls(w, sup, p, str(p.npanels * p.pw), p.nv_last, p.tail, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, nm)
+        _nn_calls(w, sup, p, str(p.npanels * p.pw), p.nv_last, p.tail, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, nm,
+                  elems)
 
 
 def _emit_nn_parallel(w: CWriter, nm: Namer, sup: Support, p: NNPlan, M: int, N: int, K: int, a: str, sa0: int,
-                      sa1: int, b: str, sb0: int, c: str, sc0: int, beta: str, cs: str, par: str) -> None:
+                      sa1: int, b: str, sb0: int, c: str, sc0: int, beta: str, cs: str, par: str,
+                      elems: tuple[str, str]) -> None:
     """Kernel-level matmul: one task per (row group, panel), each over the whole K."""
     nrg = p.nfull + (1 if p.mr_rem else 0)
     npn = p.npanels + (1 if p.rc else 0)
@@ -200,7 +206,7 @@ def _emit_nn_parallel(w: CWriter, nm: Namer, sup: Support, p: NNPlan, M: int, N:
                                         f"{tp} {'<' if pan_full else '=='} {p.npanels}"])
                     variants.append((cond, mr, nv, tail))
             for k, (cond, mr, nv, tail) in enumerate(variants):
-                fn = sup.nn(mr, nv, tail, blocked=K > mk.ACC_CHUNK)
+                fn = sup.nn(mr, nv, tail, blocked=K > mk.ACC_CHUNK, elems=elems)
                 csr = "0" if cs == "0" else f"{cs} + r0"
                 head = ("if" if k == 0 else "else if") + f" ({cond})"
                 with w.block(head):
@@ -221,6 +227,9 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     K = A.shape[-1]
     if C.strides[-1] != 1 and N != 1:
         raise ValueError("matmul target must have unit column stride")
+    if C.elem != "f32":
+        raise ValueError(f"matmul target must be float (it accumulates), got {C.elem}")
+    elems = (A.elem, B.elem)
     batch = C.shape[:-2]
     parts = [C, A, B] + ([rowscale] if rowscale is not None else [])
     bstr = [list(View(v.ptr, v.shape[:-2], v.strides[:-2]).bstrides(batch)) for v in parts]
@@ -269,8 +278,8 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
         opened += 1
     cp, ap, bp = nm("C"), nm("A"), nm("B")
     w.line(f"float* {cp} = {ptr[0]};")
-    w.line(f"const float* {ap} = {ptr[1]};")
-    w.line(f"const float* {bp} = {ptr[2]};")
+    w.line(f"const {ctype(A.elem)}* {ap} = {ptr[1]};")
+    w.line(f"const {ctype(B.elem)}* {bp} = {ptr[2]};")
     if rowscale is not None:
         cs = nm("cs")
         w.line(f"const float* {cs} = {ptr[3]};")
@@ -280,14 +289,14 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
         off = (lambda ptr, stride: f"({ptr} + {kv} * {stride})" if stride != 1 else f"({ptr} + {kv})") \
             if kv != "0" else (lambda ptr, stride: ptr)
         if p is not None:
-            _nn_panels(w, nm, sup, p, kn, off(ap, sa1), sa0, sa1, off(bp, sb0), sb0, c, sc0, bt, cs)
+            _nn_panels(w, nm, sup, p, kn, off(ap, sa1), sa0, sa1, off(bp, sb0), sb0, c, sc0, bt, cs, elems)
         elif path == "nt":
-            emit_nt(w, nm, sup, M, N, kn, off(ap, 1), sa0, off(bp, 1), sb1, c, sc0, bt, cs)
+            emit_nt(w, nm, sup, M, N, kn, off(ap, 1), sa0, off(bp, 1), sb1, c, sc0, bt, cs, elems)
         else:
-            _generic(w, nm, M, N, K, ap, sa0, sa1, bp, sb0, sb1, c, sc0, bt, cs)
+            _generic(w, nm, M, N, K, ap, sa0, sa1, bp, sb0, sb1, c, sc0, bt, cs, elems)
 
     if path == "nn" and not grouped:
-        emit_nn(w, nm, sup, M, N, K, ap, sa0, sa1, bp, sb0, cp, sc0, beta, cs, inner_par)
+        emit_nn(w, nm, sup, M, N, K, ap, sa0, sa1, bp, sb0, cp, sc0, beta, cs, inner_par, elems)
     else:
         pp = None
         if grouped:
@@ -322,7 +331,7 @@ def _runs(rows: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
 
 
 def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a: str, sa0: int, bt: str, sbt: int,
-            c: str, sc0: int, beta: str, cs: str) -> None:
+            c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str] = ("f32", "f32")) -> None:
     """C[M x N] (beta) A @ Bt^T, Bt rows (the keys) contiguous: for each block of J keys, every row group
     (the key block stays in L1 while the row groups use it); left-over keys one dot product at a time."""
     def call(fn: str, jv: str, row: str, a_off: str, c_off: str) -> None:
@@ -341,7 +350,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
             jv = nm("j")
             with w.block(f"for (long {jv} = 0; {jv} < {nfull}; {jv} += {J})"):
                 for r0, R, count in _runs(rows):
-                    fn = sup.nt(R, J)
+                    fn = sup.nt(R, J, elems)
                     if count == 1:
                         call(fn, jv, str(r0), str(r0 * sa0), str(r0 * sc0))
                         continue
@@ -351,7 +360,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
                     with w.block(f"for (long {rv} = {r0}; {rv} < {r0 + count * R}; {rv} += {R})"):
                         call(fn, jv, rv, f"{rv} * {sa0}", f"{rv} * {sc0}")
         if nfull < N:
-            fn = sup.nt(1, 1)
+            fn = sup.nt(1, 1, elems)
             jv, rv = nm("j"), nm("r")
             r_lo = min(r0 for r0, _ in rows)
             r_hi = max(r0 + R for r0, R in rows)
@@ -361,11 +370,13 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
 
 
 def _generic(w: CWriter, nm: Namer, M: int, N: int, K: int, a: str, sa0: int, sa1: int, b: str, sb0: int, sb1: int,
-             c: str, sc0: int, beta: str, cs: str) -> None:
+             c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str] = ("f32", "f32")) -> None:
     r, j, s = nm("r"), nm("j"), nm("s")
+    ea, eb = elems
     with w.block(f"for (long {r} = 0; {r} < {M}; {r}++)"):
         with w.block(f"for (long {j} = 0; {j} < {N}; {j}++)"):
-            for line in mk.blocked_sum(s, f"{a}[{r} * {sa0} + k * {sa1}] * {b}[k * {sb0} + {j} * {sb1}]", str(K)):
+            term = f"{ld(ea, f'{a}[{r} * {sa0} + k * {sa1}]')} * {ld(eb, f'{b}[k * {sb0} + {j} * {sb1}]')}"
+            for line in mk.blocked_sum(s, term, str(K)):
                 w.line(line)
             cell = f"{c}[{r} * {sc0} + {j}]"
             csr = "1.0f" if cs == "0" else f"{cs}[{r}]"

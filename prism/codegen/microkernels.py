@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from prism.codegen.isa import ISA
+from prism.codegen.tiles import ctype, ld
 
 # Software prefetch of B, PF_ROWS rows ahead, into L2 (prefetcht1). A weight tile is a column strip of a
 # row-major matrix: every row is a new 4 KiB page, which the hardware prefetchers do not cross. Measured
@@ -43,6 +44,7 @@ ACC_ROWS = ACC_CHUNK * ACC_GROUP  # K rows of one group sum (callers that cut K 
 # max rows per micro-kernel, and the widest panel (vectors) for a given row count: accumulators
 # MR*NV + NV B vectors + 1 broadcast must fit the register file
 MR_MAX = {"avx512": 8, "avx2": 6, "portable": 8}
+ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2, "i8": 1}
 
 
 def nv_max(isa: ISA, mr: int) -> int:
@@ -68,7 +70,12 @@ class _V:
             return f"(__mmask16)0x{(1 << tail) - 1:x}"
         return "_mm256_setr_epi32(" + ", ".join("-1" if i < tail else "0" for i in range(8)) + ")"
 
-    def load(self, p: str, tail: int = 0) -> str:
+    def load(self, p: str, tail: int | str = 0, elem: str = "f32") -> str:
+        """A vector of floats from ``p`` (``tail``: only that many lanes, the rest 0; an int, or a C
+        expression for typed loads); ``elem``: the storage, converted exactly (prelude's pr_v<W>_<elem>)."""
+        if elem != "f32":
+            fn = f"pr_v{self.isa.width}_{elem}"
+            return f"{fn}_n({p}, {tail})" if tail else f"{fn}({p})"
         if not tail:
             return f"{self.p}_loadu_ps({p})"
         if self.isa.name == "avx512":
@@ -98,15 +105,26 @@ class _V:
         return f"{self.p}_add_ps({a}, {b})"
 
 
-NN_SIG = ("(long K, const float* restrict A, long sa0, long sa1, const float* restrict B, long sb0, "
-          "float* restrict C, long sc0, int beta, const float* restrict cs)")
+F32 = ("f32", "f32")
 
 
-def nn_name(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False) -> str:
-    return f"pr_nn_{isa.name}_{mr}x{nv}" + (f"_t{tail}" if tail else "") + ("_kb" if blocked else "")
+def _suffix(elems: tuple[str, str]) -> str:
+    """Name suffix of a micro-kernel whose A and B are stored as ``elems`` (none for float32)."""
+    return "" if elems == F32 else f"_{elems[0]}_{elems[1]}"
 
 
-def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False) -> str:
+def nn_sig(elems: tuple[str, str] = F32) -> str:
+    a, b = (ctype(e) for e in elems)
+    return (f"(long K, const {a}* restrict A, long sa0, long sa1, const {b}* restrict B, long sb0, "
+            "float* restrict C, long sc0, int beta, const float* restrict cs)")
+
+
+
+def nn_name(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elems: tuple[str, str] = F32) -> str:
+    return f"pr_nn_{isa.name}_{mr}x{nv}" + (f"_t{tail}" if tail else "") + ("_kb" if blocked else "") + _suffix(elems)
+
+
+def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elems: tuple[str, str] = F32) -> str:
     """C[mr x cols] (beta) A @ B with cols = nv*W (the last vector has ``tail`` lanes if tail > 0).
 
     The products are summed in the C block's registers, starting from the first one, and the sum is then
@@ -118,11 +136,12 @@ def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False) -> s
     a call of one chunk costs the same as a plain loop, and the short variant keeps it out of the
     K-chunk calls entirely (its per-call tests cost 5% of an 8x2 call of 32 rows).
     """
-    name = nn_name(isa, mr, nv, tail, blocked)
+    name = nn_name(isa, mr, nv, tail, blocked, elems)
+    ea, eb = elems
     if not isa.vector:
-        return _nn_portable(name, mr, nv, tail)
+        return _nn_portable(name, mr, nv, tail, elems)
     v, W = _V(isa), isa.width
-    L: list[str] = [f"PR_INLINE void {name}{NN_SIG} {{"]
+    L: list[str] = [f"PR_INLINE void {name}{nn_sig(elems)} {{"]
     acc = [[f"c{r}_{j}" for j in range(nv)] for r in range(mr)]
     L.append(f"  {isa.vtype} " + ", ".join(x for row in acc for x in row) + ";")
     cells = [(r, j, (r * nv + j) * W) for r in range(mr) for j in range(nv)]
@@ -140,16 +159,17 @@ def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False) -> s
     def step(first: bool) -> None:
         """One k; the first of a chunk multiplies, so no register is zeroed."""
         i2 = ind + "  "
-        L.append(f"{i2}const float* Bk = B + k * sb0;")
-        L.append(f"{i2}const float* Ak = A + k * sa1;")
-        for off in [*range(0, cols, 16), cols - 1]:
+        L.append(f"{i2}const {ctype(eb)}* Bk = B + k * sb0;")
+        L.append(f"{i2}const {ctype(ea)}* Ak = A + k * sa1;")
+        per_line = 64 // ITEMSIZE[eb]   # elements of B per cache line
+        for off in [*range(0, cols, per_line), cols - 1]:
             L.append(f"{i2}__builtin_prefetch(Bk + {PF_ROWS} * sb0 + {off}, 0, 2);")
         for j in range(nv):
-            L.append(f"{i2}{isa.vtype} b{j} = {v.load(f'Bk + {j * W}', tl(j))};")
+            L.append(f"{i2}{isa.vtype} b{j} = {v.load(f'Bk + {j * W}', tl(j), eb)};")
         if mr > 1:  # keep each B vector in a register: gcc otherwise re-reads it as a memory operand per row
             L.append(f"{i2}__asm__(\"\" : " + ", ".join(f'\"+v\"(b{j})' for j in range(nv)) + ");")
         for r in range(mr):
-            L.append(f"{i2}{{ {isa.vtype} a = {v.set1(f'Ak[{r} * sa0]')};")
+            L.append(f"{i2}{{ {isa.vtype} a = {v.set1(ld(ea, f'Ak[{r} * sa0]'))};")
             L.extend(f"{i2}  {acc[r][j]} = {v.mul('a', f'b{j}') if first else v.fma('a', f'b{j}', acc[r][j])};"
                      for j in range(nv))
             L.append(f"{i2}}}")
@@ -205,11 +225,12 @@ def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False) -> s
     return "\n".join(L) + "\n"
 
 
-def _nn_portable(name: str, mr: int, nv: int, tail: int) -> str:
+def _nn_portable(name: str, mr: int, nv: int, tail: int, elems: tuple[str, str] = F32) -> str:
     cols = (nv - 1) * 16 + (tail or 16)
+    ea, eb = elems
     pf = (f"      for (int j = 0; j < {cols}; j += 16) __builtin_prefetch(Bk + {PF_ROWS} * sb0 + j, 0, 2);\n"
           f"      __builtin_prefetch(Bk + {PF_ROWS} * sb0 + {cols - 1}, 0, 2);\n")
-    return f"""PR_INLINE void {name}{NN_SIG} {{
+    return f"""PR_INLINE void {name}{nn_sig(elems)} {{
   float c[{mr}][{cols}], t[{mr}][{cols}];
   int bt = beta;
   for (long k0 = 0; k0 < K; k0 += {ACC_CHUNK}) {{
@@ -219,11 +240,11 @@ def _nn_portable(name: str, mr: int, nv: int, tail: int) -> str:
       for (int j = 0; j < {cols}; j++) c[r][j] = 0.0f;
     }}
     for (long k = k0; k < k1; k++) {{
-      const float* Bk = B + k * sb0;
+      const {ctype(eb)}* Bk = B + k * sb0;
 {pf}      for (int r = 0; r < {mr}; r++) {{
-        const float a = A[r * sa0 + k * sa1];
+        const float a = {ld(ea, "A[r * sa0 + k * sa1]")};
         #pragma omp simd
-        for (int j = 0; j < {cols}; j++) c[r][j] += a * Bk[j];
+        for (int j = 0; j < {cols}; j++) c[r][j] += a * {ld(eb, "Bk[j]")};
       }}
     }}
     const int more = k1 < K && k1 % {ACC_ROWS};  /* more chunks in this group */
@@ -336,16 +357,19 @@ PR_INLINE __m256 pr_hsum8(const __m256* v) {
 }
 """
 
-NT_SIG = ("(long K, const float* restrict A, long sa0, const float* restrict Bt, long sb0, float* restrict C, "
-          "long sc0, int beta, const float* restrict cs)")
+def nt_sig(elems: tuple[str, str] = F32) -> str:
+    a, b = (ctype(e) for e in elems)
+    return (f"(long K, const {a}* restrict A, long sa0, const {b}* restrict Bt, long sb0, float* restrict C, "
+            "long sc0, int beta, const float* restrict cs)")
+
 
 # R x J shapes of the nt micro-kernel: R rows of A times J rows of Bt, R*J = W accumulators reduced by
 # one transpose-and-add network. More rows per kernel = fewer loads per FMA (R + J loads per R*J FMAs).
 NT_SHAPES = {"avx512": ((4, 4), (2, 8), (1, 16)), "avx2": ((2, 4), (1, 8)), "portable": ((1, 1),)}
 
 
-def nt_name(isa: ISA, r: int, j: int) -> str:
-    return f"pr_nt_{isa.name}_{r}x{j}"
+def nt_name(isa: ISA, r: int, j: int, elems: tuple[str, str] = F32) -> str:
+    return f"pr_nt_{isa.name}_{r}x{j}" + _suffix(elems)
 
 
 def nt_helpers(isa: ISA) -> tuple[str, str]:
@@ -355,9 +379,11 @@ def nt_helpers(isa: ISA) -> tuple[str, str]:
     return "pr_hsum8", _HSUM_AVX2
 
 
-def nt_kernel(isa: ISA, R: int, J: int) -> str:
+def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32) -> str:
     """C[r, j] (beta) sum_k A[r*sa0 + k] * Bt[j*sb0 + k] for r < R, j < J (K contiguous in both)."""
-    name = nt_name(isa, R, J)
+    name = nt_name(isa, R, J, elems)
+    ea, eb = elems
+    sig = nt_sig(elems)
     update = "c[0] = beta == 0 ? s : beta == 1 ? c[0] + s : c[0] * cs[{r}] + s;"
     if not isa.vector:
         rows = []
@@ -365,25 +391,32 @@ def nt_kernel(isa: ISA, R: int, J: int) -> str:
             for j in range(J):
                 rows.append(f"""  {{ float s = 0.0f;
     #pragma omp simd reduction(+:s)
-    for (long k = 0; k < K; k++) s += A[{r} * sa0 + k] * Bt[{j} * sb0 + k];
+    for (long k = 0; k < K; k++) s += {ld(ea, f"A[{r} * sa0 + k]")} * {ld(eb, f"Bt[{j} * sb0 + k]")};
     float* c = C + {r} * sc0 + {j};
     {update.format(r=r)} }}""")
-        return f"PR_INLINE void {name}{NT_SIG} {{\n" + "\n".join(rows) + "\n}\n"
+        return f"PR_INLINE void {name}{sig} {{\n" + "\n".join(rows) + "\n}\n"
     v, W = _V(isa), isa.width
     vt = isa.vtype
     hs = "pr_hsum16" if W == 16 else "pr_hsum8"
+
+    def mload_of(elem: str) -> str:
+        """A masked load of the K tail (``km``: the float32 mask; typed storage: the count K - K0)."""
+        if elem != "f32":
+            return v.load("{p}", "K - K0", elem)
+        return "_mm512_maskz_loadu_ps(km, {p})" if W == 16 else "_mm256_maskload_ps({p}, km)"
     if R * J == 1:  # a single dot product (tails): one accumulator, lanes added at the end
-        mload1 = ("_mm512_maskz_loadu_ps(km, {p})" if W == 16 else "_mm256_maskload_ps({p}, km)")
         mt1 = ("const __mmask16 km = (__mmask16)((1u << (K % 16)) - 1);" if W == 16 else
                "const __m256i km = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(K % 8)), "
                "_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));")
-        return f"""PR_INLINE void {name}{NT_SIG} {{
+        if elems != F32:
+            mt1 += " (void)km;"
+        return f"""PR_INLINE void {name}{sig} {{
   const long K0 = K - K % {W};
   {vt} acc = {v.zero()};
-  for (long k = 0; k < K0; k += {W}) acc = {v.fma(v.load("A + k"), v.load("Bt + k"), "acc")};
+  for (long k = 0; k < K0; k += {W}) acc = {v.fma(v.load("A + k", 0, ea), v.load("Bt + k", 0, eb), "acc")};
   if (K0 < K) {{
     {mt1}
-    acc = {v.fma(mload1.format(p="A + K0"), mload1.format(p="Bt + K0"), "acc")};
+    acc = {v.fma(mload_of(ea).format(p="A + K0"), mload_of(eb).format(p="Bt + K0"), "acc")};
   }}
   float t[{W}] __attribute__((aligned(64)));
   {v.store("t", "acc")}
@@ -395,26 +428,25 @@ def nt_kernel(isa: ISA, R: int, J: int) -> str:
 """
     if W == 16:
         mtail = "(__mmask16)((1u << (K % 16)) - 1)"
-        mload = "_mm512_maskz_loadu_ps(km, {p})"
         mtype = "__mmask16"
     else:
         mtail = "_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(K % 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))"
-        mload = "_mm256_maskload_ps({p}, km)"
         mtype = "__m256i"
     assert R * J == W
-    L = [f"PR_INLINE void {name}{NT_SIG} {{",
+    L = [f"PR_INLINE void {name}{sig} {{",
          f"  const long K0 = K - K % {W};",
          f"  {vt} " + ", ".join(f"acc{i} = {v.zero()}" for i in range(W)) + ";"]
 
-    def step(load: str, k: str, prefetch_keys: bool = True) -> None:
+    def step(loads: tuple[str, str], k: str, prefetch_keys: bool = True) -> None:
+        la, lb = loads
         for r in range(R):
-            L.append(f"    {vt} a{r} = {load.format(p=f'A + {r} * sa0 + {k}')};")
+            L.append(f"    {vt} a{r} = {la.format(p=f'A + {r} * sa0 + {k}')};")
         if J > 1:  # as for B: keep the A vectors in registers
             L.append("    __asm__(\"\" : " + ", ".join(f'\"+v\"(a{r})' for r in range(R)) + ");")
         for j in range(J):
             if prefetch_keys:
                 L.append(f"    __builtin_prefetch(Bt + {PF_KEYS + j} * sb0 + {k}, 0, 2);")
-            L.append(f"    {{ {vt} b = {load.format(p=f'Bt + {j} * sb0 + {k}')};")
+            L.append(f"    {{ {vt} b = {lb.format(p=f'Bt + {j} * sb0 + {k}')};")
             if R > 1:
                 L.append('      __asm__("" : "+v"(b));')
             for r in range(R):
@@ -422,11 +454,11 @@ def nt_kernel(isa: ISA, R: int, J: int) -> str:
                 L.append(f"      acc{a} = {v.fma(f'a{r}', 'b', f'acc{a}')};")
             L.append("    }")
     L.append(f"  for (long k = 0; k < K0; k += {W}) {{")
-    step("{ld}".replace("{ld}", v.load("{p}")), "k")
+    step((v.load("{p}", 0, ea), v.load("{p}", 0, eb)), "k")
     L.append("  }")
     L.append("  if (K0 < K) {")
-    L.append(f"    const {mtype} km = {mtail};")
-    step(mload, "K0", False)
+    L.append(f"    const {mtype} km = {mtail};" + (" (void)km;" if elems != F32 else ""))
+    step((mload_of(ea), mload_of(eb)), "K0", False)
     L.append("  }")
     L.append(f"  const {vt} v[{W}] = {{" + ", ".join(f"acc{i}" for i in range(W)) + "};")
     L.append(f"  float t[{W}] __attribute__((aligned(64)));")

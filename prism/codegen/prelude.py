@@ -114,6 +114,59 @@ def _op_helpers() -> str:
     return "/* operator helpers (prism/ir/elementwise.py) */\n" + "\n".join(defs) if defs else ""
 
 
+# Low-precision storage (prism.ir.dtypes): values are float32 in registers; loads widen exactly, stores round to
+# nearest even (bfloat16: the top 16 bits of the float32 after adding 0x7fff plus the lowest kept bit; NaN kept
+# a quiet NaN, overflow to inf as IEEE rounding does). Scalar forms vectorize inside `omp simd` loops; the
+# vector loads (pr_v8_*, pr_v16_*, and *_n for the first n elements, the rest 0) serve the matmul micro-kernels.
+STORAGE = """/* storage conversions: bfloat16 (uint16_t bits), float16 (_Float16), int8 */
+PR_INLINE float pr_ld_bf16(uint16_t h) { return pr_bits_f((uint32_t)h << 16); }
+PR_INLINE uint16_t pr_st_bf16(float x) {
+  uint32_t u = pr_f_bits(x);
+  uint16_t r = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  return x != x ? (uint16_t)((u >> 16) | 0x40u) : r;
+}
+PR_INLINE float pr_round_bf16(float x) { return pr_ld_bf16(pr_st_bf16(x)); }
+PR_INLINE float pr_ld_f16(_Float16 h) { return (float)h; }
+PR_INLINE _Float16 pr_st_f16(float x) { return (_Float16)x; }
+PR_INLINE float pr_round_f16(float x) { return (float)(_Float16)x; }
+PR_INLINE float pr_ld_i8(int8_t q) { return (float)q; }
+#if defined(__AVX2__)
+PR_INLINE __m256 pr_v8_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+PR_INLINE __m256 pr_v8_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+#if defined(__F16C__)
+PR_INLINE __m256 pr_v8_f16(const _Float16* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+#else
+PR_INLINE __m256 pr_v8_f16(const _Float16* p) {
+  float t[8];
+  for (int i = 0; i < 8; i++) t[i] = (float)p[i];
+  return _mm256_loadu_ps(t);
+}
+#endif
+#define PR_V_N(W, E, T, V) PR_INLINE V pr_v##W##_##E##_n(const T* p, long n) { \\
+  T t[W]; memset(t, 0, sizeof t); for (long i = 0; i < n; i++) t[i] = p[i]; return pr_v##W##_##E(t); }
+PR_V_N(8, bf16, uint16_t, __m256)
+PR_V_N(8, f16, _Float16, __m256)
+PR_V_N(8, i8, int8_t, __m256)
+#endif
+#if defined(__AVX512F__)
+PR_INLINE __m512 pr_v16_bf16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+PR_INLINE __m512 pr_v16_i8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+PR_INLINE __m512 pr_v16_f16(const _Float16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+PR_V_N(16, bf16, uint16_t, __m512)
+PR_V_N(16, f16, _Float16, __m512)
+PR_V_N(16, i8, int8_t, __m512)
+#endif
+"""
+
+
 def prelude() -> str:
     q = _horner("r", EXP_POLY)
     return f"""/* prism generated code: prelude */
@@ -123,7 +176,7 @@ def prelude() -> str:
 
 PR_INLINE float pr_bits_f(uint32_t u) {{ float f; memcpy(&f, &u, 4); return f; }}
 PR_INLINE uint32_t pr_f_bits(float f) {{ uint32_t u; memcpy(&u, &f, 4); return u; }}
-
+{STORAGE}
 /* e^x: see prism/codegen/prelude.py; NaN -> NaN, x > 88.72 -> inf, x < -104 -> 0 */
 PR_INLINE float pr_exp(float x) {{
   float xc = x < -104.0f ? -104.0f : x;

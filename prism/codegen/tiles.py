@@ -25,15 +25,53 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
+# Storage element types of views: the dtype of the memory a view reads or writes. Values are float32 in
+# registers and scratch whatever the storage (prism.ir.dtypes: the mixed-precision rule); a load converts
+# (exactly) and a store rounds. C types and the prelude's scalar converters (pr_ld_*, pr_st_*):
+ELEMS = {"f32": "float", "bf16": "uint16_t", "f16": "_Float16", "i8": "int8_t"}
+_ELEM_OF = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8": "i8"}
+
+
+def elem_of(dtype: object) -> str:
+    """The view element type that stores ``dtype`` (a DType or its name)."""
+    name = str(dtype)
+    if name not in _ELEM_OF:
+        raise UnsupportedError(f"code generation has no storage for dtype {name}; supported: {sorted(_ELEM_OF)}")
+    return _ELEM_OF[name]
+
+
+def ctype(elem: str) -> str:
+    return ELEMS[elem]
+
+
+def ld(elem: str, access: str) -> str:
+    """The float value of the stored element ``access`` (a C lvalue of type ``ctype(elem)``)."""
+    return access if elem == "f32" else f"pr_ld_{elem}({access})"
+
+
+def st(elem: str, value: str) -> str:
+    """The C value to store for float ``value`` in an element of type ``ctype(elem)`` (rounded to nearest)."""
+    if elem == "f32":
+        return value
+    if elem == "i8":
+        raise UnsupportedError("code generation does not store int8 values (quantize outside the program)")
+    return f"pr_st_{elem}({value})"
+
+
 @dataclass(frozen=True)
 class View:
     ptr: str
     shape: tuple[int, ...]
     strides: tuple[int, ...]
+    elem: str = "f32"   # storage element type (ELEMS)
 
     @staticmethod
-    def dense(ptr: str, shape: tuple[int, ...]) -> View:
-        return View(ptr, tuple(shape), contiguous_strides(tuple(shape)))
+    def dense(ptr: str, shape: tuple[int, ...], elem: str = "f32") -> View:
+        return View(ptr, tuple(shape), contiguous_strides(tuple(shape)), elem)
+
+    def at(self, idx: str) -> str:
+        """The float value of element ``idx`` (an offset in elements)."""
+        return ld(self.elem, f"{self.ptr}[{idx}]")
 
     @property
     def numel(self) -> int:
@@ -43,25 +81,25 @@ class View:
         return all(s == c for s, c, n in zip(self.strides, contiguous_strides(self.shape), self.shape) if n != 1)
 
     def permute(self, perm: tuple[int, ...]) -> View:
-        return View(self.ptr, tuple(self.shape[p] for p in perm), tuple(self.strides[p] for p in perm))
+        return View(self.ptr, tuple(self.shape[p] for p in perm), tuple(self.strides[p] for p in perm), self.elem)
 
     def reshape(self, shape: tuple[int, ...]) -> View | None:
         """The same memory with a new shape, if that needs no copy (contiguous views only)."""
         if math.prod(shape) != self.numel:
             raise ValueError(f"reshape {self.shape} -> {shape}")
-        return View.dense(self.ptr, shape) if self.is_contiguous() else None
+        return View.dense(self.ptr, shape, self.elem) if self.is_contiguous() else None
 
     def offset(self, elems: int | str) -> View:
         if elems == 0 or elems == "0":
             return self
-        return View(f"({self.ptr} + {elems})", self.shape, self.strides)
+        return View(f"({self.ptr} + {elems})", self.shape, self.strides, self.elem)
 
     def slice(self, dim: int, start: int, size: int) -> View:
         v = self.offset(start * self.strides[dim])
-        return View(v.ptr, self.shape[:dim] + (size,) + self.shape[dim + 1:], self.strides)
+        return View(v.ptr, self.shape[:dim] + (size,) + self.shape[dim + 1:], self.strides, self.elem)
 
     def with_ptr(self, ptr: str) -> View:
-        return View(ptr, self.shape, self.strides)
+        return View(ptr, self.shape, self.strides, self.elem)
 
     def bstrides(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """Strides of this view broadcast (NumPy rules, right-aligned) to ``shape``."""

@@ -7,7 +7,8 @@ Steps (``capture``):
 2. **Shapes**: every node needs its fake value (``meta["val"]`` from ``torch.export`` and fake-tensor
    propagation, ``meta["example_value"]`` from Dynamo). Without it the graph is propagated here, with the
    input dims named in ``dynamic`` symbolic.
-3. **Units**: each call whose values are float32 CPU tensors goes through :mod:`prism.frontend.ops`;
+3. **Units**: each call whose values are CPU tensors Prism stores (float32, bfloat16, float16; int8
+   weights) goes through :mod:`prism.frontend.ops`;
    any other becomes a :class:`Fallback` with the reason (dtype, unsupported operator, ...). Size
    computations (``x.size(0)``, ``s0 * 8``) are not operators: their values are Prism dims.
 4. **Patterns**: a written-out RMSNorm ``x * rsqrt(mean(x*x, -1, keepdim=True) + eps)`` (or
@@ -46,6 +47,7 @@ class Unit:
     ops: int = 0
     matmuls: int = 0
     heavy: bool = False
+    norm: bool = False             # an RMS normalization (partition: never after a contraction in one piece)
 
     @property
     def kind(self) -> str:
@@ -288,13 +290,15 @@ def _used_metas(node: Any) -> list[Any]:
 
 
 def _dtype_problem(node: Any) -> str:
-    """Why the node's values or tensor operands are not float32 CPU tensors ('' if they all are)."""
+    """Why the node's values or tensor operands are not float CPU tensors Prism stores (float32, bfloat16,
+    float16; bool masks) ('' if they all are)."""
     vals = _used_metas(node)
     for a in node.all_input_nodes:
         vals += _used_metas(a)
     for v in vals:
-        if str(v.dtype) not in ("torch.float32", "torch.bool"):  # bool: a mask (see _masks)
-            return f"dtype {str(v.dtype).removeprefix('torch.')} (Prism computes in float32)"
+        if not O.prism_dtype(v):  # bool: a mask (see _masks)
+            return (f"dtype {str(v.dtype).removeprefix('torch.')} (Prism stores "
+                    f"{', '.join(d.removeprefix('torch.') for d in O.STORED)})")
         dev = getattr(v, "device", None)
         if dev is not None and str(dev) != "cpu" and getattr(dev, "type", "cpu") != "cpu":
             return f"device {dev} (Prism's kernels run on the CPU)"
@@ -332,7 +336,7 @@ class _Builder:
         name = name if name[:1].isalpha() else f"t_{name}"
         while name in self.inputs:
             name += "_"
-        t = self.g.input(name, self.dims(mv.shape), "float32")
+        t = self.g.input(name, self.dims(mv.shape), O.prism_dtype(mv) or "float32")
         self.inputs[name] = node
         self.values[node] = t
         return t
@@ -459,7 +463,7 @@ def _fold_transposes(units: list[Unit]) -> list[Unit]:
             absorbed.update(m for m in f[1])
         if extra:
             u = Unit(u.id, u.node, dataclasses.replace(u.lowered, operands=operands), extra + u.members,
-                     u.ops, u.matmuls, u.heavy)
+                     u.ops, u.matmuls, u.heavy, u.norm)
         out.append(u)
     return [u for u in out if u.node not in absorbed]
 
@@ -617,7 +621,7 @@ def _trial(gm: Any, units: list[Unit], env: SymbolEnv
     for u in units:
         try:
             operands = [b.operand(op) for op in u.lowered.operands]
-            res = u.lowered.emit(b.g, operands)
+            res = O.emit_unit(u.lowered, u.node, b.g, operands)
             _check_shape(b, u, res)
         except (PrismError, Unsupported) as e:
             diff = _undecided(e)
@@ -630,6 +634,7 @@ def _trial(gm: Any, units: list[Unit], env: SymbolEnv
         u.ops = sum(1 for n in new if n.op != "reshape")
         u.matmuls = sum(1 for n in new if n.op == "matmul")
         u.heavy = any(n.op in HEAVY for n in new)
+        u.norm = any(n.op == "rms_norm" for n in new)
         b.values[u.node] = res
         ok.append(u)
     out = next(n for n in gm.graph.nodes if n.op == "output")

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from prism.errors import PrismError
+from prism.frontend import ops as O
 from prism.frontend.capture import Captured, Unit, capture
 from prism.frontend.ops import Operand, meta_value
 from prism.frontend.partition import Budget, Piece, PlanUnit, plan
@@ -93,7 +94,7 @@ def _src_key(cap: Captured, op: Operand) -> Any:
 
 def plan_pieces(cap: Captured, budget: Budget) -> list[Piece]:
     units = [PlanUnit(u.id, u.kind, tuple(_src_key(cap, o) for o in u.lowered.operands), u.ops, u.matmuls,
-                      u.heavy) for u in cap.units]
+                      u.heavy, u.norm) for u in cap.units]
     users: dict[int, list[Any]] = {}
     for u in cap.units:
         us: list[Any] = []
@@ -183,9 +184,10 @@ def _build_piece(cap: Captured, piece: Piece, hoist: bool) -> PieceProgram:
             if lift:
                 shape = tuple(shape[p] for p in op.perm)  # type: ignore[union-attr]
             name = f"x{len(inputs)}"
-            inputs[key] = g.input(name, shape, "float32")
+            dt = O.prism_dtype(mv) or "float32"
+            inputs[key] = g.input(name, shape, dt)
             shapes.append(D.format_shape(shape))
-            spec = InputSpec(name, op.perm if lift else None, op.node in cap.persistent)
+            spec = InputSpec(name, op.perm if lift else None, op.node in cap.persistent, getattr(torch, dt))
             if lift or specs[arg(op.node)] is not None:  # a second view of the same tensor: its own argument
                 args.append(op.node)
                 specs.append(spec)
@@ -195,7 +197,7 @@ def _build_piece(cap: Captured, piece: Piece, hoist: bool) -> PieceProgram:
         return g.permute(v, op.perm) if op.perm is not None and not lift else v
 
     for u in units:
-        values[u.node] = u.lowered.emit(g, [operand(o) for o in u.lowered.operands])
+        values[u.node] = O.emit_unit(u.lowered, u.node, g, [operand(o) for o in u.lowered.operands])
     out_unit = cap.units[piece.output]
     out = values[out_unit.node]
     slots = None
@@ -204,6 +206,8 @@ def _build_piece(cap: Captured, piece: Piece, hoist: bool) -> PieceProgram:
         if slots.count(0) != 1:
             raise PrismError(f"piece {label}: a tuple result with {slots.count(0)} computed values")
         out = next(v for v in out if v is not None)
+    if slots is None:
+        out = O.as_torch_dtype(g, out, out_unit.node)
     g.output(out, "y")
     g = sink_reshapes(g)
     # every other value the original nodes read (sizes, constants' nodes) is a fallback-only argument

@@ -65,6 +65,53 @@ def is_tensor_meta(v: Any) -> bool:
     return hasattr(v, "shape") and hasattr(v, "dtype") and not isinstance(v, tuple)
 
 
+# the torch dtypes a Prism program stores (prism.ir.dtypes); a bool tensor is a mask, float 0/1 inside Prism
+FLOAT_DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+
+
+STORED = {**FLOAT_DTYPES, "torch.int8": "int8"}   # int8: quantized weights, only ever cast (prism.quantize_weights)
+
+
+def prism_dtype(v: Any) -> str:
+    """The Prism dtype of a tensor meta value (bool masks: float32); '' when Prism does not store it."""
+    name = str(v.dtype)
+    return "float32" if name == "torch.bool" else STORED.get(name, "")
+
+
+_WIDTH = {"float16": 1, "bfloat16": 1, "float32": 2}
+
+
+def emit_unit(low: Lowered, node: Any, g: OpMethods, operands: list[Any]) -> Any:
+    """``low.emit`` under Prism's mixed-precision rule (prism.ir.dtypes). A value Prism computes is exact
+    float32 arithmetic whatever its dtype, so a cast that widens it (``h.to(torch.float32)`` in a bfloat16
+    model's RMSNorm) is no operator at all; mixed float operands promote in the IR as in PyTorch. Where
+    PyTorch's result is narrower than Prism's promotion gives (``bf16 * f32 0-dim tensor`` is bfloat16), the
+    result is cast to PyTorch's dtype: that is a rounding PyTorch makes too. The dtype of a value may thus
+    be narrower than PyTorch's where a widening cast was dropped; :func:`as_torch_dtype` restores it where
+    the value leaves a piece."""
+    if low.sig[:1] == ("cast",) and low.sig[1] == "float32":
+        (t,) = [t for t in operands if isinstance(t, Tensor)]
+        if t.dtype is not None and t.dtype.name in _WIDTH:   # (an int8 weight is cast: it does not compute)
+            return t
+    res = low.emit(g, operands)
+    mv = meta_value(node)
+    want = prism_dtype(mv) if is_tensor_meta(mv) else ""
+    if (want and isinstance(res, Tensor) and res.dtype is not None and res.dtype.name in _WIDTH
+            and _WIDTH[res.dtype.name] > _WIDTH[want]):
+        res = g.cast(res, want)
+    return res
+
+
+def as_torch_dtype(g: OpMethods, t: Any, node: Any) -> Any:
+    """``t`` with the dtype PyTorch gives ``node`` (a value leaving a piece, or a program's result): a cast
+    where a dropped widening cast left it narrower."""
+    mv = meta_value(node)
+    want = prism_dtype(mv) if is_tensor_meta(mv) else ""
+    if want and isinstance(t, Tensor) and t.dtype is not None and t.dtype.name != want:
+        return g.cast(t, want)
+    return t
+
+
 # --- argument binding ---------------------------------------------------------------------------
 
 SIGS: dict[str, tuple[str, ...]] = {
@@ -105,6 +152,7 @@ SIGS: dict[str, tuple[str, ...]] = {
     "unsqueeze": ("input", "dim"), "squeeze": ("input", "dim"), "expand": ("input", "*size"),
     "contiguous": ("input", "memory_format"), "clone": ("input", "memory_format"), "detach": ("input",),
     "alias": ("input",), "dropout": ("input", "p", "training", "inplace"), "float": ("input",), "bool": ("input",),
+    "bfloat16": ("input",), "half": ("input",),
     "to": ("input", "*rest"), "type_as": ("input", "other"), "_to_copy": ("input",),
     "cat": ("tensors", "dim"), "split": ("input", "split_size_or_sections", "dim"),
     "split_with_sizes": ("input", "split_sizes", "dim"), "chunk": ("input", "chunks", "dim"),
@@ -964,28 +1012,36 @@ def causal_bias(query: Any, key: Any) -> Any:
 
 # --- layout ---------------------------------------------------------------------------------------------
 
+CASTS = ("to", "type_as", "_to_copy", "float", "bool", "bfloat16", "half")
+
+
 def _identity_conv(c: Conv) -> Lowered:
     x = c.get("input")
     name = c.call.name
     if name == "dropout" and c.get("training", True) and c.number(c.get("p", 0.5), "p") != 0.0:
         raise Unsupported("dropout in training mode")
-    if name in ("to", "type_as", "_to_copy", "float", "bool"):
+    if name in CASTS:
         want = meta_value(c.node)
         got = meta_value(x) if c.is_tensor(x) else None
-        kinds = (str(got.dtype), str(want.dtype)) if got is not None else ()
-        if got is None or str(got.device) != str(want.device) or (
-                kinds[0] != kinds[1] and kinds not in (("torch.bool", "torch.float32"),
-                                                       ("torch.float32", "torch.bool"))):
-            raise Unsupported(f"{name}: a dtype or device conversion")
+        if got is None or str(got.device) != str(want.device):
+            raise Unsupported(f"{name}: a device conversion")
+        kinds = (str(got.dtype), str(want.dtype))
+        i = c.tensor(x)
         if kinds == ("torch.float32", "torch.bool"):  # x.bool(): a mask, x != 0
-            i = c.tensor(x)
             return Lowered(name, "compute", c.operands, lambda g, t: g.compare(t[i], "ne", 0.0))
-        # a mask is already float 0/1 inside Prism: mask.float() is the identity
+        if kinds[0] != kinds[1] and kinds[0] != "torch.bool":
+            if kinds[0] not in STORED or kinds[1] not in FLOAT_DTYPES:
+                raise Unsupported(f"{name}: a conversion from {kinds[0]} to {kinds[1]} (Prism stores "
+                                  f"{sorted(STORED)} and computes in {sorted(FLOAT_DTYPES)})")
+            target = FLOAT_DTYPES[kinds[1]]   # x.to(torch.bfloat16), x.float(), x.type_as(w): a cast
+            return Lowered(name, "compute", c.operands, lambda g, t: g.cast(t[i], target), ("cast", target))
+        # a mask is already float 0/1 inside Prism: mask.float() is the identity (mask.bfloat16() too: its
+        # users cast it to their dtype)
     i = c.tensor(x)
     return Lowered(name, "layout", c.operands, lambda g, t: t[i], ("identity",))
 
 
-for _n in ("contiguous", "clone", "detach", "alias", "dropout", "to", "type_as", "_to_copy", "float", "bool"):
+for _n in ("contiguous", "clone", "detach", "alias", "dropout", *CASTS):
     CONVERTERS[_n] = _identity_conv
 
 

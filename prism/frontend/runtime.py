@@ -1,8 +1,8 @@
 """Running one piece: the Prism kernel when it can, the piece's own PyTorch code otherwise.
 
 A :class:`PieceRunner` replaces the piece's nodes in the rewritten FX graph. Per call it checks, before
-any native code runs, that every input is a float32 CPU tensor and that autograd does not need the
-result (Prism kernels have no backward); otherwise it runs the piece's original operators (the
+any native code runs, that every input is a CPU tensor of the dtype it was captured with and that autograd
+does not need the result (Prism kernels have no backward); otherwise it runs the piece's original operators (the
 ``fallback`` module) and says so once in the ``prism`` log (autograd recording: once per process).
 Inputs are passed as stored: a piece that reads a tensor transposed (a linear layer's weight) has the
 permute inside its program. Non-contiguous inputs are copied to contiguous ones; a piece that was
@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 log = logging.getLogger("prism")
-_F32 = torch.float32
 
 
 @dataclass(frozen=True)
@@ -30,6 +29,7 @@ class InputSpec:
     name: str                          # the Prism kernel's input name
     perm: tuple[int, ...] | None       # transposition applied here before the call
     persistent: bool                   # module state: cache the prepared copy
+    dtype: torch.dtype = torch.float32  # what the program stores it as (its dtype when captured)
 
 
 class _PreparedCache:
@@ -124,8 +124,8 @@ class PieceRunner(torch.nn.Module):
                 continue
             if not isinstance(a, torch.Tensor):
                 return f"input {spec.name} is a {type(a).__name__}, not a tensor"
-            if a.dtype != torch.float32:
-                return f"input {spec.name} has dtype {a.dtype} (Prism computes in float32)"
+            if a.dtype != spec.dtype:
+                return f"input {spec.name} has dtype {a.dtype} (the program was captured with {spec.dtype})"
             if a.device.type != "cpu":
                 return f"input {spec.name} is on {a.device} (Prism's kernels run on the CPU)"
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
@@ -140,7 +140,7 @@ class PieceRunner(torch.nn.Module):
         for spec, a in zip(self.specs, args):
             if spec is None:
                 continue
-            if not isinstance(a, torch.Tensor) or a.dtype is not _F32 or not a.is_cpu or (
+            if not isinstance(a, torch.Tensor) or a.dtype is not spec.dtype or not a.is_cpu or (
                     grad and a.requires_grad):
                 return self._in_pytorch(self._why_not(args), args)
             if spec.perm is not None or not a.is_contiguous():
@@ -158,11 +158,11 @@ class PieceRunner(torch.nn.Module):
                 order = tuple(self._names.index(n) for n in k.input_names)
                 v, out_shapes = k.variant_for(tuple(shapes[i] for i in order))
                 hit = self._compiled[shapes] = (k, None if order == tuple(range(len(order))) else order, v,
-                                                out_shapes)
-            kernel, order, v, out_shapes = hit
+                                                out_shapes, k.torch_output_dtypes())
+            kernel, order, v, out_shapes, out_dtypes = hit
             if order is not None:
                 ins = [ins[i] for i in order]
-            outs = kernel.run_variant(v, out_shapes, ins)
+            outs = kernel.run_variant(v, out_shapes, ins, out_dtypes)
         except Exception as e:  # e.g. no verified sGraph tiles this shape: it stays in PyTorch
             msg = f"at input shapes {list(shapes)}: {type(e).__name__}: {str(e).splitlines()[0]}"
             self._bad_shapes[shapes] = msg

@@ -106,6 +106,12 @@ class OpMethods:
     def add_scalar(self, x: Tensor, c: float) -> Tensor:
         return self._apply("add_scalar", (x,), (float(c),))
 
+    def cast(self, x: Tensor, dtype: Any) -> Tensor:
+        """``x`` stored as ``dtype`` (``"bfloat16"``, ``"float16"``, ``"float32"``): rounded to its precision
+        where it narrows, exact where it widens (an int8 weight cast to float32, then scaled)."""
+        from prism.ir.dtypes import as_dtype
+        return self._apply("cast", (x,), (as_dtype(dtype).name,))
+
     # binary (a Python number as one operand becomes the scalar form)
     def add(self, a: Tensor, b: Tensor | float) -> Tensor:
         if isinstance(b, (int, float)):

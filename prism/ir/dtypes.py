@@ -1,9 +1,24 @@
-"""Element types. float32 is the working type; float64 exists for reference/accuracy graphs."""
+"""Element types.
+
+Storage types: ``float32`` (the working type), ``bfloat16`` and ``float16`` (low-precision storage) and
+``int8`` (quantized weights, ``w = q * scale``); ``float64`` exists for reference and accuracy graphs.
+
+The mixed-precision rule: a tensor's dtype is how it is *stored* when it is stored (a program's inputs and
+outputs). Every operator computes in float32 (or float64 in the reference's accuracy mode) on the values
+of its operands, and matmuls and reductions accumulate in float32 whatever their operands' dtype; a value
+is rounded to a narrower type only where the program says so: an explicit ``cast``, and a program output
+of that dtype. Intermediates that Prism materializes between its own kernels are float32. This is what
+users expect of low-precision inference (bfloat16 checkpoints, int8 weight-only) and is at least as
+accurate as PyTorch eager, which rounds every operator's result to the tensor's dtype.
+
+NumPy has no bfloat16: ``ml_dtypes`` (the package JAX uses for it) provides the array type.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from prism.errors import DTypeError
@@ -13,21 +28,43 @@ from prism.errors import DTypeError
 class DType:
     name: str
     itemsize: int
+    kind: str = "float"     # float | int
+    eps: float = 0.0        # relative rounding error bound of storing a float32 value in this type (0: exact)
+    tiny: float = 0.0       # the smallest positive (subnormal) value: below eps * |x|, rounding is absolute
 
     @property
     def np(self) -> np.dtype:
-        return np.dtype(self.name)
+        return _NP[self.name]
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def low_precision(self) -> bool:
+        """Narrower than float32: values stored in it are rounded (bfloat16, float16) or quantized (int8)."""
+        return self.name in ("bfloat16", "float16", "int8")
 
     def __str__(self) -> str:
         return self.name
 
 
-float32 = DType("float32", 4)
+float32 = DType("float32", 4, tiny=2.0 ** -149)
 float64 = DType("float64", 8)
+# eps: half an ulp of 1 relative to the value (round to nearest): 2^-8 for bfloat16's 8 significant bits,
+# 2^-11 for float16's 11; float16's subnormals start at 2^-14 (a 1e-6 result is stored to 2^-24)
+bfloat16 = DType("bfloat16", 2, eps=2.0 ** -8, tiny=2.0 ** -133)
+float16 = DType("float16", 2, eps=2.0 ** -11, tiny=2.0 ** -24)
+int8 = DType("int8", 1, kind="int")
 
-SUPPORTED: dict[str, DType] = {"float32": float32, "float64": float64}
-_ALIASES = {"f32": "float32", "fp32": "float32", "f64": "float64", "fp64": "float64"}
-_PLANNED = ("bfloat16", "float16")
+_NP: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
+                            "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
+                            "int8": np.dtype(np.int8)}
+SUPPORTED: dict[str, DType] = {d.name: d for d in (float32, float64, bfloat16, float16, int8)}
+FLOATS = ("float32", "bfloat16", "float16")          # what a program computes and stores values in
+_ALIASES = {"f32": "float32", "fp32": "float32", "f64": "float64", "fp64": "float64", "bf16": "bfloat16",
+            "half": "float16", "f16": "float16", "fp16": "float16", "float": "float32", "double": "float64",
+            "i8": "int8"}
 
 
 def as_dtype(x: object) -> DType:
@@ -39,7 +76,33 @@ def as_dtype(x: object) -> DType:
     name = _ALIASES.get(name, name)
     if name in SUPPORTED:
         return SUPPORTED[name]
-    if name in _PLANNED:
-        raise DTypeError(f"dtype {name!r} is not supported yet (planned); supported: {sorted(SUPPORTED)}. "
-                         "Cast the inputs to float32 or leave this part to PyTorch.")
-    raise DTypeError(f"unknown dtype {x!r}; supported: {sorted(SUPPORTED)}")
+    raise DTypeError(f"unknown or unsupported dtype {x!r}; supported: {sorted(SUPPORTED)}")
+
+
+def working_np(dtype: DType) -> np.dtype:
+    """The NumPy type the reference interpreters compute a value of ``dtype`` in: float64 for float64, else
+    float32 (the mixed-precision rule above)."""
+    return np.dtype(np.float64) if dtype.name == "float64" else np.dtype(np.float32)
+
+
+def of_array(a: object) -> DType:
+    """The DType of a numpy array (or anything with a ``dtype``)."""
+    return as_dtype(np.dtype(a.dtype).name if hasattr(a, "dtype") else a)
+
+
+def round_to(a: np.ndarray, dtype: DType) -> np.ndarray:
+    """``a``'s values rounded to ``dtype``'s precision, kept in ``a``'s own float type (round to nearest
+    even; NaN and inf kept): what storing a value in ``dtype`` does to it. int8 rounds half to even and
+    saturates at [-128, 127] (quantization is done outside the program, so this is only for its inputs)."""
+    a = np.asarray(a)
+    if dtype.name in ("float64",) or (dtype.name == "float32" and a.dtype == np.float32):
+        return a
+    if dtype.kind == "int":
+        return np.clip(np.rint(a), -128, 127).astype(a.dtype, copy=False)
+    # float64 -> bfloat16 directly would differ from float32 -> bfloat16 in double-rounding ties; the kernels
+    # round float32 values, so do the same
+    return a.astype(np.float32).astype(dtype.np).astype(a.dtype)
+
+
+__all__ = ["FLOATS", "SUPPORTED", "DType", "as_dtype", "bfloat16", "float16", "float32", "float64", "int8",
+           "of_array", "round_to", "working_np"]

@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from prism.errors import DTypeError
 from prism.ir.builder import OpMethods, Tensor
+from prism.ir.dtypes import FLOATS, DType, as_dtype, round_to
 from prism.ir.ops import OpRule, Torch, broadcast_shapes, register
 
 Arrays = Sequence[Any]
@@ -52,7 +54,7 @@ def unary(name: str, doc: str, *, numpy: Callable[..., Any], c: Callable[..., st
           abstract: Callable[..., Any] | None = None, rules: tuple[OpRule, ...] = (),
           torch: Torch | tuple[Torch, ...] = (),
           jax: Callable[..., Any] | None = None, onnx: Callable[..., Any] | None = None,
-          method: bool = True) -> None:
+          method: bool = True, dtype_fn: Callable[..., Any] | None = None) -> None:
     """Register a unary element-wise operator. ``numpy(x, *attrs)``; ``c(x, *attrs, lit=)`` gives the C
     expression of C argument ``x`` (``lit(v)`` is the exact float32 literal of ``v``); ``jax(jax, x,
     *attrs)``; ``onnx(b, x, *attrs)`` with ``b.op(kind, inputs, **attributes)`` and ``b.scalar(v)``."""
@@ -62,7 +64,7 @@ def unary(name: str, doc: str, *, numpy: Callable[..., Any], c: Callable[..., st
              c=lambda args, arg, lit: c(args[0], *arg, lit=lit),
              c_defs=c_defs, flops=flops, linear=linear, abstract=abstract, rules=rules, torch=torch,
              jax=(lambda m, a, arg: jax(m, a[0], *arg)) if jax else None,
-             onnx=(lambda b, ins, arg: onnx(b, ins[0], *arg)) if onnx else None)
+             onnx=(lambda b, ins, arg: onnx(b, ins[0], *arg)) if onnx else None, dtype_fn=dtype_fn)
     if method and not hasattr(OpMethods, name):
         def build(self: OpMethods, x: Tensor, *values: Any) -> Tensor:
             if len(values) > len(attrs):
@@ -396,3 +398,55 @@ binary("mask_select", "x where the mask m is nonzero, else 0 (operands m, x)",
        numpy=lambda m, x: np.where(m != 0, x, x.dtype.type(0)), c=lambda m, x: f"(({m}) != 0.0f ? ({x}) : 0.0f)",
        term_head="MaskSelect", jax=lambda mod, m, x: mod.numpy.where(m != 0, x, 0.0).astype(x.dtype),
        onnx=lambda b, m, x: b.op("Where", [b.op("Cast", [m], to=9), x, b.scalar(0.0)]))
+
+
+# --- casts: the one operator that changes a dtype. Its value is its operand's rounded to the target's
+# precision (an int8 operand is exact in float32); widening is exact. The generated code computes in
+# float32 and converts on loads and stores, so a cast is a rounding where it narrows and nothing where it
+# widens (prism.ir.dtypes states the mixed-precision rule) ---
+
+def _cast_dtype(dtypes: tuple[DType, ...], arg: tuple) -> DType:
+    (target,) = arg
+    t = as_dtype(target)
+    src = getattr(dtypes[0], "name", "")   # (the search infers shapes with placeholder dtypes)
+    if src == "float64" and t.name != "float64":
+        # the verifier's rule cast-to-float32 = x holds because no value is wider than float32
+        raise DTypeError("cast from float64: Prism programs hold float32 values at most (float64 is the "
+                         "reference's type); evaluate with dtype=numpy.float64 instead")
+    if t.name not in FLOATS and t.name != "float64":   # (float64: reference graphs; code generation has none)
+        raise DTypeError(f"cast to {t} is not supported: a program computes in {list(FLOATS)}; quantize weights "
+                         "outside the program (int8 with a float scale) and cast them to float32 inside it")
+    return t
+
+
+def _cast_np(x: np.ndarray, target: str) -> np.ndarray:
+    """A widening cast is the identity (also in the float64 accuracy mode, where operands may carry more
+    digits than float32: what the program computes is the value, not its float32 rounding); a narrowing one
+    rounds to the target's precision."""
+    return x if target in ("float32", "float64") else round_to(x, as_dtype(target))
+
+
+def _cast_c(x: str, target: str, lit: Any) -> str:
+    return {"float32": f"({x})", "float64": f"({x})", "bfloat16": f"pr_round_bf16({x})",
+            "float16": f"pr_round_f16({x})"}[target]
+
+
+def _onnx_cast(b: Any, x: str, target: str) -> str:
+    return b.op("Cast", [x], to={"float32": 1, "float16": 10, "bfloat16": 16}[target])
+
+
+def _cast_abstract(alg: Any, arg: tuple, s: Sequence[Any]) -> Any:
+    """A cast to float32 is the identity on values (nothing a program holds is wider): abstractly nothing, so
+    the search may drop it (operators promote mixed float operands); a narrowing cast is a rounding the
+    search must place where the program has it."""
+    return s[0] if arg[0] in ("float32", "float64") else alg.u(f"cast:{arg[0]}", s[0])
+
+
+unary("cast", "x stored as dtype (rounded to its precision; exact when it widens)", attrs=("dtype",),
+      defaults=("float32",), numpy=_cast_np, c=_cast_c,
+      dtype_fn=_cast_dtype, abstract=_cast_abstract, torch=(),
+      # sound on values: every dtype a program holds (bfloat16, float16, int8, float32) widens to float32
+      # exactly, and a cast from float64 is rejected by the dtype rule
+      rules=(OpRule("op.cast-float32", '(Un "cast" x)', "x", both=False),),
+      jax=lambda m, x, target: x.astype(getattr(m.numpy, target)), onnx=_onnx_cast, method=False)
+

@@ -22,7 +22,7 @@ from typing import Any
 
 from prism.errors import DTypeError, InconclusiveDimError, ShapeError
 from prism.ir.dims import Dim, DimEq, DimLike, Divisible, dims_equal, format_shape, has_selectors, product
-from prism.ir.dtypes import DType
+from prism.ir.dtypes import DType, float32
 
 Shape = tuple[DimLike, ...]
 
@@ -98,6 +98,8 @@ class OpDef:
     # --- composites ---
     decomp: Callable[..., Any] | None = None  # (g, *operands, *attrs) -> value, g with one method per operator
     onnx: Translation | None = None      # (builder, input names, arg) -> output name
+    # --- dtypes ---
+    dtype_fn: Callable[[tuple[DType, ...], tuple], DType] | None = None  # result dtype (default: the operands')
 
     def term_name(self, arg: tuple) -> str:
         """The name of a unary operator in the verifier's terms: ``name``, or ``name(a,b)`` when an
@@ -107,14 +109,42 @@ class OpDef:
         return f"{self.name}({','.join(_attr_str(a) for a in arg)})"
 
     def dtype_rule(self, dtypes: tuple[DType, ...], arg: tuple) -> DType:
+        """The result's dtype: operands of one dtype give that dtype (a matmul of bfloat16 operands is
+        bfloat16; it accumulates in float32, see ``prism.ir.dtypes``); float operands of different dtypes
+        give the wider (:func:`promote`). Computing operators take float operands only: an int8 tensor (a
+        quantized weight) is cast first; layout operators take any."""
         if not dtypes:
             raise DTypeError(f"{self.name}: no operands")
+        if self.dtype_fn is not None:
+            return self.dtype_fn(dtypes, arg)
         first = dtypes[0]
-        for d in dtypes[1:]:
-            if d != first:
-                raise DTypeError(f"{self.name}: operands have different dtypes {[str(x) for x in dtypes]}; "
-                                 "cast them to one dtype first")
-        return first
+        if all(d == first for d in dtypes[1:]):
+            if not getattr(first, "is_float", True) and self.group not in ("layout", "io"):  # (search: dtype-free)
+                raise DTypeError(f"{self.name}: operands of dtype {first} hold integers; cast them to a float "
+                                 f"dtype first (g.cast(q, 'float32'), then multiply by the scale)")
+            return first
+        promoted = promote(dtypes) if self.group not in ("layout", "io") else None
+        if promoted is None:
+            raise DTypeError(f"{self.name}: operands have different dtypes {[str(x) for x in dtypes]}; "
+                             "cast them to one dtype first (g.cast(x, 'float32'))")
+        return promoted
+
+
+# Operands of different dtypes compute in float32 anyway (prism.ir.dtypes): the result is stored as the widest
+# float among them, as PyTorch promotes (bfloat16 with float32 is float32; bfloat16 with float16 is float32;
+# an int8 weight times a float32 scale is float32: int8 values are exact in float32). Integers alone never
+# compute (the dtype rule refuses them): a quantized weight meets a float scale or is cast.
+_RANK = {"int8": 0, "float16": 1, "bfloat16": 1, "float32": 2, "float64": 3}
+
+
+def promote(dtypes: tuple[DType, ...]) -> DType | None:
+    """The dtype operands of ``dtypes`` give (None: no float among them, or an unknown dtype)."""
+    names = {getattr(d, "name", "") for d in dtypes}
+    if not names <= set(_RANK) or names == {"int8"} or ("float64" in names and len(names) > 1):
+        return None   # (float64 is the reference's type: a program mixing it in is a mistake to report)
+    if {d.name for d in dtypes} == {"bfloat16", "float16"}:
+        return float32
+    return max(dtypes, key=lambda d: _RANK[d.name])
 
 
 def _attr_str(a: Any) -> str:

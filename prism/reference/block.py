@@ -15,6 +15,7 @@ import numpy as np
 from prism.errors import GraphError, InputError
 from prism.ir.block import BlockGraph, MapEntry
 from prism.ir.dims import format_shape
+from prism.ir.dtypes import working_np
 from prism.ir.node import Node
 from prism.reference.numpy_ops import apply
 
@@ -96,8 +97,8 @@ def simulate(bg: BlockGraph, inputs: Sequence[np.ndarray], dtype: np.dtype | Non
         if tuple(a.shape) != tuple(spec.shape):
             raise InputError(f"block graph input {k} ({spec.name}): expected shape {format_shape(spec.shape)}, "
                              f"got {a.shape}")
-        arrays.append(a.astype(dtype or spec.dtype.np, copy=False))
-    dt = np.dtype(dtype or bg.inputs[0].dtype.np)
+        arrays.append(a.astype(dtype or working_np(spec.dtype), copy=False))
+    dt = np.dtype(dtype or working_np(bg.inputs[0].dtype))  # intermediates and results: the working type
     grid = [int(g) for g in bg.grid]
     F = int(bg.forloop)
     nodes = bg.nodes

@@ -1,4 +1,8 @@
-"""The kernel-graph interpreter: runs a program op by op in NumPy (float32, or float64 for accuracy)."""
+"""The kernel-graph interpreter: runs a program op by op in NumPy (float32, or float64 for accuracy).
+
+Values of every dtype are computed in the working type (float32; float64 in the accuracy mode): a
+low-precision input is widened exactly, a ``cast`` rounds to its target's precision, and in the working mode
+each output is stored in its own dtype at the end (``prism.ir.dtypes``: the mixed-precision rule)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import numpy as np
 
 from prism.errors import GraphError, InputError
 from prism.ir import dims as D
+from prism.ir.dtypes import working_np
 from prism.ir.node import Node
 from prism.reference.block import simulate
 from prism.reference.numpy_ops import apply
@@ -51,11 +56,10 @@ def evaluate_graph(g: Graph, inputs: Mapping[str, Any], dtype: Any = None,
         if n.op == "input":
             name, _, dt = n.arg
             a = arrays[name]
-            want = np.dtype(dtype) if dtype is not None else dt.np
             if dtype is None and a.dtype != dt.np:
                 raise InputError(f"input {name!r}: expected dtype {dt}, got {a.dtype}; cast it, or evaluate with "
                                  "dtype=numpy.float64 for a reference computation")
-            vals[n] = a.astype(want, copy=False)
+            vals[n] = a.astype(np.dtype(dtype) if dtype is not None else working_np(dt), copy=False)
         elif n.op == "output":
             vals[n] = vals[n.src[0]]
         elif n.op == "customized":
@@ -76,7 +80,11 @@ def evaluate_graph(g: Graph, inputs: Mapping[str, Any], dtype: Any = None,
             if n.op in ("reshape", "split"):  # symbolic sizes in attributes take their bound values
                 arg = tuple(_concrete(a, env) for a in arg)
             vals[n] = apply(n.op, [vals[s] for s in n.src], arg)
-    return {n.arg[0]: vals[n] for n in g.outputs}
+    if dtype is not None:
+        return {n.arg[0]: vals[n] for n in g.outputs}
+    # working precision: each output stored in its dtype (a bfloat16 output rounded once, at the end)
+    return {n.arg[0]: vals[n] if vals[n].dtype == n.dtype.np else np.asarray(vals[n]).astype(n.dtype.np)
+            for n in g.outputs}
 
 
 def _concrete(a: Any, env: Mapping[str, object]) -> Any:

@@ -25,6 +25,7 @@ import numpy as np
 from prism.codegen import isa as ISA_
 from prism.codegen.kernel import Generated, generate
 from prism.errors import InputError, UnsupportedError
+from prism.ir.dtypes import DType, float32
 from prism.ir.graph import Graph
 from prism.runtime import cache
 
@@ -66,12 +67,16 @@ class _Arg:
     torch: bool
 
 
-def _check_array(name: str, x: object, role: str) -> _Arg:
-    """Validate one buffer; returns its pointer and shape. Never copies."""
+def _np_spelling(dt: DType) -> str:
+    return "ml_dtypes.bfloat16" if dt.name == "bfloat16" else f"numpy.{dt.name}"
+
+
+def _check_array(name: str, x: object, role: str, dt: DType = float32) -> _Arg:
+    """Validate one buffer of dtype ``dt``; returns its pointer and shape. Never copies."""
     if isinstance(x, np.ndarray):
-        if x.dtype != np.float32:
-            raise InputError(f"{role} {name!r}: expected dtype float32, got {x.dtype}; convert with "
-                             f"x.astype(numpy.float32)")
+        if x.dtype != dt.np:
+            raise InputError(f"{role} {name!r}: expected dtype {dt}, got {x.dtype}; convert with "
+                             f"x.astype({_np_spelling(dt)})")
         if not x.flags.c_contiguous:
             raise InputError(f"{role} {name!r}: the array is not C-contiguous (strides {x.strides} for shape "
                              f"{x.shape}); pass numpy.ascontiguousarray(x)")
@@ -83,8 +88,9 @@ def _check_array(name: str, x: object, role: str) -> _Arg:
         if t.device.type != "cpu":
             raise InputError(f"{role} {name!r}: the tensor is on {t.device}; Prism's CPU kernels need CPU tensors "
                              "(x.cpu())")
-        if str(t.dtype) != "torch.float32":
-            raise InputError(f"{role} {name!r}: expected dtype torch.float32, got {t.dtype}; convert with x.float()")
+        if str(t.dtype) != f"torch.{dt.name}":
+            raise InputError(f"{role} {name!r}: expected dtype torch.{dt.name}, got {t.dtype}; convert with "
+                             f"x.to(torch.{dt.name})")
         if not t.is_contiguous():
             raise InputError(f"{role} {name!r}: the tensor is not contiguous (stride {tuple(t.stride())} for shape "
                              f"{tuple(t.shape)}); pass x.contiguous()")
@@ -96,7 +102,7 @@ def _check_array(name: str, x: object, role: str) -> _Arg:
                              "torch.inference_mode(), or pass x.detach()")
         return _Arg(int(t.data_ptr()), tuple(t.shape), True)
     raise InputError(f"{role} {name!r}: expected a numpy.ndarray or a torch.Tensor, got {type(x).__name__}; "
-                     "wrap it with numpy.asarray(x, dtype=numpy.float32)")
+                     f"wrap it with numpy.asarray(x, dtype={_np_spelling(dt)})")
 
 
 class Variant:
@@ -154,6 +160,9 @@ class Kernel:
         self.isa = ISA_.get(isa)
         self.input_names = tuple(graph.inputs)
         self.output_names = tuple(graph.output_names)
+        self.input_dtypes = tuple(n.dtype for n in graph.inputs.values())
+        self.output_dtypes = tuple(n.dtype for n in graph.outputs)
+        self._torch_out: tuple | None = None   # the outputs' torch dtypes (torch imported by the caller)
         self._variants: dict[tuple, Variant] = {}
         self._by_shapes: dict[tuple, Variant] = {}
         self._fast: dict[tuple, tuple[Variant, tuple]] = {}   # call_tensors: shapes -> (variant, output shapes)
@@ -227,7 +236,7 @@ class Kernel:
         missing = [k for k in self.input_names if k not in inputs]
         if missing:
             raise InputError(f"missing input(s) {missing}; this kernel takes {list(self.input_names)}")
-        args = [_check_array(k, inputs[k], "input") for k in self.input_names]
+        args = [_check_array(k, inputs[k], "input", dt) for k, dt in zip(self.input_names, self.input_dtypes)]
         shapes = tuple(a.shape for a in args)
         v = self._by_shapes.get(shapes)
         if v is None:  # first call with these shapes: bind the symbols (clear errors on mismatches)
@@ -236,7 +245,7 @@ class Kernel:
         use_torch = any(a.torch for a in args)
         if use_torch and out is None:  # torch in, fresh torch tensors out (PyTorch's allocator: 64-byte aligned)
             empty = sys.modules["torch"].empty
-            res = [empty(s) for s in v.gen.output_shapes]
+            res = [empty(s, dtype=d) for s, d in zip(v.gen.output_shapes, self.torch_output_dtypes())]
             v.run([a.ptr for a in args] + [r.data_ptr() for r in res])
             return res[0] if len(res) == 1 else dict(zip(self.output_names, res))
         outs = self._outputs(v, out, use_torch, args)
@@ -262,19 +271,30 @@ class Kernel:
             hit = self._fast[shapes] = (v, tuple(v.gen.output_shapes))
         return hit
 
+    def torch_output_dtypes(self) -> tuple:
+        """The outputs' dtypes as torch dtypes (torch is imported by whoever passes torch tensors)."""
+        if self._torch_out is None:
+            torch = sys.modules["torch"]
+            self._torch_out = tuple(getattr(torch, d.name) for d in self.output_dtypes)
+        return self._torch_out
+
     def call_tensors(self, args: list[Any]) -> list[Any]:
         """The lean call path of the frontend's pieces: ``args`` are torch tensors in ``input_names`` order
         that the caller has checked (float32, CPU, contiguous, no autograd recording); returns fresh output
         tensors in ``output_names`` order. The shapes still select (and on first use bind and compile) the
         variant, so a shape the program does not accept raises the same errors as :meth:`call`."""
         v, out_shapes = self.variant_for(tuple(tuple(a.shape) for a in args))
-        return self.run_variant(v, out_shapes, args)
+        return self.run_variant(v, out_shapes, args, self.torch_output_dtypes())
 
     @staticmethod
-    def run_variant(v: Variant, out_shapes: tuple, args: list[Any]) -> list[Any]:
-        """Run variant ``v`` (from :meth:`variant_for`) on checked torch tensors; fresh outputs."""
+    def run_variant(v: Variant, out_shapes: tuple, args: list[Any], dtypes: tuple | None = None) -> list[Any]:
+        """Run variant ``v`` (from :meth:`variant_for`) on checked torch tensors; fresh outputs (of
+        ``dtypes``, torch dtypes; default float32)."""
         empty = sys.modules["torch"].empty
-        outs = [empty(s) for s in out_shapes]  # PyTorch's CPU allocator aligns to 64 bytes
+        if dtypes is None:
+            outs = [empty(s) for s in out_shapes]  # PyTorch's CPU allocator aligns to 64 bytes
+        else:
+            outs = [empty(s, dtype=d) for s, d in zip(out_shapes, dtypes)]
         v.run([a.data_ptr() for a in args] + [o.data_ptr() for o in outs])
         return outs
 
@@ -282,8 +302,8 @@ class Kernel:
         shapes = v.gen.output_shapes
         if out is None:
             res = []
-            for s in shapes:
-                a = _aligned_empty(s)
+            for s, dt in zip(shapes, self.output_dtypes):
+                a = _aligned_empty(s, dt.np)
                 res.append((a, _Arg(a.ctypes.data, s, False)))
             return res
         if not isinstance(out, Mapping):
@@ -298,13 +318,13 @@ class Kernel:
                              + (f"; unknown {unknown}" if unknown else "")
                              + (f"; missing {missing}" if missing else ""))
         res = []
-        for name, s in zip(self.output_names, shapes):
-            a = _check_array(name, out[name], "output")
+        for name, s, dt in zip(self.output_names, shapes, self.output_dtypes):
+            a = _check_array(name, out[name], "output", dt)
             if a.shape != s:
                 raise InputError(f"output {name!r}: expected shape {s}, got {a.shape}")
-            nbytes = 4 * math.prod(s)
-            for k, ia in zip(self.input_names, args):
-                ib = 4 * math.prod(ia.shape)
+            nbytes = dt.itemsize * math.prod(s)
+            for k, ia, idt in zip(self.input_names, args, self.input_dtypes):
+                ib = idt.itemsize * math.prod(ia.shape)
                 if a.ptr < ia.ptr + ib and ia.ptr < a.ptr + nbytes:
                     raise InputError(f"output {name!r} overlaps input {k!r}; pass a separate buffer")
             res.append((out[name], a))

@@ -105,6 +105,11 @@ def build_graph(prog: CoreProgram, cand: KernelCandidate, choice: Sequence[tuple
             bg = build_block_graph(s, a, srcs, ci, s.sizes or None)
             tensors.extend(g.customized(bg, srcs))
             ci += 1
-    for k, (name_, idx) in enumerate(zip(program.output_names, cand.outputs)):
-        g.output(prog.wrap_output(g, k, tensors[idx]), name_)
+    for k, (name_, idx, want) in enumerate(zip(program.output_names, cand.outputs, program.outputs)):
+        t = prog.wrap_output(g, k, tensors[idx])
+        if t.dtype != want.dtype:
+            # the search drops casts to float32 (the identity on values, prism.search.abstract): the output
+            # is stored as the program's dtype
+            t = g.cast(t, want.dtype)
+        g.output(t, name_)
     return g

@@ -42,8 +42,9 @@ from prism.search.space import Limits, derive_opset
 from prism.search.splitk import Refusal, estimate_split, split_reduction
 from prism.search.stats import Budget, Stats, StopReason, StopSearch
 
-VERSION = "search/4"  # 2: split-reduction variants; 3: checksummed envelope, verifier fingerprint in the key;
-# 4: block graphs carry their split counts (BlockGraph.splits)
+VERSION = "search/5"  # 2: split-reduction variants; 3: checksummed envelope, verifier fingerprint in the key;
+# 4: block graphs carry their split counts (BlockGraph.splits); 5: dtypes (casts to float32 abstractly the
+# identity, mixed float operands promote, outputs cast to the program's dtype)
 # part of the cache key only (the file format is unchanged): results of an older space are not reused.
 # 1: several program outputs (savers of used tiles, outputs needing no user), level 0, square permutes
 SPACE = 1

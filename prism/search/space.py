@@ -120,6 +120,11 @@ def derive_opset(graph: Any, table_ops: set[str]) -> list[Template]:
         if n.op in ("input", "output"):
             continue
         rank = len(n.src[0].shape) if n.src else len(n.shape)
+        if n.op == "cast" and n.arg[0] in ("float32", "float64"):
+            # the identity on values (prism.search.abstract): never worth placing (as an operator search may
+            # apply anywhere it multiplied the states: a Linear of an int8 weight, 500k states, time limit);
+            # operators promote the dtypes it would have changed, build_graph casts the outputs
+            continue
         add(n.op, _rel(n.op, n.arg, rank))
         if n.op == "rms_norm":
             d = n.arg[0] - rank

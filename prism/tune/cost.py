@@ -43,7 +43,7 @@ from prism.ir.node import Node
 from prism.ir.ops import OPS
 from prism.tune.machine import Machine
 
-BYTES = 4                  # float32
+BYTES = 4                  # float32: tiles in registers and scratch, whatever their storage dtype
 LINE = 64                  # cache line
 BLOCK_S = 0.05e-6          # per block: pointers, accumulator init, epilogue bookkeeping
 ITER_S = 4e-9              # per for-loop iteration
@@ -150,12 +150,18 @@ def contiguous_run(tile: tuple, full: tuple) -> int:
     return max(run, 1)
 
 
-def _line_bytes(tile: tuple, full: tuple) -> int:
-    """Bytes moved for one tile read, rounded to whole cache lines per contiguous run."""
+def itemsize(dtype: object) -> int:
+    """Bytes per element of a tensor stored as ``dtype`` (bfloat16 2, int8 1; BYTES when unknown)."""
+    return int(getattr(dtype, "itemsize", BYTES))
+
+
+def _line_bytes(tile: tuple, full: tuple, size: int = BYTES) -> int:
+    """Bytes moved for one tile read of elements of ``size`` bytes, rounded to whole cache lines per
+    contiguous run."""
     elems = numel(tile)
     run = contiguous_run(tile, full)
     runs = max(1, elems // run)
-    return runs * LINE * math.ceil(run * BYTES / LINE)
+    return runs * LINE * math.ceil(run * size / LINE)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -194,14 +200,15 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
         if n.op == "iter":
             idx, _imap, fmap = n.arg
             full, tile = S(bg.inputs[idx].shape), S(n.shape)
+            size = itemsize(bg.inputs[idx].dtype)
             trips = F if fmap is not None else 1
-            reads[idx] = reads.get(idx, 0) + _line_bytes(tile, full) * trips * nb
+            reads[idx] = reads.get(idx, 0) + _line_bytes(tile, full, size) * trips * nb
             # the tiling cuts the tensor into runs; each costs a latency once (re-reads hit the cache)
             runs[idx] = max(runs.get(idx, 0), numel(full) // contiguous_run(tile, full))
             if not streamed.get(n, False):
                 # a right matmul operand is streamed through the registers panel by panel (the code
                 # generator's nn kernel reuses each panel from L1 across row groups): not resident
-                ws += numel(tile) * BYTES
+                ws += numel(tile) * size
             continue
         if n.op == "save":
             continue
@@ -217,8 +224,9 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
         # element-wise nodes with one consumer are fused into it by the code generator (no tile)
         if n.op == "acc" or (n.op not in LAYOUT and not (consumers.get(n, 0) == 1 and n.op not in ("matmul",))):
             ws += numel(S(n.shape)) * BYTES
-    out_bytes = sum(numel(S(s.shape)) * BYTES * nb * (F if s.arg[2] is not None else 1) for s in bg.outputs)
-    unique_total = sum(numel(S(bg.inputs[i].shape)) * BYTES for i in reads)
+    out_bytes = sum(numel(S(s.shape)) * itemsize(s.dtype) * nb * (F if s.arg[2] is not None else 1)
+                    for s in bg.outputs)
+    unique_total = sum(numel(S(bg.inputs[i].shape)) * itemsize(bg.inputs[i].dtype) for i in reads)
     cache = m.l3 * L3_SHARE + active * m.l2
     resident = min(1.0, cache / max(1, unique_total + out_bytes))   # the share repeated calls find in cache
     per_dram = 1.0 / min(m.bandwidth_1, m.bandwidth / active)       # seconds per byte, one busy thread
@@ -228,7 +236,7 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
     t_bytes = 0.0
     logical = 0
     for idx, r in reads.items():
-        unique = numel(S(bg.inputs[idx].shape)) * BYTES
+        unique = numel(S(bg.inputs[idx].shape)) * itemsize(bg.inputs[idx].dtype)
         logical += r
         first, extra = min(r, unique), max(0, r - unique)
         miss = 0.0 if unique <= cache else (unique - cache) / unique   # re-reads of a replicated input
@@ -256,7 +264,7 @@ def _predefined_cost(n: Node, m: Machine, S: Dims) -> OpCost:
     if n.op in ("reshape", "input", "output", "result"):
         return OpCost(n.op, 0.0, 0, 0)
     out = numel(S(n.shape))
-    nbytes = (sum(numel(S(x.shape)) for x in n.src) + out) * BYTES
+    nbytes = sum(numel(S(x.shape)) * itemsize(x.dtype) for x in n.src) + out * itemsize(n.dtype)
     flops = _node_flops(n, S)
     if out >= PARALLEL_MIN:
         sec = max(nbytes / m.bandwidth, flops / m.peak_flops) + FORK_S

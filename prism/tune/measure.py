@@ -24,7 +24,7 @@ import numpy as np
 from prism.ir.graph import Graph
 from prism.runtime.kernel import Kernel, _aligned_empty
 from prism.runtime.kernel import compile as compile_graph
-from prism.verify.numeric import reduction_length, to_float32, tolerance
+from prism.verify.numeric import reduction_length, rounding_allowance, to_dtype, tolerance
 
 
 @dataclass(frozen=True)
@@ -46,19 +46,24 @@ def compile_all(graphs: Sequence[Graph], workers: int) -> list[Kernel | BaseExce
         return list(pool.map(one, graphs))
 
 
-def float32_inputs(draw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The float32 copy of the numeric verifier's float64 draw, 64-byte aligned (as the benchmark harness
+def typed_inputs(program: Graph, draw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The numeric verifier's float64 draw in each input's dtype, 64-byte aligned (as the benchmark harness
     gives inputs), for the candidates."""
-    return {k: to_float32(v, out=_aligned_empty(v.shape)) for k, v in draw.items()}
+    dts = {k: n.dtype for k, n in program.inputs.items()}
+    return {k: to_dtype(v, dts[k], out=_aligned_empty(v.shape, dts[k].np)) for k, v in draw.items()}
 
 
 def output_buffers(kernel: Kernel, env: Mapping[str, int]) -> dict[str, np.ndarray]:
     v = kernel.specialize(**{k: v for k, v in env.items() if k in kernel._dims})
-    return {n: _aligned_empty(s) for n, s in zip(kernel.output_names, v.gen.output_shapes)}
+    return {n: _aligned_empty(s, dt.np) for n, s, dt in zip(kernel.output_names, v.gen.output_shapes,
+                                                           kernel.output_dtypes)}
 
 
 def reference_tolerance(program: Graph, env: Mapping[str, int]) -> float:
-    return tolerance(reduction_length(program, env))
+    """The numeric verifier's tolerance at ``env`` (with the low-precision rounding allowance of the output
+    that allows the most)."""
+    rounding = max((rounding_allowance(program, o) for o in program.output_names), default=0.0)
+    return tolerance(reduction_length(program, env), rounding=rounding)
 
 
 def time_interleaved(fns: Sequence[Callable[[], object]], *, budget_s: float = 0.4, block_s: float = 0.002,

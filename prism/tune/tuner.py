@@ -259,7 +259,7 @@ def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Ma
     STATS.compiles += len(chosen)
     t2 = time.perf_counter()
     draw, ref = normal_reference(program, env, seed)   # shared with the search's big-shape check, if any
-    inputs = MS.float32_inputs(draw)
+    inputs = MS.typed_inputs(program, draw)
     tol = MS.reference_tolerance(program, env)
     kernels: dict[int, Kernel] = {}
     out: dict[str, np.ndarray] | None = None  # one set of output buffers for every candidate: bounded memory

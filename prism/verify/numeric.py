@@ -53,6 +53,7 @@ import numpy as np
 from prism.errors import PrismError
 from prism.ir import dims as D
 from prism.ir.block import BlockGraph
+from prism.ir.dtypes import DType, float32, of_array, round_to
 from prism.ir.graph import Graph
 
 RTOL = 1e-4
@@ -74,8 +75,11 @@ class Runner:
 
 
 def interpreter_runner(dtype: object = np.float32) -> Runner:
-    """The reference interpreters (block graphs simulated literally) in ``dtype``."""
+    """The reference interpreters (block graphs simulated literally) in ``dtype`` (float32: each input given in
+    its declared dtype, computed in float32, each output stored in its dtype, as generated code does)."""
     def run(g: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, int]) -> Mapping[str, np.ndarray]:
+        if np.dtype(dtype) == np.float32:
+            return g.evaluate({k: to_dtype(v, g.inputs[k].dtype) for k, v in inputs.items()}, params=params)
         return g.evaluate({k: v.astype(dtype) for k, v in inputs.items()}, params=params)
     return Runner(f"interpreter[{np.dtype(dtype).name}]", run)
 
@@ -84,12 +88,13 @@ def compiled_runner(compile_fn: Callable[[Graph, Mapping[str, int]], Callable[..
                     float32: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> Runner:
     """A runner for generated code, e.g. ``compiled_runner(prism.runtime.kernel.compile)``.
 
-    ``compile_fn(graph, params)`` returns a callable taking the inputs as float32 keyword arrays and
-    returning a dict by output name, a tuple in output order, or the single output array.
+    ``compile_fn(graph, params)`` returns a callable taking the inputs as keyword arrays of their declared
+    dtypes (float32, bfloat16, ...) and returning a dict by output name, a tuple in output order, or the
+    single output array.
 
-    The float32 copy of an input array is made once and reused while a later run passes the same array
+    The typed copy of an input array is made once and reused while a later run passes the same array
     (the input kinds share every input but the changed one: converting W3's 360 MB of weights three times
-    took 0.9 s of a final check); ``float32`` seeds that memo with ``(float64 array, its float32 copy)``
+    took 0.9 s of a final check); ``float32`` seeds that memo with ``(float64 array, its typed copy)``
     pairs the caller already has. The memo keeps those pairs, the first run's arrays (the draw every kind
     starts from) and the last run's.
     """
@@ -97,14 +102,14 @@ def compiled_runner(compile_fn: Callable[[Graph, Mapping[str, int]], Callable[..
     memo = dict(kept)
     first = True
 
-    def convert(v: np.ndarray) -> np.ndarray:
+    def convert(v: np.ndarray, dtype: DType) -> np.ndarray:
         hit = memo.get(id(v))
-        return hit[1] if hit is not None and hit[0] is v else to_float32(v)
+        return hit[1] if hit is not None and hit[0] is v and hit[1].dtype == dtype.np else to_dtype(v, dtype)
 
     def run(g: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, int]) -> Mapping[str, np.ndarray]:
         nonlocal memo, first
         kernel = compile_fn(g, dict(params))
-        x = {k: convert(v) for k, v in inputs.items()}
+        x = {k: convert(v, g.inputs[k].dtype) for k, v in inputs.items()}
         this = {id(v): (v, x[k]) for k, v in inputs.items()}
         if first:
             kept.update(this)
@@ -339,8 +344,22 @@ def _run_chunks(tasks: Sequence[Callable[[], object]], elements: int) -> None:
             f.result()
 
 
+def _draw(c: np.ndarray, s: tuple, dtype: DType) -> None:
+    """One chunk of a draw: standard normal, rounded to a low-precision input's precision (the float64
+    reference then sees exactly the values the candidate is given); an int8 input gets integers in
+    [-127, 127] (a quantized weight)."""
+    rng = np.random.default_rng(s)
+    if dtype.kind == "int":
+        c[...] = rng.integers(-127, 128, c.size)
+        return
+    rng.standard_normal(out=c)
+    if dtype.low_precision:
+        c[...] = round_to(c, dtype)
+
+
 def standard_normal_inputs(reference: Graph, env: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
-    """Standard-normal float64 inputs of ``reference`` at ``env`` (the ``normal`` kind's draw)."""
+    """Standard-normal float64 inputs of ``reference`` at ``env`` (the ``normal`` kind's draw), each exactly
+    representable in its input's dtype."""
     out: dict[str, np.ndarray] = {}
     tasks: list[Callable[[], object]] = []
     shapes = [tuple(int(D.evaluate(d, env)) for d in node.shape) for node in reference.inputs.values()]
@@ -348,9 +367,10 @@ def standard_normal_inputs(reference: Graph, env: Mapping[str, int], seed: int) 
     for i, (name, shape) in enumerate(zip(reference.inputs, shapes)):
         a = np.empty(shape)
         flat = a.reshape(-1)
+        dt = reference.inputs[name].dtype
         for j, lo in enumerate(range(0, flat.size, _CHUNK)):
             chunk = flat[lo:lo + _CHUNK]
-            tasks.append(lambda c=chunk, s=(seed, key, i, j): np.random.default_rng(s).standard_normal(out=c))
+            tasks.append(lambda c=chunk, s=(seed, key, i, j), dt=dt: _draw(c, s, dt))
         out[name] = a
     _run_chunks(tasks, sum(a.size for a in out.values()))
     return out
@@ -382,14 +402,23 @@ def forget_normal_reference() -> None:
 
 def to_float32(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """A C-contiguous float32 copy of ``a`` (into ``out`` when given), chunked over the cores when large."""
+    return to_dtype(a, float32, out)
+
+
+def to_dtype(a: np.ndarray, dtype: DType, out: np.ndarray | None = None) -> np.ndarray:
+    """A C-contiguous copy of ``a`` in ``dtype`` (into ``out`` when given), chunked over the cores when large.
+    Values not representable in a low-precision dtype are rounded (the draws here are representable)."""
     a = np.asarray(a)
+    want = dtype.np
     if out is None:
-        if a.dtype == np.float32 and a.flags.c_contiguous:
+        if a.dtype == want and a.flags.c_contiguous:
             return a
-        out = np.empty(a.shape, np.float32)
-    elif out.shape != a.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise PrismError(f"to_float32: out must be a C-contiguous float32 array of shape {a.shape}, "
+        out = np.empty(a.shape, want)
+    elif out.shape != a.shape or out.dtype != want or not out.flags.c_contiguous:
+        raise PrismError(f"to_dtype: out must be a C-contiguous {dtype} array of shape {a.shape}, "
                          f"got {out.dtype} {out.shape}")
+    if dtype.low_precision and dtype.kind == "float" and a.dtype == np.float64:
+        a = a.astype(np.float32)  # round as the kernels do: float32 first (exact for the draws here)
     src, dst = np.ascontiguousarray(a).reshape(-1), out.reshape(-1)
     tasks = [lambda lo=lo: np.copyto(dst[lo:lo + _CHUNK], src[lo:lo + _CHUNK], casting="unsafe")
              for lo in range(0, src.size, _CHUNK)]
@@ -412,13 +441,27 @@ def make_inputs(reference: Graph, env: Mapping[str, int], kind: str, seed: int, 
         raise PrismError(f"hostile_input {target!r} is not an input of the reference ({names})")
     if base is None:
         base = standard_normal_inputs(reference, env, seed)
-    return _vary(base, kind, (target,))
+    return _vary(base, kind, (target,), _dtypes(reference))
 
 
-def _vary(base: Mapping[str, np.ndarray], kind: str, targets: Collection[str]) -> dict[str, np.ndarray]:
-    """``base`` with the ``targets`` multiplied by the kind's factor; every other array is ``base``'s own."""
+def _dtypes(reference: Graph) -> dict[str, DType]:
+    return {k: n.dtype for k, n in reference.inputs.items()}
+
+
+def _vary(base: Mapping[str, np.ndarray], kind: str, targets: Collection[str],
+          dtypes: Mapping[str, DType] | None = None) -> dict[str, np.ndarray]:
+    """``base`` with the ``targets`` multiplied by the kind's factor (rounded again to a low-precision input's
+    precision; an integer input is only negated, never scaled); every other array is ``base``'s own."""
     scale = _SCALE[kind]
-    return {name: a * scale if name in targets and scale != 1.0 else a for name, a in base.items()}
+    dtypes = dtypes or {}
+    out = {}
+    for name, a in base.items():
+        dt = dtypes.get(name, float32)
+        if name not in targets or scale == 1.0 or (dt.kind == "int" and scale != -1.0):
+            out[name] = a
+        else:
+            out[name] = round_to(a * scale, dt) if dt.low_precision else a * scale
+    return out
 
 
 def _targets(reference: Graph, hostile_input: str | Sequence[str] | None) -> list[str]:
@@ -466,8 +509,28 @@ def reduction_length(reference: Graph, env: Mapping[str, int]) -> int:
     return k
 
 
-def tolerance(k: int, rtol: float = RTOL) -> float:
-    return rtol * math.sqrt(max(1.0, k / 64))
+def tolerance(k: int, rtol: float = RTOL, rounding: float = 0.0) -> float:
+    """``rtol * sqrt(max(1, k / 64))`` (float32 sums of ``k`` terms) plus ``rounding``
+    (:func:`rounding_allowance`: what storing values in a low-precision dtype adds)."""
+    return rtol * math.sqrt(max(1.0, k / 64)) + rounding
+
+
+# A low-precision output is off the float64 reference by up to its dtype's eps (relative, round to nearest);
+# the allowance is ROUNDINGS of them: the output's own rounding, and one more for a rounding inside the
+# program (a cast, or an intermediate an implementation stores in the program's dtype) that the reference
+# makes from float64 and the kernel from float32. A kernel that accumulates a matmul or a sum in bfloat16
+# errs by ~eps * sqrt(K) or more (tests/cpu/test_low_precision.py: rejected at K = 64 and above).
+ROUNDINGS = 2
+
+
+def rounding_allowance(reference: Graph, output: str) -> float:
+    """The error that storing values in low precision adds to ``output`` of ``reference``: ``ROUNDINGS`` times
+    the largest eps among the output's dtype and the program's casts (0 for a float32 program)."""
+    eps = 0.0
+    for n in reference.nodes:
+        if n.op == "cast" or (n.op == "output" and n.arg[0] == output):
+            eps = max(eps, n.dtype.eps)
+    return ROUNDINGS * eps
 
 
 def _same_class(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -495,9 +558,10 @@ class _Float32Program:
     def __call__(self, name: str) -> np.ndarray | None:
         if self.outputs is None:
             try:
-                with np.errstate(all="ignore"):
-                    self.outputs = self.reference.evaluate({k: to_float32(v) for k, v in self.inputs.items()},
-                                                           params=self.env)
+                with np.errstate(all="ignore"):  # float32 throughout: a low-precision output is not rounded
+                    self.outputs = self.reference.evaluate(   # here, its own error is the program's arithmetic
+                        {k: to_dtype(v, self.reference.inputs[k].dtype) for k, v in self.inputs.items()},
+                        dtype=np.float32, params=self.env)
             except Exception:  # no baseline: nothing is excused
                 self.outputs = {}
         out = self.outputs.get(name)
@@ -526,15 +590,20 @@ def _ill_conditioned_fraction(p32: np.ndarray, rf: np.ndarray, masks: list, scal
     return bad / max(total, 1)
 
 
-def _compare(c: np.ndarray, r: np.ndarray,
-             program32: Callable[[], np.ndarray | None] | None = None) -> tuple[float, str]:
+def _compare(c: np.ndarray, r: np.ndarray, program32: Callable[[], np.ndarray | None] | None = None,
+             own_from: float = OWN_ERROR_FROM, stored: DType | None = None) -> tuple[float, str]:
     """(error, why): inf when the NaN / +inf / -inf positions differ, else the largest relative difference
     ``|c - r| / (|r| + rms(r))`` over the positions where both are finite.
 
     ``program32``: the reference program's output in float32; where the candidate is non-finite and the
     float64 reference finite, the position is excused if the program itself is non-finite the same way in
     float32 (the candidate overflows exactly as the program does). Works in chunks of ``COMPARE_CHUNK`` elements,
-    so a 1 GB output is compared without gigabytes of float64 temporaries."""
+    so a 1 GB output is compared without gigabytes of float64 temporaries.
+
+    ``stored``: the output's low-precision dtype: an overflow of that dtype in the program's own float32 run,
+    rounded to it, excuses the candidate's infinity there too; and each element may be off by its rounding
+    in the subnormal range, ``ROUNDINGS * stored.tiny`` absolute (float16 stores a 1e-6 result to 6e-8)."""
+    floor = ROUNDINGS * stored.tiny if stored is not None and stored.low_precision else 0.0
     if c.shape != r.shape:
         return math.inf, f"shape {c.shape} != reference shape {r.shape}"
     cf, rf = np.asarray(c).reshape(-1), np.asarray(r).reshape(-1)
@@ -551,7 +620,11 @@ def _compare(c: np.ndarray, r: np.ndarray,
                 got = program32()
                 p = got.reshape(-1) if got is not None and got.shape == c.shape else np.zeros(0)
             if p.size:
-                excused = over & _same_class(cc, p[i:i + COMPARE_CHUNK])
+                pc = p[i:i + COMPARE_CHUNK]
+                if floor:  # the program's own result stored in the output's dtype (it may overflow there)
+                    with np.errstate(all="ignore"):
+                        pc = round_to(pc.astype(np.float32), stored)
+                excused = over & _same_class(cc, pc)
         bad = _nonfinite_mismatch(cc, rc, np.ones(cc.shape, bool) if excused is None else ~excused)
         if bad is not None:
             label, n, j = bad
@@ -577,13 +650,15 @@ def _compare(c: np.ndarray, r: np.ndarray,
             if fin.any():
                 cc = cf[i:i + COMPARE_CHUNK][fin].astype(np.float64)
                 diff = np.abs(cc - rc[fin])
+                if floor:
+                    diff = np.maximum(diff - floor, 0.0)
                 if p32 is not None:  # the program's own float32 error at each element, times OWN_ERROR_FACTOR
                     own = np.abs(p32[i:i + COMPARE_CHUNK][fin].astype(np.float64) - rc[fin])
                     diff = np.maximum(diff - OWN_ERROR_FACTOR * np.nan_to_num(own, nan=0.0, posinf=0.0), 0.0)
                 worst = max(worst, float(np.max(diff / (np.abs(rc[fin]) + scale))))
         return worst
     worst = worst_error(None)
-    if worst > OWN_ERROR_FROM and program32 is not None:
+    if worst > own_from and program32 is not None:
         # near a pole (x / (x + 1) at x = -1) the program itself, run in float32, is that far off: a
         # candidate is judged by the error it adds beyond OWN_ERROR_FACTOR times the program's own
         if p is None:
@@ -603,7 +678,9 @@ def max_error(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> f
     the tuner checks each candidate with."""
     worst = 0.0
     for name, r in ref.items():
-        worst = max(worst, _compare(np.asarray(got[name]), np.asarray(r))[0])
+        c = np.asarray(got[name])
+        stored = of_array(c) if c.dtype.name in ("bfloat16", "float16") else None
+        worst = max(worst, _compare(c, np.asarray(r), stored=stored)[0])
     return worst
 
 
@@ -646,6 +723,8 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
                 raise PrismError(f"numeric_check: draws[{seed}] has shapes {got}; the reference's inputs at "
                                  f"{envs[0]} have {want}")
     checks: list[Check] = []
+    rounding = {o: rounding_allowance(reference, o) for o in reference.output_names}
+    out_dtypes = {n.arg[0]: n.dtype for n in reference.outputs}
     for env in envs:
         k = reduction_length(reference, env)
         tol = tolerance(k, rtol)
@@ -654,7 +733,7 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
         for kind, seed, changed in _plan(reference, env, kinds, seeds, scaled):
             if seed not in drawn:
                 drawn[seed] = standard_normal_inputs(reference, env, seed)
-            x = _vary(drawn[seed], kind, changed)
+            x = _vary(drawn[seed], kind, changed, _dtypes(reference))
             # (checked above: a reference given for a seed is of draws[seed], the inputs used here)
             known = (normal_references or {}).get(seed) if kind == "normal" else None
             if known is not None:
@@ -669,7 +748,7 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
                     with np.errstate(all="ignore"):
                         got = runner.run(candidate, x, env)
                 except Exception as e:  # any failure to run the candidate is a failed check
-                    checks += [Check(runner.name, key, kind, seed, o, math.inf, tol, False,
+                    checks += [Check(runner.name, key, kind, seed, o, math.inf, tol + rounding[o], False,
                                      f"failed to run: {type(e).__name__}: {e}", label) for o in ref]
                     continue
                 for o, r in ref.items():
@@ -677,8 +756,10 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
                         checks.append(Check(runner.name, key, kind, seed, o, math.inf, tol, False, "output missing",
                                             label))
                         continue
-                    err, why = _compare(np.asarray(got[o]), np.asarray(r), functools.partial(program32, o))
-                    checks.append(Check(runner.name, key, kind, seed, o, err, tol, err <= tol, why, label))
+                    err, why = _compare(np.asarray(got[o]), np.asarray(r), functools.partial(program32, o),
+                                        max(OWN_ERROR_FROM, rounding[o]), out_dtypes[o])
+                    tol_o = tol + rounding[o]
+                    checks.append(Check(runner.name, key, kind, seed, o, err, tol_o, err <= tol_o, why, label))
             if stop_on_failure and any(not c.ok for c in checks):
                 break
         if stop_on_failure and any(not c.ok for c in checks):
@@ -689,4 +770,4 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
 
 __all__ = ["KINDS", "RTOL", "SEEDS", "SMALL_INPUT", "Check", "NumericResult", "Runner", "choose_instantiations",
            "compiled_runner", "generalized", "interpreter_runner", "make_inputs", "numeric_check", "reduction_length",
-           "standard_normal_inputs", "to_float32", "tolerance"]
+           "rounding_allowance", "standard_normal_inputs", "to_dtype", "to_float32", "tolerance"]

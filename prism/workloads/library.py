@@ -302,7 +302,7 @@ W7 = Workload("W7", "lora", "Y = X @ W + (X @ A) @ B",
                                  "B": (s["r"], s["m"])},
               _w7_program, _w7_hand, _linear_params, _linear_alt, "X", _LINEAR_RULE,
               "X@A as a small kernel; one kernel looping over the contraction of concat(X, X@A) @ concat(W, B)",
-              extra={"weights": ("W", "A", "B")})
+              extra={"weights": ("W", "A", "B"), "int8_weights": ("W",)})  # the adapters stay float
 
 _DIMNAMES.update({
     "W1": {"X": ("n", "d"), "W": ("d", "m")},

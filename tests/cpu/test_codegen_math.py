@@ -148,10 +148,19 @@ def test_sin_cos(lib: ctypes.CDLL) -> None:
     assert np.isnan(sp[4]) and np.isnan(sp[5])  # out of range: NaN, never a wrong finite value
 
 
+def _same_table(fit: tuple[float, ...], table: tuple[float, ...]) -> bool:
+    """The fit rounds float64 least-squares coefficients to float32; LAPACK's result differs in the last
+    float64 bits between CPUs (an AVX2 Zen 3 host moved one erfc coefficient by one float32 ulp), so a
+    coefficient may be off by an ulp of its float32 value."""
+    a, b = np.asarray(fit, np.float32), np.asarray(table, np.float32)
+    return len(a) == len(b) and bool(np.all(np.abs(a - b) <= np.spacing(np.abs(b))))
+
+
 def test_polynomial_tables_are_reproducible() -> None:
     from prism.codegen import prelude as P
     h = math.pi / 4
-    assert P.fit_poly(lambda x: _erfc(x) * np.exp(x * x), 1.0, 4.0, 8, var=lambda x: 1 / x) == P.ERFC_BIG
-    assert P.fit_poly(lambda r: np.where(np.abs(r) < 1e-4, -1 / 6 + r * r / 120,
-                                         (np.sin(r) - r) / np.where(r == 0, 1, r) ** 3), 1e-6, h, 2,
-                      var=lambda r: r * r) == P.SIN_POLY
+    assert _same_table(P.fit_poly(lambda x: _erfc(x) * np.exp(x * x), 1.0, 4.0, 8, var=lambda x: 1 / x),
+                       P.ERFC_BIG)
+    assert _same_table(P.fit_poly(lambda r: np.where(np.abs(r) < 1e-4, -1 / 6 + r * r / 120,
+                                                     (np.sin(r) - r) / np.where(r == 0, 1, r) ** 3), 1e-6, h, 2,
+                                  var=lambda r: r * r), P.SIN_POLY)

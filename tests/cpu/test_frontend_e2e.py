@@ -1,6 +1,6 @@
 """prism.optimize and torch.compile(backend="prism") end to end on small models: pieces run as Prism
 kernels (asserted through reports and call counters), results match eager PyTorch, and everything
-Prism cannot run — unsupported operators, graph breaks, non-contiguous inputs, bfloat16/float16,
+Prism cannot run — unsupported operators, graph breaks, non-contiguous inputs, float64,
 autograd, a failed superoptimize — runs correctly in PyTorch with a log line."""
 
 from __future__ import annotations
@@ -265,19 +265,62 @@ def test_non_contiguous_inputs() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_runs_in_pytorch(dtype: torch.dtype, caplog: pytest.LogCaptureFixture) -> None:
+def test_low_precision_models_run_on_prism(dtype: torch.dtype) -> None:
+    """A model moved to bfloat16/float16 runs on Prism (float32 arithmetic, values rounded where PyTorch stores
+    them): within two roundings of the dtype of the float64 result of the same low-precision weights, as
+    close as eager itself."""
     m = MLP().to(dtype)
     x = _x(3).to(dtype)
+    with torch.no_grad():
+        got = torch.compile(m, backend="prism", options=OPTS)(x)
+        eager = m(x)
+        exact = MLP().double()
+        exact.load_state_dict({k: v.double() for k, v in m.state_dict().items()})
+        ref = exact(x.double())
+    assert got.dtype == dtype
+    eps = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[dtype]
+    err = float((got.double() - ref).abs().max() / ref.abs().max())
+    err_eager = float((eager.double() - ref).abs().max() / ref.abs().max())
+    assert err <= max(4 * eps, 1.5 * err_eager), (err, err_eager)
+    (rep,) = reports()
+    assert _mlp_pieces(rep) and all(p.runner.prism_calls == 1 for p in rep.prism_pieces()), rep.table()
+
+
+def test_int8_weight_only_models_run_on_prism() -> None:
+    """prism.quantize_weights: Linear layers hold int8 weights [out, in] and per-channel scales; the piece reads
+    the int8 weight as stored and scales after the product. Compared with the same quantized model in eager
+    PyTorch (float32 arithmetic on the same int8 values: float32 tolerance)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 128, bias=False), nn.SiLU(), nn.Linear(128, 64, bias=False)).eval()
+    prism.quantize_weights(m)
+    assert all(isinstance(layer, prism.frontend.Int8Linear) for layer in (m[0], m[2]))
+    assert m[0].qweight.dtype == torch.int8 and m[0].qweight.shape == (128, 64) and m[0].scale.shape == (128, 1)
+    x = _x(3)
+    with torch.no_grad():
+        ref = m(x)
+        full = x @ m[0].dequantized().t()
+        torch.testing.assert_close(m[0](x), full, rtol=1e-5, atol=1e-5)   # the module computes q * s
+        opt = prism.optimize(m, (x,), **OPTS)
+        got = opt(x)
+    _close(got, ref)
+    (rep,) = reports()
+    assert rep.prism_pieces() and all(p.runner.prism_calls >= 1 for p in rep.prism_pieces()), rep.table()
+    assert sum(p.label.count("linear") for p in rep.prism_pieces()) == 2, rep.table()
+    assert any(s.dtype == torch.int8 for p in rep.prism_pieces() for s in p.runner.specs if s is not None)
+
+
+def test_float64_runs_in_pytorch(caplog: pytest.LogCaptureFixture) -> None:
+    m = MLP().double()
+    x = _x(3).double()
     with caplog.at_level(logging.WARNING, logger="prism"), torch.no_grad():
         got = torch.compile(m, backend="prism", options=OPTS)(x)
         ref = m(x)
-    assert got.dtype == dtype
+    assert got.dtype == torch.float64
     _close(got, ref, tol=0.0)  # the same PyTorch operators: identical results
     (rep,) = reports()
     assert not rep.prism_pieces()
-    name = str(dtype).removeprefix("torch.")
     msgs = [r.getMessage() for r in caplog.records]
-    assert any(f"dtype {name}" in s and "float32" in s for s in msgs), msgs
+    assert any("dtype float64" in s and "bfloat16" in s for s in msgs), msgs
 
 
 def test_failed_superoptimize_falls_back_loudly(monkeypatch: pytest.MonkeyPatch,

@@ -46,7 +46,7 @@ def test_tune_measures_the_top_k_and_returns_the_fastest_correct() -> None:
     assert len(blocks) >= 2   # near-ties of one sGraph: the measurement sees more than one block count
     assert r.candidates > 3 and r.top1_ratio is not None and r.top1_ratio >= 1.0
     x64, _ = NU.normal_reference(prog, ENV, seed=3)
-    x = MS.float32_inputs(x64)
+    x = MS.typed_inputs(prog, x64)
     assert all(a.ctypes.data % 64 == 0 and a.dtype == np.float32 and np.array_equal(a, x64[k].astype(np.float32))
                for k, a in x.items())
     y = tuned.kernels[r.winner](**x)

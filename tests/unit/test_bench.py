@@ -338,6 +338,12 @@ def test_select_systems_and_cases() -> None:
     with pytest.raises(PrismError, match="unknown workload"):
         select_cases(["W99"], quick=False)
     assert case_label(WORKLOADS["W6"], WORKLOADS["W6"].shapes[3]) == "b=8,S=4096"
+    bf = select_cases(["W1"], quick=True, precision="bfloat16")
+    assert [(w.id, w.extra["precision"]) for w, _ in bf] == [("W1", "bfloat16")]
+    with pytest.raises(PrismError, match="int8 weight-only applies"):
+        select_cases(["W4"], quick=True, precision="int8w")
+    with pytest.raises(PrismError, match="unknown precision"):
+        select_cases(["W1"], quick=True, precision="fp8")
 
 
 def test_main_rejects_bad_arguments_before_measuring(capsys: pytest.CaptureFixture) -> None:

@@ -99,15 +99,25 @@ def test_operand_dtype_mismatch() -> None:
     assert_mentions(message(e), "add", "float32", "float64", "[3, 4]")
 
 
-def test_unknown_and_planned_dtypes() -> None:
+def test_unknown_dtypes_and_mixed_precision_errors() -> None:
     g = Graph()
     with pytest.raises(DTypeError) as e:
         g.input("x", (2, 2), "float7")
-    assert_mentions(message(e), "float7", "unknown", "float32", "float64")
+    assert_mentions(message(e), "float7", "unknown", "float32", "bfloat16", "int8")
+    x, w = g.input("y", (2, 3), "float32"), g.input("w", (3, 2), "bfloat16")
+    assert g.matmul(x, w).dtype.name == "float32"   # float operands promote to the wider, as in PyTorch
+    q = g.input("q", (3, 2), "int8")
+    assert g.matmul(x, q).dtype.name == "float32"   # an int8 weight is exact in float32
+    with pytest.raises(DTypeError) as e:   # integers alone do not compute: they are weights to scale
+        g.mul(q, q)
+    assert_mentions(message(e), "mul", "int8", "cast", "float32", "scale")
     with pytest.raises(DTypeError) as e:
-        g.input("y", (2, 2), "bfloat16")
-    assert_mentions(message(e), "bfloat16", "not supported yet", "float32")
-    assert "unknown" not in message(e)  # a planned dtype is not reported as unknown
+        g.exp(q)
+    assert_mentions(message(e), "exp", "int8", "cast")
+    with pytest.raises(DTypeError) as e:
+        g.cast(x, "int8")
+    assert_mentions(message(e), "cast", "int8", "quantize")
+    assert g.cast(q, "float32").dtype.name == "float32" and g.permute(q, (1, 0)).dtype.name == "int8"
 
 
 @pytest.mark.parametrize("build,parts", [

@@ -33,7 +33,11 @@ class _Compiled:
             raise prism.PrismError("no verified sGraph tiles this shape")
         return None, ((shapes[1][0], shapes[0][1]),)
 
-    def run_variant(self, v: Any, out_shapes: tuple, args: list[torch.Tensor]) -> list[torch.Tensor]:
+    def torch_output_dtypes(self) -> tuple:
+        return (torch.float32,)
+
+    def run_variant(self, v: Any, out_shapes: tuple, args: list[torch.Tensor], dtypes: tuple = ()
+                    ) -> list[torch.Tensor]:
         if self.owner.fail:
             raise prism.PrismError("no verified sGraph tiles this shape")
         ins = dict(zip(self.input_names, args))

@@ -41,6 +41,8 @@ def one_op(op: str) -> tuple[Graph, dict[str, np.ndarray]]:
         out = getattr(g, op)(x, y)
     elif op in ("mul_scalar", "add_scalar"):
         out = getattr(g, op)(x, 1.5)
+    elif op == "cast":
+        out = g.cast(x, "bfloat16")
     elif d.group == "unary":
         out = getattr(g, op)(x)
     elif op == "matmul":
@@ -104,7 +106,8 @@ def test_c_lowering_and_cost(op: str) -> None:
 # operators without a spelling of their own: the PyTorch calls whose converters produce them
 PRODUCED_BY = {"add": ["add"], "sub": ["sub"], "mul": ["mul"], "div": ["div"], "mul_scalar": ["mul", "div"],
                "add_scalar": ["add", "sub", "rsub"], "compare": ["gt", "ge", "lt", "le", "eq", "ne", "logical_not"],
-               "mask_scalar": ["masked_fill", "where"], "mask_select": ["where", "masked_fill"]}
+               "mask_scalar": ["masked_fill", "where"], "mask_select": ["where", "masked_fill"],
+               "cast": ["to", "_to_copy", "type_as", "float", "bfloat16", "half"]}
 
 
 @pytest.mark.parametrize("op", ELEMENTWISE)

@@ -31,7 +31,7 @@ def select(spec: str | None, prism: bool = True) -> list[System]:
     if prism:
         names.add("prism")
     else:
-        names -= {"prism", "hand"}
+        names -= {"prism", "hand", "prism-f32"}
     return [s for s in ALL if s.name in names]
 
 

@@ -99,7 +99,12 @@ def graph_to_onnx(g: Graph) -> Any:
             outputs.append(helper.make_tensor_value_info(n.arg[0], TensorProto.FLOAT, list(_ints(n.shape))))
         else:
             vals[n] = _lower(b, n.op, [vals[s] for s in n.src], n.arg)
-    inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(_ints(v.shape))) for k, v in g.inputs.items()]
+    kinds = {"float32": TensorProto.FLOAT, "int8": TensorProto.INT8}
+    bad = sorted({v.dtype.name for v in g.inputs.values()} - set(kinds))
+    if bad:
+        raise Unavailable(f"no {', '.join(bad)} inputs here: ONNX Runtime's CPU provider has no bfloat16 or float16 "
+                          "kernels for MatMul and the reductions (a bfloat16 model runs in float32 there)")
+    inputs = [helper.make_tensor_value_info(k, kinds[v.dtype.name], list(_ints(v.shape))) for k, v in g.inputs.items()]
     graph = helper.make_graph(b.nodes, g.name or "prism", inputs, outputs, b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="prism.bench")
     model.ir_version = 9  # readable by every onnxruntime since 1.16

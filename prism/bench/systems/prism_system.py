@@ -113,5 +113,34 @@ def prepare_pipeline(w: Workload, shape: Shape, inputs: Mapping[str, np.ndarray]
                                   "params": {k: v for k, v in getattr(spec, "params", {}).items()}})
 
 
+def float32_inputs_of(w: Workload, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The float32 workload's inputs holding a precision variant's values: bfloat16 values widened, an int8
+    weight dequantized back to its [in, out] float32 form (prism.workloads.precision)."""
+    from prism.bench.data import aligned
+    from prism.workloads.precision import SCALE, precision_of
+    base = getattr(w, "base", None)
+    if base is None:
+        raise Unavailable(f"{w.id} is a float32 case: the prism column is Prism's float32 pipeline")
+    out = {}
+    for name, v in inputs.items():
+        if name.endswith(SCALE):
+            continue
+        if precision_of(w) == "int8w" and name + SCALE in inputs:
+            out[name] = aligned((v.astype(np.float32) * inputs[name + SCALE]).T)
+        else:
+            out[name] = aligned(v.astype(np.float32))
+    return out
+
+
+def prepare_pipeline_f32(w: Workload, shape: Shape, inputs: Mapping[str, np.ndarray], threads: int) -> Prepared:
+    """Prism's pipeline on the float32 program of a low-precision case, on the same values: what the precision
+    buys over Prism's own float32 kernel, in the same interleaved run."""
+    return prepare_pipeline(w.base, shape, float32_inputs_of(w, inputs), threads)  # type: ignore[attr-defined]
+
+
 SYSTEMS = (System("prism", LABEL, "prism", prepare_pipeline),
-           System("hand", HAND_LABEL, "reference", prepare_hand))
+           System("prism-f32", "Prism's float32 pipeline on the same values (reference column of --dtype runs)",
+                  "reference", prepare_pipeline_f32,
+                  applies=lambda w: w.extra.get("precision", "float32") != "float32"),
+           System("hand", HAND_LABEL, "reference", prepare_hand,
+                  applies=lambda w: w.extra.get("precision", "float32") == "float32"))  # written in float32

@@ -68,4 +68,38 @@ def w6_sdpa(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
 
 PROGRAMS: dict[str, Callable[..., torch.Tensor]] = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6,
                                                     "W7": w7}
+INT8MM = {k: PROGRAMS[k] for k in ("W1", "W2", "W3", "W7")}
+INT8_WEIGHTS = {"W1": ("W",), "W2": ("Wu", "Wg"), "W3": ("Wg", "Wu"), "W7": ("W",)}  # workload input order
+
+
+class _Int8Weight:
+    """An int8 weight [out, in] with its per-channel scale, standing where the float weight [in, out] is:
+    ``x @ w`` dequantizes it (the plain PyTorch user's way) or calls ``torch._weight_int8pack_mm``."""
+
+    def __init__(self, q: torch.Tensor, s: torch.Tensor, packed: bool) -> None:
+        self.q, self.s, self.packed = q, s, packed
+        self.s1 = s.reshape(-1).contiguous()
+
+    def __rmatmul__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.q, self.s1).reshape(
+                *x.shape[:-1], self.q.shape[0])
+        return x @ (self.q.float() * self.s).t()
+
+
+def int8_weight_only(fn: Callable[..., torch.Tensor], wid: str, weights: tuple[str, ...],
+                     packed: bool) -> Callable[..., torch.Tensor]:
+    """``fn`` of the float32 workload called with its int8 weights: the arguments arrive in the int8w
+    workload's input order (each quantized weight followed by its scale)."""
+    def run(*args: torch.Tensor) -> torch.Tensor:
+        it = iter(args)
+        call = []
+        for name in _ARGS[wid]:
+            a = next(it)
+            call.append(_Int8Weight(a, next(it), packed) if name in weights else a)
+        return fn(*call)
+    return run
+
+
+_ARGS = {"W1": ("X", "W"), "W2": ("X", "Wu", "Wg"), "W3": ("X", "Wg", "Wu"), "W7": ("X", "W", "A", "B")}
 SDPA: dict[str, Callable[..., torch.Tensor]] = {"W4": w4_sdpa, "W5": w5_sdpa, "W6": w6_sdpa}

@@ -29,19 +29,35 @@ def _program(w: Workload, table: str) -> Callable:
     fn = getattr(tp, table).get(w.id)
     if fn is None:
         raise Unavailable(f"no PyTorch program for {w.id} in prism.bench.systems.torch_programs.{table}")
+    if w.extra.get("precision") == "int8w":
+        return tp.int8_weight_only(fn, w.id, tp.INT8_WEIGHTS.get(w.id, ()), table == "INT8MM")
     return fn
 
 
-def _prepare(fn: Callable, w: Workload, shape: Shape, inputs: Mapping[str, np.ndarray]) -> Prepared:
+def to_torch(a: np.ndarray) -> object:
+    """A zero-copy torch tensor of ``a`` (a bfloat16 array, which torch.from_numpy does not take, through
+    its bits)."""
     torch = _torch()
-    args = [torch.from_numpy(inputs[name]) for name in w.input_shapes(shape)]
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def from_torch(t: object) -> np.ndarray:
+    torch = _torch()
+    t = t.detach().cpu()  # type: ignore[attr-defined]
+    return t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def _prepare(fn: Callable, w: Workload, shape: Shape, inputs: Mapping[str, np.ndarray]) -> Prepared:
+    args = [to_torch(inputs[name]) for name in w.input_shapes(shape)]
     out_name = w.program(shape).output_names[0]
 
     def call() -> object:
         return fn(*args)
 
     def fetch(y: object) -> dict[str, np.ndarray]:
-        return {out_name: y.detach().cpu().numpy()}  # type: ignore[attr-defined]
+        return {out_name: from_torch(y)}
 
     t0 = time.perf_counter()
     call()  # compiles when fn is a torch.compile wrapper; surfaces errors before timing
@@ -87,8 +103,14 @@ def _has_torch() -> bool:
 ATTENTION = ("W4", "W5", "W6")  # the workloads with an SDPA form (torch_programs.SDPA)
 
 
+def prepare_int8mm(w: Workload, shape: Shape, inputs: Mapping[str, np.ndarray], threads: int) -> Prepared:
+    return _prepare(_program(w, "INT8MM"), w, shape, inputs)
+
+
 SYSTEMS = (
     System("torch", "PyTorch eager", "baseline", prepare_eager),
+    System("torch-int8mm", "PyTorch torch._weight_int8pack_mm (torchao's int8 weight-only CPU kernel)", "baseline",
+           prepare_int8mm, applies=lambda w: w.extra.get("precision") == "int8w"),
     System("torch-sdpa", "PyTorch F.scaled_dot_product_attention", "baseline", prepare_sdpa,
            applies=lambda w: w.id in ATTENTION),
     System("compile", "torch.compile (default)", "baseline", _compiled(None), cleanup=reset_compiled),

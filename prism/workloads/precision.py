@@ -1,0 +1,158 @@
+"""W1-W7 at other precisions: the same programs over low-precision storage (prism.ir.dtypes).
+
+``bfloat16``: every input stored as bfloat16, as a model moved with ``model.to(torch.bfloat16)`` has it (the
+outputs are bfloat16 too). ``int8w``: int8 weight-only (the workloads with weights: W1-W3, W7; W7's LoRA
+adapters stay float32). Each weight W [d, m] of ``X @ W`` is stored as a Linear layer stores it, [out, in] =
+[m, d], quantized per output channel:
+``q = round(W^T / s)``, ``s = max |W^T| / 127`` per row (torchao's int8 weight-only layout), and the program reads
+``(X @ cast(q)^T) * s^T`` (= ``X @ (q * s)^T``, what ``torch._weight_int8pack_mm`` computes); activations and
+outputs stay float32.
+
+The variant keeps its workload's id and shapes; its inputs are the float32 workload's inputs rounded or
+quantized, so every system sees exactly the same values, and the float64 reference is of those values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+
+from prism.errors import PrismError
+from prism.ir.dtypes import as_dtype
+from prism.ir.graph import Graph
+from prism.ir.node import Node
+from prism.workloads.base import Shape, Workload
+
+PRECISIONS = ("float32", "bfloat16", "int8w")
+SCALE = "_scale"   # suffix of an int8 weight's scale input
+
+
+def precision_of(w: Workload) -> str:
+    return str(w.extra.get("precision", "float32"))
+
+
+def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row symmetric int8 quantization of ``w`` [out, in]: ``(q int8 [out, in], s float32 [out, 1])`` with
+    ``q * s`` the dequantized weight (a zero row gets scale 1)."""
+    w = np.asarray(w, dtype=np.float32)
+    s = np.max(np.abs(w), axis=-1, keepdims=True) / 127.0
+    s = np.where(s > 0, s, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / s), -127, 127).astype(np.int8)
+    return q, s
+
+
+def _rebuild(g: Graph, inputs: Mapping[str, object]) -> Graph:
+    """``g`` with each input named in ``inputs`` replaced by ``inputs[name](new_graph)`` (a tensor of the new
+    graph); every other node re-applied, so dtypes propagate by the IR's rules."""
+    ng = Graph(g.name)
+    vals: dict[Node, object] = {}
+    for n in g.nodes:
+        if n.op == "input":
+            make = inputs.get(n.arg[0])
+            vals[n] = make(ng) if make is not None else ng.input(n.arg[0], n.shape, n.dtype)  # type: ignore[operator]
+        elif n.op == "output":
+            ng.output(vals[n.src[0]], n.arg[0])  # type: ignore[arg-type]
+        else:
+            vals[n] = ng._apply(n.op, [vals[s] for s in n.src], n.arg)  # type: ignore[misc]
+    return ng
+
+
+def _bf16_program(base: Workload, s: Shape) -> Graph:
+    g = base.program(s)
+    return _rebuild(g, {name: (lambda ng, n=node: ng.input(n.arg[0], n.shape, "bfloat16"))
+                        for name, node in g.inputs.items()})
+
+
+def _int8_program(base: Workload, s: Shape) -> Graph:
+    """Every ``A @ W`` of a quantized weight becomes ``(A @ cast(q)^T) * s^T``: the per-channel scale applied to
+    the product (equal to ``A @ (q * s)^T``; one multiply per output instead of one per weight, what
+    ``torch._weight_int8pack_mm`` computes)."""
+    g = base.program(s)
+    weights = _quantized(base)
+    ng = Graph(g.name)
+    vals: dict[Node, object] = {}
+    scales: dict[str, object] = {}
+    for n in g.nodes:
+        if n.op == "input" and n.arg[0] in weights:
+            d, m = n.shape
+            vals[n] = ng.permute(ng.cast(ng.input(n.arg[0], (m, d), "int8"), "float32"), (1, 0))
+            scales[n.arg[0]] = ng.permute(ng.input(n.arg[0] + SCALE, (m, 1), "float32"), (1, 0))
+        elif n.op == "input":
+            vals[n] = ng.input(n.arg[0], n.shape, n.dtype)
+        elif n.op == "output":
+            ng.output(vals[n.src[0]], n.arg[0])  # type: ignore[arg-type]
+        elif n.op == "matmul" and n.src[1].op == "input" and n.src[1].arg[0] in weights:
+            vals[n] = ng.mul(ng.matmul(vals[n.src[0]], vals[n.src[1]]), scales[n.src[1].arg[0]])  # type: ignore
+        else:
+            if any(x.op == "input" and x.arg[0] in weights for x in n.src):
+                raise PrismError(f"{base.id}: quantized weight {n.src} is used by {n.op}, not only as a matmul's "
+                                 "right operand")
+            vals[n] = ng._apply(n.op, [vals[x] for x in n.src], n.arg)  # type: ignore[misc]
+    return ng
+
+
+def _quantized(base: Workload) -> tuple[str, ...]:
+    """The weights stored as int8: every weight, except LoRA's small adapters (W7 quantizes W only)."""
+    return tuple(base.extra.get("int8_weights", base.extra["weights"]))
+
+
+def _int8_shapes(base: Workload, s: Shape) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shp in base.input_shapes(s).items():
+        if name in _quantized(base):
+            d, m = shp
+            out[name] = (m, d)
+            out[name + SCALE] = (m, 1)
+        else:
+            out[name] = shp
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionWorkload(Workload):
+    """A workload at another precision (see the module docstring); ``base`` is the float32 workload."""
+
+    base: Workload | None = None
+
+    def inputs(self, shape: Shape, kind: str = "normal", seed: int = 0, dtype: object = np.float32
+               ) -> dict[str, np.ndarray]:
+        """The float32 workload's inputs, rounded to bfloat16 or with the weights quantized to int8."""
+        assert self.base is not None
+        x = self.base.inputs(shape, kind, seed, np.float32)
+        if precision_of(self) == "bfloat16":
+            return {k: v.astype(as_dtype("bfloat16").np) for k, v in x.items()}
+        out: dict[str, np.ndarray] = {}
+        for name, v in x.items():
+            if name in _quantized(self.base):
+                out[name], out[name + SCALE] = quantize_int8(v.T)
+            else:
+                out[name] = v
+        return out
+
+
+def _no_hand(w: Workload, precision: str):  # type: ignore[no-untyped-def]
+    def hand(s: Shape) -> Graph:
+        raise PrismError(f"{w.id} has no hand-written structure at {precision} (the reference column is float32)")
+    return hand
+
+
+def variant(w: Workload, precision: str) -> Workload:
+    """``w`` at ``precision`` (one of :data:`PRECISIONS`)."""
+    if precision not in PRECISIONS:
+        raise PrismError(f"unknown precision {precision!r}; choose from {list(PRECISIONS)}")
+    if precision == "float32":
+        return w
+    if precision == "int8w" and not w.extra.get("weights"):
+        raise PrismError(f"{w.id} ({w.name}) has no weights: int8 weight-only applies to the workloads with "
+                         "weights (W1, W2, W3, W7)")
+    if precision == "bfloat16":
+        program, shapes, formula = (lambda s: _bf16_program(w, s)), w.input_shapes, f"{w.formula} (bfloat16)"
+    else:
+        program, shapes = (lambda s: _int8_program(w, s)), (lambda s: _int8_shapes(w, s))
+        formula = f"{w.formula} with W = (int8 q * per-channel s)^T"
+    fields = {f.name: getattr(w, f.name) for f in dataclasses.fields(Workload)}
+    fields.update(name=f"{w.name}[{precision}]", formula=formula, program=program, input_shapes=shapes,
+                  hand_written=_no_hand(w, precision), extra={**w.extra, "precision": precision})
+    return PrecisionWorkload(**fields, base=w)

@@ -1,0 +1,257 @@
+"""Low-precision storage end to end: bfloat16 / float16 programs, float32 programs with bfloat16 or int8 weights.
+
+The rule (prism/ir/dtypes.py): values are computed in float32 whatever their storage, matmuls and reductions
+accumulate in float32, a value is rounded only by an explicit cast or when stored as a low-precision output.
+Every kernel here is compared with the float64 reference of the *same* low-precision inputs, with the
+tolerance the numeric verifier states per dtype (``tolerance(K) + rounding_allowance``: two roundings of the
+output's dtype, 2 * 2^-8 for bfloat16), on every ISA path this machine runs, on ordinary and hostile inputs.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from cg_helpers import supported_isas
+
+import prism
+from prism.errors import InputError
+from prism.ir.dtypes import bfloat16, round_to
+from prism.runtime.kernel import compile as compile_graph
+from prism.verify.numeric import (
+    Runner,
+    compiled_runner,
+    numeric_check,
+    reduction_length,
+    rounding_allowance,
+    tolerance,
+)
+
+pytestmark = pytest.mark.cpu
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _np(dt: str) -> np.dtype:
+    return BF16 if dt == "bfloat16" else np.dtype(dt)
+
+
+def _draw(rng: np.random.Generator, shape: tuple[int, ...], dt: str, scale: float = 1.0) -> np.ndarray:
+    if dt == "int8":
+        return rng.integers(-127, 128, shape).astype(np.int8)
+    return (rng.standard_normal(shape) * scale).astype(np.float32).astype(_np(dt))
+
+
+def _check(g: prism.Graph, inputs: dict[str, np.ndarray], isa: str) -> None:
+    """Compile ``g`` for ``isa`` and compare every output with the float64 reference of the same inputs."""
+    k = compile_graph(g, isa=isa)
+    got = k(**inputs)
+    got = got if isinstance(got, dict) else {g.output_names[0]: got}
+    ref = g.evaluate(inputs, dtype=np.float64)
+    env = g.bind({n: a.shape for n, a in inputs.items()})
+    for name, r in ref.items():
+        out = got[name]
+        want = next(o.dtype for o in g.outputs if o.arg[0] == name)
+        assert out.dtype == want.np, f"{name}: dtype {out.dtype}, expected {want}"
+        o = np.asarray(out, np.float64)
+        assert np.array_equal(np.isnan(o), np.isnan(r)) and np.array_equal(np.isinf(o), np.isinf(r)), name
+        fin = np.isfinite(r)
+        scale = np.abs(r[fin]) + np.sqrt(np.mean(np.square(r[fin]))) if fin.any() else 1.0
+        err = float(np.max(np.abs(o[fin] - r[fin]) / scale)) if fin.any() else 0.0
+        tol = tolerance(reduction_length(g, env)) + rounding_allowance(g, name)
+        assert err <= tol, f"{g.name} [{isa}] {name}: error {err:.3g} > tolerance {tol:.3g}"
+
+
+# --- the reference's semantics --------------------------------------------------------------------------
+
+def test_reference_rounds_at_casts_and_outputs_only() -> None:
+    g = prism.Graph()
+    x = g.input("x", (4, 64), "bfloat16")
+    w = g.input("w", (64, 8), "bfloat16")
+    y = g.matmul(x, w)
+    g.output(y)
+    g.output(g.cast(y, "float32"), "y32")
+    g.output(g.cast(g.cast(x, "float32"), "bfloat16"), "same")
+    rng = np.random.default_rng(0)
+    xv, wv = _draw(rng, (4, 64), "bfloat16"), _draw(rng, (64, 8), "bfloat16")
+    out = g.evaluate({"x": xv, "w": wv})
+    assert out["out0"].dtype == BF16 and out["y32"].dtype == np.float32
+    exact = xv.astype(np.float64) @ wv.astype(np.float64)
+    # float32 accumulation, one rounding at the bfloat16 output: exactly the rounded float32 product
+    assert np.array_equal(out["out0"], (xv.astype(np.float32) @ wv.astype(np.float32)).astype(BF16))
+    assert np.max(np.abs(out["y32"] - exact)) <= 1e-5 * np.max(np.abs(exact))   # no rounding before the cast
+    assert np.array_equal(out["same"], xv)                                        # widening is exact
+    ref = g.evaluate({"x": xv, "w": wv}, dtype=np.float64)
+    assert ref["out0"].dtype == np.float64 and np.allclose(ref["out0"], exact, rtol=0, atol=1e-12)
+    assert np.array_equal(round_to(np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 3 * 2 ** -9, 3.4e38]), bfloat16),
+                          [1.0, 1 + 2 ** -6, 1 + 2 ** -7, np.inf])    # ties to even, to nearest, overflow
+
+
+def test_bfloat16_store_matches_ml_dtypes_bit_for_bit() -> None:
+    """The generated float32 -> bfloat16 store (round to nearest even) on every bit class: normal,
+    subnormal, ties, the overflow boundary, infinities and NaN."""
+    rng = np.random.default_rng(1)
+    bits = np.concatenate([rng.integers(0, 2 ** 32, 20000, dtype=np.uint64).astype(np.uint32),
+                           np.array([0, 0x80000000, 0x00000001, 0x007fffff, 0x3f808000, 0x3f818000, 0x3f80ffff,
+                                     0x7f7fffff, 0x7f7f7fff, 0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001,
+                                     0xffc00001], dtype=np.uint32)])
+    x = bits.view(np.float32).reshape(1, -1)
+    g = prism.Graph()
+    g.output(g.cast(g.input("x", x.shape, "float32"), "bfloat16"))
+    for isa in supported_isas():
+        got = compile_graph(g, isa=isa)(x=x)
+        with np.errstate(invalid="ignore"):
+            want = x.astype(BF16)
+        nan = np.isnan(want.astype(np.float32))
+        assert np.array_equal(np.isnan(got.astype(np.float32)), nan), isa
+        assert np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan]), isa
+
+
+# --- the verifier's tolerance per dtype -----------------------------------------------------------------
+
+def _bf16_accumulating(graph: prism.Graph, inputs: dict, params: dict) -> dict:
+    """A kernel that keeps its running sum in bfloat16 (what the mixed-precision rule forbids)."""
+    x, w = inputs["x"].astype(np.float32), inputs["w"].astype(np.float32)
+    acc = np.zeros((x.shape[0], w.shape[1]), np.float32)
+    for k in range(x.shape[1]):
+        acc = (acc + np.outer(x[:, k], w[k])).astype(BF16).astype(np.float32)
+    return {"out0": acc.astype(BF16)}
+
+
+@pytest.mark.parametrize("K", [64, 256, 4096])
+def test_a_kernel_accumulating_in_bfloat16_is_rejected(K: int) -> None:
+    g = prism.Graph()
+    g.output(g.matmul(g.input("x", ("n", K), "bfloat16"), g.input("w", (K, 32), "bfloat16")))
+    bad = numeric_check(g, g, instantiations=[{"n": 3}], runners=[Runner("bf16-acc", _bf16_accumulating)])
+    assert not bad.passed, str(bad)
+    good = numeric_check(g, g, instantiations=[{"n": 3}])        # the float32-accumulating interpreter
+    assert good.passed, str(good)
+    assert good.checks[0].tolerance == pytest.approx(tolerance(K) + 2 * 2.0 ** -8)
+
+
+def test_float32_programs_keep_their_tolerance() -> None:
+    g = prism.Graph()
+    g.output(g.matmul(g.input("x", ("n", 64), "float32"), g.cast(g.input("w", (64, 8), "bfloat16"), "float32")))
+    assert rounding_allowance(g, "out0") == 0.0     # a cast that widens rounds nothing
+    g2 = prism.Graph()
+    g2.output(g2.cast(g2.silu(g2.cast(g2.input("x", (4, 8), "float32"), "bfloat16")), "float32"))
+    assert rounding_allowance(g2, "out0") == 2 * 2.0 ** -8   # a narrowing cast inside the program
+
+
+# --- generated code on every ISA path -------------------------------------------------------------------
+
+def _programs() -> list[tuple[str, prism.Graph, dict[str, tuple]]]:
+    out = []
+
+    def prog(name: str) -> prism.Graph:
+        g = prism.Graph(name)
+        out.append((name, g))
+        return g
+    for dt in ("bfloat16", "float16"):
+        g = prog(f"nn-{dt}")                      # B row-major: the nn micro-kernels, odd sizes (tails)
+        g.output(g.matmul(g.input("x", (5, 67), dt), g.input("w", (67, 45), dt)))
+        g = prog(f"nt-{dt}")                      # a Linear weight [out, in] read as stored
+        g.output(g.matmul(g.input("x", (5, 67), dt), g.permute(g.input("w", (45, 67), dt), (1, 0))))
+    g = prog("gemv-nt-long-k")                    # K cut into chunks, bfloat16 weight, float32 activations
+    w = g.cast(g.input("w", (37, 2100), "bfloat16"), "float32")
+    g.output(g.matmul(g.input("x", (1, 2100), "float32"), g.permute(w, (1, 0))))
+    g = prog("generic")                           # neither operand contiguous along K: the plain loop
+    g.output(g.matmul(g.permute(g.input("a", (40, 6), "bfloat16"), (1, 0)),
+                      g.permute(g.input("b", (9, 40), "bfloat16"), (1, 0))))
+    g = prog("elementwise-reductions")
+    x = g.input("x", (6, 67), "bfloat16")
+    y = g.silu(x)
+    g.output(y)
+    g.output(g.sum(g.cast(y, "float32"), -1), "rowsum")
+    g.output(g.max(x, 0), "colmax")
+    g.output(g.mean(x, 0), "colmean")
+    g = prog("norm-softmax")
+    x = g.input("x", (6, 67), "bfloat16")
+    g.output(g.mul(g.rms_norm(x), g.input("gamma", (67,), "bfloat16")))
+    g.output(g.softmax(x), "p")
+    g = prog("int8-weight-only")                   # w = q * scale (per output channel), read as stored
+    q, s = g.input("q", (45, 67), "int8"), g.input("s", (45, 1), "float32")
+    g.output(g.matmul(g.input("x", (3, 67), "float32"), g.permute(g.mul(g.cast(q, "float32"), s), (1, 0))))
+    return [(n, g, {k: tuple(int(d) for d in v.shape) for k, v in g.inputs.items()}) for n, g in out]
+
+
+@pytest.mark.parametrize("isa", supported_isas())
+@pytest.mark.parametrize("case", [c[0] for c in _programs()])
+def test_generated_code_against_float64(isa: str, case: str) -> None:
+    _, g, shapes = next(c for c in _programs() if c[0] == case)
+    rng = np.random.default_rng(abs(hash(case)) % 2 ** 31)
+    for scale in (1.0, 30.0, 1e-3):              # normal, hostile, tiny
+        inputs = {k: _draw(rng, s, g.inputs[k].dtype.name, scale if k in ("x", "a") else 1.0)
+                  for k, s in shapes.items()}
+        if "s" in inputs:
+            inputs["s"] = (np.abs(inputs["s"].astype(np.float32)) / 100).astype(np.float32)
+        _check(g, inputs, isa)
+
+
+@pytest.mark.parametrize("isa", supported_isas())
+def test_nonfinite_values_propagate_through_low_precision(isa: str) -> None:
+    g = prism.Graph()
+    x = g.input("x", (2, 40), "bfloat16")
+    g.output(g.add_scalar(x, 1.0))
+    g.output(g.sum(x, -1), "s")
+    xv = np.ones((2, 40), np.float32)
+    xv[0, 3], xv[1, 7] = np.nan, np.inf
+    k = compile_graph(g, isa=isa)
+    out = k(x=xv.astype(BF16))
+    assert np.isnan(out["out0"].astype(np.float32)[0, 3]) and np.isinf(out["out0"].astype(np.float32)[1, 7])
+    assert np.isnan(float(out["s"][0, 0])) and np.isinf(float(out["s"][1, 0]))
+
+
+def test_calls_check_the_dtype_of_every_buffer() -> None:
+    g = prism.Graph()
+    g.output(g.cast(g.input("x", (2, 4), "bfloat16"), "float32"))
+    k = compile_graph(g)
+    with pytest.raises(InputError) as e:
+        k(x=np.ones((2, 4), np.float32))
+    assert "bfloat16" in str(e.value) and "ml_dtypes.bfloat16" in str(e.value)
+    with pytest.raises(InputError) as e:
+        k.call({"x": np.ones((2, 4), BF16)}, out=np.ones((2, 4), BF16))
+    assert "float32" in str(e.value)
+    torch = pytest.importorskip("torch")
+    t = k(x=torch.ones(2, 4, dtype=torch.bfloat16))
+    assert t.dtype == torch.float32 and bool((t == 1).all())
+    with pytest.raises(InputError) as e:
+        k(x=torch.ones(2, 4))
+    assert "torch.bfloat16" in str(e.value)
+
+
+# --- the search and the tuner on low-precision programs -------------------------------------------------
+
+def _w1(dt: str) -> prism.Graph:
+    g = prism.Graph(f"rmsnorm_linear_{dt}")
+    x, w = g.input("X", ("n", 256), dt), g.input("W", (256, 192), dt)
+    g.output(g.matmul(g.rms_norm(x), w))
+    return g
+
+
+def _swiglu_weight_only() -> prism.Graph:
+    """Llama's MLP gate with bfloat16 weights [out, in] and float32 activations."""
+    g = prism.Graph("swiglu_bf16_weights")
+    x = g.input("X", ("n", 256), "float32")
+    wg, wu = (g.permute(g.cast(g.input(k, (192, 256), "bfloat16"), "float32"), (1, 0)) for k in ("Wg", "Wu"))
+    g.output(g.mul(g.silu(g.matmul(x, wg)), g.matmul(x, wu)))
+    return g
+
+
+@pytest.mark.parametrize("build", [lambda: _w1("bfloat16"), _swiglu_weight_only], ids=["w1-bf16", "swiglu-w-bf16"])
+def test_superoptimize_low_precision_programs(build) -> None:  # type: ignore[no-untyped-def]
+    g = build()
+    k = prism.superoptimize(g)
+    assert k.implementations, "no verified sGraph"
+    rng = np.random.default_rng(3)
+    for n in (1, 5):
+        inputs = {name: _draw(rng, tuple(n if not isinstance(d, int) else d for d in node.shape),
+                              node.dtype.name, 0.1 if name != "X" else 1.0)
+                  for name, node in g.inputs.items()}
+        out = k(**inputs)
+        spec = k.specialize(n=n)
+        assert spec.check.passed, str(spec.check)       # the compiled check at this shape
+        r = numeric_check(spec.implementation.graph, g, instantiations=[{"n": n, **spec.params}],
+                          runners=[compiled_runner(lambda _g, _p, kk=spec.kernel: kk)])
+        assert r.passed, str(r)
+        want = g.outputs[0].dtype
+        assert out.dtype == want.np
