@@ -264,7 +264,8 @@ def test_non_contiguous_inputs() -> None:
     assert ran >= 2
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+# bfloat16 through a real model: test_frontend_transformers.py (the tiny Llama in bfloat16); here float16
+@pytest.mark.parametrize("dtype", [torch.float16])
 def test_low_precision_models_run_on_prism(dtype: torch.dtype) -> None:
     """A model moved to bfloat16/float16 runs on Prism (float32 arithmetic, values rounded where PyTorch stores
     them): within two roundings of the dtype of the float64 result of the same low-precision weights, as

@@ -9,6 +9,7 @@ import pytest
 from prism.errors import UnsupportedError
 from prism.ir.graph import Graph
 from prism.search import Limits, StopReason, search
+from prism.search.driver import VERSION
 from prism.workloads import WORKLOADS
 
 pytestmark = pytest.mark.slow
@@ -24,7 +25,7 @@ def _ops(bg: object) -> list[str]:
 def _run(wid: str, **kw: object) -> object:
     w = WORKLOADS[wid]
     s = w.shapes[0]
-    lim = Limits(max_kernel_ops=1, max_block_ops=BLOCK_OPS[wid], max_results=1, time_limit=120)
+    lim = Limits(max_kernel_ops=1, max_block_ops=BLOCK_OPS[wid], max_results=1, time_limit=400)
     return search(w.program(s), lim, env=w.env(s), cache=False, **kw)
 
 
@@ -125,7 +126,7 @@ def test_result_cache(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None
     rebuilt = search(w.program(s), lim, env=w.env(s))
     assert not rebuilt.cached and rebuilt.best is not None
     entry = json.loads(files[0].read_text())
-    assert entry["kind"] == "search" and entry["payload"]["format"] == "search/4"
+    assert entry["kind"] == "search" and entry["payload"]["format"] == VERSION
 
 
 def test_cli_json(tmp_path: object) -> None:
