@@ -575,11 +575,17 @@ COMPARE_CHUNK = 1 << 18   # elements compared at a time: ~10 MB of temporaries, 
 OWN_ERROR_FACTOR = 4.0
 OWN_ERROR_FROM = 1e-5
 # ... and only where such elements are rare (a pole, not the whole output): when the program's float32 run is
-# that far off at more than this fraction of the elements, the reference itself is suspect, and nothing is excused
+# that far off at more than this fraction of the elements, the reference itself is suspect, and nothing is excused.
+# One such element is always allowed: a check at a small instantiation has outputs of a few elements (measured:
+# a gated MLP at a decode shape [1, 1, 64], generalized to 3 outputs, one of them 5e-39 -- float32's subnormal
+# range, where the program itself errs by 1.6e-4 -- rejected every candidate, the correct one included)
 OWN_ERROR_MAX_FRACTION = 0.01
+OWN_ERROR_MIN_COUNT = 1
 
 
 def _ill_conditioned_fraction(p32: np.ndarray, rf: np.ndarray, masks: list, scale: float) -> float:
+    """The fraction of the finite elements at which the program's own float32 run is off by more than
+    ``OWN_ERROR_FROM``; 0 when there are at most ``OWN_ERROR_MIN_COUNT`` of them."""
     bad = total = 0
     for j, i in enumerate(range(0, rf.size, COMPARE_CHUNK)):
         rc = rf[i:i + COMPARE_CHUNK].astype(np.float64, copy=False)
@@ -587,7 +593,7 @@ def _ill_conditioned_fraction(p32: np.ndarray, rf: np.ndarray, masks: list, scal
         own = np.abs(p32[i:i + COMPARE_CHUNK][fin].astype(np.float64) - rc[fin]) / (np.abs(rc[fin]) + scale)
         bad += int(np.count_nonzero(~(own <= OWN_ERROR_FROM)))
         total += int(own.size)
-    return bad / max(total, 1)
+    return 0.0 if bad <= OWN_ERROR_MIN_COUNT else bad / max(total, 1)
 
 
 def _compare(c: np.ndarray, r: np.ndarray, program32: Callable[[], np.ndarray | None] | None = None,
