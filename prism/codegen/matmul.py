@@ -42,13 +42,13 @@ class Support:
         self.funcs.setdefault(name, text)
         return name
 
-    def nn(self, mr: int, nv: int, tail: int, blocked: bool = False, elems: tuple[str, str] = ("f32", "f32")) -> str:
+    def nn(self, mr: int, nv: int, tail: int, blocked: bool = False, elems: tuple[str, str] = mk.F32) -> str:
         """The nn micro-kernel; ``blocked`` for calls whose K may exceed ``mk.ACC_CHUNK``; ``elems``: the
         storage of A and B."""
         return self.need(mk.nn_name(self.isa, mr, nv, tail, blocked, elems),
                          mk.nn_kernel(self.isa, mr, nv, tail, blocked, elems))
 
-    def nt(self, r: int, j: int, elems: tuple[str, str] = ("f32", "f32")) -> str:
+    def nt(self, r: int, j: int, elems: tuple[str, str] = mk.F32) -> str:
         if self.isa.vector and r * j > 1:
             self.need(*mk.nt_helpers(self.isa))
         return self.need(mk.nt_name(self.isa, r, j, elems), mk.nt_kernel(self.isa, r, j, elems))
@@ -121,7 +121,7 @@ def parallel_nn(p: NNPlan, M: int, N: int, K: int, par: str | None) -> bool:
 
 def emit_nn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str, sa0: int, sa1: int, b: str,
             sb0: int, c: str, sc0: int, beta: str, cs: str = "0", par: str | None = None,
-            elems: tuple[str, str] = ("f32", "f32")) -> None:
+            elems: tuple[str, str] = mk.F32) -> None:
     p = plan_nn(sup.isa, M, N, K)
     if parallel_nn(p, M, N, K, par):
         _emit_nn_parallel(w, nm, sup, p, M, N, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, par, elems)
@@ -331,7 +331,7 @@ def _runs(rows: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
 
 
 def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a: str, sa0: int, bt: str, sbt: int,
-            c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str] = ("f32", "f32")) -> None:
+            c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str] = mk.F32) -> None:
     """C[M x N] (beta) A @ Bt^T, Bt rows (the keys) contiguous: for each block of J keys, every row group
     (the key block stays in L1 while the row groups use it); left-over keys one dot product at a time."""
     def call(fn: str, jv: str, row: str, a_off: str, c_off: str) -> None:
@@ -370,7 +370,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
 
 
 def _generic(w: CWriter, nm: Namer, M: int, N: int, K: int, a: str, sa0: int, sa1: int, b: str, sb0: int, sb1: int,
-             c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str] = ("f32", "f32")) -> None:
+             c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str] = mk.F32) -> None:
     r, j, s = nm("r"), nm("j"), nm("s")
     ea, eb = elems
     with w.block(f"for (long {r} = 0; {r} < {M}; {r}++)"):

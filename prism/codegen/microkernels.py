@@ -119,7 +119,6 @@ def nn_sig(elems: tuple[str, str] = F32) -> str:
             "float* restrict C, long sc0, int beta, const float* restrict cs)")
 
 
-
 def nn_name(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elems: tuple[str, str] = F32) -> str:
     return f"pr_nn_{isa.name}_{mr}x{nv}" + (f"_t{tail}" if tail else "") + ("_kb" if blocked else "") + _suffix(elems)
 

@@ -81,6 +81,12 @@ def prism_dtype(v: Any) -> str:
 _WIDTH = {"float16": 1, "bfloat16": 1, "float32": 2}
 
 
+def _torch_result_dtype(node: Any) -> str:
+    """The Prism dtype of PyTorch's result of ``node`` ('' when it is not a tensor Prism stores)."""
+    mv = meta_value(node)
+    return prism_dtype(mv) if is_tensor_meta(mv) else ""
+
+
 def emit_unit(low: Lowered, node: Any, g: OpMethods, operands: list[Any]) -> Any:
     """``low.emit`` under Prism's mixed-precision rule (prism.ir.dtypes). A value Prism computes is exact
     float32 arithmetic whatever its dtype, so a cast that widens it (``h.to(torch.float32)`` in a bfloat16
@@ -94,8 +100,7 @@ def emit_unit(low: Lowered, node: Any, g: OpMethods, operands: list[Any]) -> Any
         if t.dtype is not None and t.dtype.name in _WIDTH:   # (an int8 weight is cast: it does not compute)
             return t
     res = low.emit(g, operands)
-    mv = meta_value(node)
-    want = prism_dtype(mv) if is_tensor_meta(mv) else ""
+    want = _torch_result_dtype(node)
     if (want and isinstance(res, Tensor) and res.dtype is not None and res.dtype.name in _WIDTH
             and _WIDTH[res.dtype.name] > _WIDTH[want]):
         res = g.cast(res, want)
@@ -105,8 +110,7 @@ def emit_unit(low: Lowered, node: Any, g: OpMethods, operands: list[Any]) -> Any
 def as_torch_dtype(g: OpMethods, t: Any, node: Any) -> Any:
     """``t`` with the dtype PyTorch gives ``node`` (a value leaving a piece, or a program's result): a cast
     where a dropped widening cast left it narrower."""
-    mv = meta_value(node)
-    want = prism_dtype(mv) if is_tensor_meta(mv) else ""
+    want = _torch_result_dtype(node)
     if want and isinstance(t, Tensor) and t.dtype is not None and t.dtype.name != want:
         return g.cast(t, want)
     return t

@@ -11,7 +11,6 @@ Prism piece that reads the int8 weight as stored (converted in registers, accumu
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
@@ -67,6 +66,3 @@ def quantize_weights(model: nn.Module, dtype: str = "int8",
         setattr(parent, child_name, Int8Linear.from_linear(lin))
     return model
 
-
-def quantized_layers(model: nn.Module) -> list[Any]:
-    return [m for m in model.modules() if isinstance(m, Int8Linear)]

@@ -142,7 +142,7 @@ def promote(dtypes: tuple[DType, ...]) -> DType | None:
     names = {getattr(d, "name", "") for d in dtypes}
     if not names <= set(_RANK) or names == {"int8"} or ("float64" in names and len(names) > 1):
         return None   # (float64 is the reference's type: a program mixing it in is a mistake to report)
-    if {d.name for d in dtypes} == {"bfloat16", "float16"}:
+    if names == {"bfloat16", "float16"}:
         return float32
     return max(dtypes, key=lambda d: _RANK[d.name])
 

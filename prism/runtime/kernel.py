@@ -287,14 +287,11 @@ class Kernel:
         return self.run_variant(v, out_shapes, args, self.torch_output_dtypes())
 
     @staticmethod
-    def run_variant(v: Variant, out_shapes: tuple, args: list[Any], dtypes: tuple | None = None) -> list[Any]:
-        """Run variant ``v`` (from :meth:`variant_for`) on checked torch tensors; fresh outputs (of
-        ``dtypes``, torch dtypes; default float32)."""
+    def run_variant(v: Variant, out_shapes: tuple, args: list[Any], dtypes: tuple) -> list[Any]:
+        """Run variant ``v`` (from :meth:`variant_for`) on checked torch tensors; fresh outputs of ``dtypes``
+        (torch dtypes, :meth:`torch_output_dtypes`)."""
         empty = sys.modules["torch"].empty
-        if dtypes is None:
-            outs = [empty(s) for s in out_shapes]  # PyTorch's CPU allocator aligns to 64 bytes
-        else:
-            outs = [empty(s, dtype=d) for s, d in zip(out_shapes, dtypes)]
+        outs = [empty(s, dtype=d) for s, d in zip(out_shapes, dtypes)]  # PyTorch's CPU allocator aligns to 64 bytes
         v.run([a.data_ptr() for a in args] + [o.data_ptr() for o in outs])
         return outs
 

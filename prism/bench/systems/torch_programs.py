@@ -7,7 +7,7 @@ functions. Arguments come in the order of the workload's inputs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -69,7 +69,6 @@ def w6_sdpa(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
 PROGRAMS: dict[str, Callable[..., torch.Tensor]] = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W5": w5, "W6": w6,
                                                     "W7": w7}
 INT8MM = {k: PROGRAMS[k] for k in ("W1", "W2", "W3", "W7")}
-INT8_WEIGHTS = {"W1": ("W",), "W2": ("Wu", "Wg"), "W3": ("Wg", "Wu"), "W7": ("W",)}  # workload input order
 
 
 class _Int8Weight:
@@ -87,19 +86,18 @@ class _Int8Weight:
         return x @ (self.q.float() * self.s).t()
 
 
-def int8_weight_only(fn: Callable[..., torch.Tensor], wid: str, weights: tuple[str, ...],
+def int8_weight_only(fn: Callable[..., torch.Tensor], names: Sequence[str],
                      packed: bool) -> Callable[..., torch.Tensor]:
-    """``fn`` of the float32 workload called with its int8 weights: the arguments arrive in the int8w
-    workload's input order (each quantized weight followed by its scale)."""
+    """``fn`` of the float32 workload called with its int8 weights. The arguments arrive in the order of
+    ``names``, the int8w workload's inputs (prism.workloads.precision): a quantized weight ``W`` has its scale
+    ``W + SCALE`` among them; every other name is an argument of ``fn`` as it is."""
+    from prism.workloads.precision import SCALE
+    where = {n: i for i, n in enumerate(names)}
+    plan = [(i, where.get(n + SCALE)) for i, n in enumerate(names)
+            if not (n.endswith(SCALE) and n[:-len(SCALE)] in where)]
+
     def run(*args: torch.Tensor) -> torch.Tensor:
-        it = iter(args)
-        call = []
-        for name in _ARGS[wid]:
-            a = next(it)
-            call.append(_Int8Weight(a, next(it), packed) if name in weights else a)
-        return fn(*call)
+        return fn(*(args[i] if s is None else _Int8Weight(args[i], args[s], packed) for i, s in plan))
     return run
 
-
-_ARGS = {"W1": ("X", "W"), "W2": ("X", "Wu", "Wg"), "W3": ("X", "Wg", "Wu"), "W7": ("X", "W", "A", "B")}
 SDPA: dict[str, Callable[..., torch.Tensor]] = {"W4": w4_sdpa, "W5": w5_sdpa, "W6": w6_sdpa}

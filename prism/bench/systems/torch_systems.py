@@ -24,13 +24,13 @@ def _torch():  # imported lazily: `prism bench --systems jax` must not pay for t
     return torch
 
 
-def _program(w: Workload, table: str) -> Callable:
+def _program(w: Workload, shape: Shape, table: str) -> Callable:
     from prism.bench.systems import torch_programs as tp
     fn = getattr(tp, table).get(w.id)
     if fn is None:
         raise Unavailable(f"no PyTorch program for {w.id} in prism.bench.systems.torch_programs.{table}")
     if w.extra.get("precision") == "int8w":
-        return tp.int8_weight_only(fn, w.id, tp.INT8_WEIGHTS.get(w.id, ()), table == "INT8MM")
+        return tp.int8_weight_only(fn, list(w.input_shapes(shape)), table == "INT8MM")
     return fn
 
 
@@ -65,18 +65,18 @@ def _prepare(fn: Callable, w: Workload, shape: Shape, inputs: Mapping[str, np.nd
 
 
 def prepare_eager(w: Workload, shape: Shape, inputs: Mapping[str, np.ndarray], threads: int) -> Prepared:
-    return _prepare(_program(w, "PROGRAMS"), w, shape, inputs)
+    return _prepare(_program(w, shape, "PROGRAMS"), w, shape, inputs)
 
 
 def prepare_sdpa(w: Workload, shape: Shape, inputs: Mapping[str, np.ndarray], threads: int) -> Prepared:
-    return _prepare(_program(w, "SDPA"), w, shape, inputs)
+    return _prepare(_program(w, shape, "SDPA"), w, shape, inputs)
 
 
 def _compiled(mode: str | None) -> Callable:
     def prepare(w: Workload, shape: Shape, inputs: Mapping[str, np.ndarray], threads: int) -> Prepared:
         torch = _torch()
         # dynamic=False: one specialized graph per shape, as a user compiling for a fixed shape gets
-        fn = torch.compile(_program(w, "PROGRAMS"), mode=mode, dynamic=False)
+        fn = torch.compile(_program(w, shape, "PROGRAMS"), mode=mode, dynamic=False)
         return _prepare(fn, w, shape, inputs)
     return prepare
 
@@ -104,7 +104,7 @@ ATTENTION = ("W4", "W5", "W6")  # the workloads with an SDPA form (torch_program
 
 
 def prepare_int8mm(w: Workload, shape: Shape, inputs: Mapping[str, np.ndarray], threads: int) -> Prepared:
-    return _prepare(_program(w, "INT8MM"), w, shape, inputs)
+    return _prepare(_program(w, shape, "INT8MM"), w, shape, inputs)
 
 
 SYSTEMS = (
