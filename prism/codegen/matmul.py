@@ -26,6 +26,9 @@ from prism.codegen.isa import ISA
 from prism.codegen.loops import PAR_MIN, assign, make_nest, offset
 from prism.codegen.tiles import View, ctype, ld
 
+# nt calls over the whole K up to this many rows of C (see emit_matmul)
+NT_WHOLE_K_ROWS = 8
+
 # K chunk = B rows per micro-kernel call (see emit_nn): 4 rows per C row, at least 8. Measured on W1
 # (d=4096, one thread): n=1 best at 4-8 (sgemv-like streaming, C reloads are cheap), n=8/16 at 32
 # (C reloads cost: 16 rows was 8 % slower, 64 rows 10 % slower).
@@ -48,10 +51,10 @@ class Support:
         return self.need(mk.nn_name(self.isa, mr, nv, tail, blocked, elems),
                          mk.nn_kernel(self.isa, mr, nv, tail, blocked, elems))
 
-    def nt(self, r: int, j: int, elems: tuple[str, str] = mk.F32) -> str:
+    def nt(self, r: int, j: int, elems: tuple[str, str] = mk.F32, prefetch: bool = True) -> str:
         if self.isa.vector and r * j > 1:
             self.need(*mk.nt_helpers(self.isa))
-        return self.need(mk.nt_name(self.isa, r, j, elems), mk.nt_kernel(self.isa, r, j, elems))
+        return self.need(mk.nt_name(self.isa, r, j, elems, prefetch), mk.nt_kernel(self.isa, r, j, elems, prefetch))
 
     def text(self) -> str:
         return "\n".join(self.funcs.values())
@@ -245,15 +248,26 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     path = "nn" if nn_ok and not (N == 1 and nt_ok) else "nt" if nt_ok else "generic"
     # calls of kr rows of K each, their sums added in groups of grp calls (see _grouped): nn cuts K into
     # its chunks of kc rows (a kernel-level task takes the whole K; the micro-kernel groups inside);
-    # nt into chunks of W * ACC_CHUNK (ACC_CHUNK products per vector lane); the generic loop sums in
-    # levels itself. Over an outer loop every iteration adds its own calls.
+    # nt into chunks of W * ACC_CHUNK (ACC_CHUNK products per vector lane), or, for few rows, one call
+    # over the whole K that sums in levels itself; the generic loop sums in levels itself. Over an outer
+    # loop every iteration adds its own calls.
     p = plan_nn(sup.isa, M, N, K) if path == "nn" else None
+    whole_k = swap = False
     if p is not None:
         kr = K if parallel_nn(p, M, N, K, inner_par) else min(p.kc, K)
         grp = max(1, mk.ACC_ROWS // kr)
     elif path == "nt":
         W = mk.lanes(sup.isa)
-        kr = min(K, W * mk.ACC_CHUNK)
+        # vector nt kernels sum any K in levels themselves: few rows (GEMV-like) take the whole K per
+        # call, so each key row streams front to back (the chunked order read every key row in pieces of
+        # W * ACC_CHUNK at the row stride: W1 n=1 int8 1581 -> 841 us, f32 from DRAM 5123 -> 3391 us,
+        # 2 threads, this Zen host); more rows keep K chunks whose key block the row groups reuse from L1
+        # a matrix-vector product written as W @ x (C one contiguous column, N = 1) is emitted as its
+        # transpose x^T @ W^T: one row against M keys, the multi-key kernels instead of M single dot
+        # products (the int8 W1 search's candidate q @ x^T ran every row through the 1x1 kernel)
+        swap = N == 1 and M > 1 and sc0 == 1 and rowscale is None
+        whole_k = sup.isa.vector and (1 if swap else M) <= NT_WHOLE_K_ROWS and K > W * mk.ACC_CHUNK
+        kr = K if whole_k else min(K, W * mk.ACC_CHUNK)
         grp = max(1, W * mk.ACC_ROWS // kr)
     else:
         kr, grp = K, max(1, mk.ACC_ROWS // K)
@@ -290,8 +304,12 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
             if kv != "0" else (lambda ptr, stride: ptr)
         if p is not None:
             _nn_panels(w, nm, sup, p, kn, off(ap, sa1), sa0, sa1, off(bp, sb0), sb0, c, sc0, bt, cs, elems)
+        elif path == "nt" and swap:  # C [M, 1] = (x^T @ A^T)^T: x = B's one column, A's rows the keys
+            emit_nt(w, nm, sup, 1, M, kn, off(bp, 1), sb1, off(ap, 1), sa0, c, 1, bt, cs, elems[::-1],
+                    prefetch=not whole_k)
         elif path == "nt":
-            emit_nt(w, nm, sup, M, N, kn, off(ap, 1), sa0, off(bp, 1), sb1, c, sc0, bt, cs, elems)
+            emit_nt(w, nm, sup, M, N, kn, off(ap, 1), sa0, off(bp, 1), sb1, c, sc0, bt, cs, elems,
+                    prefetch=not whole_k)
         else:
             _generic(w, nm, M, N, K, ap, sa0, sa1, bp, sb0, sb1, c, sc0, bt, cs, elems)
 
@@ -331,9 +349,10 @@ def _runs(rows: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
 
 
 def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a: str, sa0: int, bt: str, sbt: int,
-            c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str] = mk.F32) -> None:
+            c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str] = mk.F32, prefetch: bool = True) -> None:
     """C[M x N] (beta) A @ Bt^T, Bt rows (the keys) contiguous: for each block of J keys, every row group
-    (the key block stays in L1 while the row groups use it); left-over keys one dot product at a time."""
+    (the key block stays in L1 while the row groups use it); left-over keys one dot product at a time.
+    ``prefetch``: the kernels prefetch the keys ahead (see microkernels.nt_kernel)."""
     def call(fn: str, jv: str, row: str, a_off: str, c_off: str) -> None:
         """One micro-kernel call for the rows starting at ``row`` (offsets precomputed where constant)."""
         csr = "0" if cs == "0" else f"{cs} + {row}"
@@ -350,7 +369,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
             jv = nm("j")
             with w.block(f"for (long {jv} = 0; {jv} < {nfull}; {jv} += {J})"):
                 for r0, R, count in _runs(rows):
-                    fn = sup.nt(R, J, elems)
+                    fn = sup.nt(R, J, elems, prefetch)
                     if count == 1:
                         call(fn, jv, str(r0), str(r0 * sa0), str(r0 * sc0))
                         continue

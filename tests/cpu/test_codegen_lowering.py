@@ -160,11 +160,14 @@ def _long_k_graphs() -> list[tuple[str, prism.Graph]]:
 
     g = prism.Graph()
     A, B, At = g.input("A", (9, 5001)), g.input("B", (37, 5001)), g.input("At", (5001, 9))
-    bb = BlockBuilder(grid=(1,), forloop=1, inputs=[A, B, At])
-    a, b, at = bb.iter(0), bb.iter(1), bb.iter(2)
+    A3 = g.input("A3", (3, 5001))
+    bb = BlockBuilder(grid=(1,), forloop=1, inputs=[A, B, At, A3])
+    a, b, at, a3 = bb.iter(0), bb.iter(1), bb.iter(2), bb.iter(3)
     bb.save(bb.matmul(a, bb.transpose(b, 0, 1)), omap=(None,))                     # nt, K tail
     bb.save(bb.matmul(bb.transpose(at, 0, 1), bb.transpose(b, 0, 1)), omap=(None,))  # generic loop
-    for i, o in enumerate(g.customized(bb.build(), [A, B, At])):
+    bb.save(bb.matmul(a3, bb.transpose(b, 0, 1)), omap=(None,))  # nt, few rows: the whole K in a call
+    bb.save(bb.matmul(b, bb.transpose(bb.iter(3, imap=(None,)), 0, 1)), omap=(None,))  # [37, 3]
+    for i, o in enumerate(g.customized(bb.build(), [A, B, At, A3])):
         g.output(o, f"Y{i}")
     out.append(("tile nt and generic", g))
     return out
@@ -193,6 +196,27 @@ def test_long_contractions_are_summed_in_groups(rng: np.random.Generator, isa: s
     (y,) = g.customized(bb.build(), [X, Y])
     g.output(y, "Y")
     check(g, rng, isa=isa)
+
+
+@pytest.mark.parametrize("K", [100, 5001])
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_matrix_vector_products_in_both_orders(rng: np.random.Generator, dtype: str, K: int) -> None:
+    """W @ x (a column out: emitted transposed, the rows of W as keys) and x @ W^T (a row out), W stored
+    [out, in] in float32 or int8, K within one accumulation chunk or over many."""
+    g = prism.Graph()
+    Wq, x = g.input("W", (37, K), dtype), g.input("x", (1, K))
+    bb = BlockBuilder(grid=(1,), forloop=1, inputs=[Wq, x])
+    w, xv = bb.iter(0), bb.iter(1)
+    bb.save(bb.matmul(w, bb.transpose(xv, 0, 1)), omap=(None,))   # [37, 1]
+    bb.save(bb.matmul(xv, bb.transpose(w, 0, 1)), omap=(None,))   # [1, 37]
+    for i, o in enumerate(g.customized(bb.build(), [Wq, x])):
+        g.output(o, f"Y{i}")
+    wv = (rng.integers(-127, 128, (37, K)) if dtype == "int8" else rng.standard_normal((37, K))).astype(dtype)
+    xs = rng.standard_normal((1, K)).astype(np.float32)
+    out = prism.compile(g)(W=wv, x=xs)
+    ref = wv.astype(np.float64) @ xs.astype(np.float64).T
+    assert_close(out["Y0"], ref, f"W @ x {dtype} K={K}")
+    assert_close(out["Y1"], ref.T, f"x @ W^T {dtype} K={K}")
 
 
 def test_map_symbols_as_params(rng: np.random.Generator) -> None:

@@ -21,86 +21,97 @@ PR_INLINE __m512 pr_hsum16(const __m512* v) {
 }
 
 PR_INLINE void pr_nt_avx512_4x4(long K, const float* restrict A, long sa0, const float* restrict Bt, long sb0, float* restrict C, long sc0, int beta, const float* restrict cs) {
-  const long K0 = K - K % 16;
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps(), acc4 = _mm512_setzero_ps(), acc5 = _mm512_setzero_ps(), acc6 = _mm512_setzero_ps(), acc7 = _mm512_setzero_ps(), acc8 = _mm512_setzero_ps(), acc9 = _mm512_setzero_ps(), acc10 = _mm512_setzero_ps(), acc11 = _mm512_setzero_ps(), acc12 = _mm512_setzero_ps(), acc13 = _mm512_setzero_ps(), acc14 = _mm512_setzero_ps(), acc15 = _mm512_setzero_ps();
-  for (long k = 0; k < K0; k += 16) {
-    __m512 a0 = _mm512_loadu_ps(A + 0 * sa0 + k);
-    __m512 a1 = _mm512_loadu_ps(A + 1 * sa0 + k);
-    __m512 a2 = _mm512_loadu_ps(A + 2 * sa0 + k);
-    __m512 a3 = _mm512_loadu_ps(A + 3 * sa0 + k);
-    __asm__("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3));
-    __builtin_prefetch(Bt + 16 * sb0 + k, 0, 2);
-    { __m512 b = _mm512_loadu_ps(Bt + 0 * sb0 + k);
-      __asm__("" : "+v"(b));
-      acc0 = _mm512_fmadd_ps(a0, b, acc0);
-      acc4 = _mm512_fmadd_ps(a1, b, acc4);
-      acc8 = _mm512_fmadd_ps(a2, b, acc8);
-      acc12 = _mm512_fmadd_ps(a3, b, acc12);
+  __m512 tot = _mm512_setzero_ps(), grp = _mm512_setzero_ps();
+  for (long k0 = 0; k0 < K; k0 += 1024) {
+    const long k1 = pr_minl(K, k0 + 1024), K0 = k1 - (k1 - k0) % 16;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps(), acc4 = _mm512_setzero_ps(), acc5 = _mm512_setzero_ps(), acc6 = _mm512_setzero_ps(), acc7 = _mm512_setzero_ps(), acc8 = _mm512_setzero_ps(), acc9 = _mm512_setzero_ps(), acc10 = _mm512_setzero_ps(), acc11 = _mm512_setzero_ps(), acc12 = _mm512_setzero_ps(), acc13 = _mm512_setzero_ps(), acc14 = _mm512_setzero_ps(), acc15 = _mm512_setzero_ps();
+    long k = k0;
+    for (; k + 16 <= K0; k += 16) {
+     {
+      __m512 a0 = _mm512_loadu_ps(A + 0 * sa0 + k);
+      __m512 a1 = _mm512_loadu_ps(A + 1 * sa0 + k);
+      __m512 a2 = _mm512_loadu_ps(A + 2 * sa0 + k);
+      __m512 a3 = _mm512_loadu_ps(A + 3 * sa0 + k);
+      __asm__("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3));
+      __builtin_prefetch(Bt + 16 * sb0 + k, 0, 2);
+      { __m512 b = _mm512_loadu_ps(Bt + 0 * sb0 + k);
+        __asm__("" : "+v"(b));
+        acc0 = _mm512_fmadd_ps(a0, b, acc0);
+        acc4 = _mm512_fmadd_ps(a1, b, acc4);
+        acc8 = _mm512_fmadd_ps(a2, b, acc8);
+        acc12 = _mm512_fmadd_ps(a3, b, acc12);
+      }
+      __builtin_prefetch(Bt + 17 * sb0 + k, 0, 2);
+      { __m512 b = _mm512_loadu_ps(Bt + 1 * sb0 + k);
+        __asm__("" : "+v"(b));
+        acc1 = _mm512_fmadd_ps(a0, b, acc1);
+        acc5 = _mm512_fmadd_ps(a1, b, acc5);
+        acc9 = _mm512_fmadd_ps(a2, b, acc9);
+        acc13 = _mm512_fmadd_ps(a3, b, acc13);
+      }
+      __builtin_prefetch(Bt + 18 * sb0 + k, 0, 2);
+      { __m512 b = _mm512_loadu_ps(Bt + 2 * sb0 + k);
+        __asm__("" : "+v"(b));
+        acc2 = _mm512_fmadd_ps(a0, b, acc2);
+        acc6 = _mm512_fmadd_ps(a1, b, acc6);
+        acc10 = _mm512_fmadd_ps(a2, b, acc10);
+        acc14 = _mm512_fmadd_ps(a3, b, acc14);
+      }
+      __builtin_prefetch(Bt + 19 * sb0 + k, 0, 2);
+      { __m512 b = _mm512_loadu_ps(Bt + 3 * sb0 + k);
+        __asm__("" : "+v"(b));
+        acc3 = _mm512_fmadd_ps(a0, b, acc3);
+        acc7 = _mm512_fmadd_ps(a1, b, acc7);
+        acc11 = _mm512_fmadd_ps(a2, b, acc11);
+        acc15 = _mm512_fmadd_ps(a3, b, acc15);
+      }
+     }
     }
-    __builtin_prefetch(Bt + 17 * sb0 + k, 0, 2);
-    { __m512 b = _mm512_loadu_ps(Bt + 1 * sb0 + k);
-      __asm__("" : "+v"(b));
-      acc1 = _mm512_fmadd_ps(a0, b, acc1);
-      acc5 = _mm512_fmadd_ps(a1, b, acc5);
-      acc9 = _mm512_fmadd_ps(a2, b, acc9);
-      acc13 = _mm512_fmadd_ps(a3, b, acc13);
+    if (K0 < k1) {
+      const __mmask16 km = (__mmask16)((1u << (K % 16)) - 1);
+     {
+      __m512 a0 = _mm512_maskz_loadu_ps(km, A + 0 * sa0 + K0);
+      __m512 a1 = _mm512_maskz_loadu_ps(km, A + 1 * sa0 + K0);
+      __m512 a2 = _mm512_maskz_loadu_ps(km, A + 2 * sa0 + K0);
+      __m512 a3 = _mm512_maskz_loadu_ps(km, A + 3 * sa0 + K0);
+      __asm__("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3));
+      { __m512 b = _mm512_maskz_loadu_ps(km, Bt + 0 * sb0 + K0);
+        __asm__("" : "+v"(b));
+        acc0 = _mm512_fmadd_ps(a0, b, acc0);
+        acc4 = _mm512_fmadd_ps(a1, b, acc4);
+        acc8 = _mm512_fmadd_ps(a2, b, acc8);
+        acc12 = _mm512_fmadd_ps(a3, b, acc12);
+      }
+      { __m512 b = _mm512_maskz_loadu_ps(km, Bt + 1 * sb0 + K0);
+        __asm__("" : "+v"(b));
+        acc1 = _mm512_fmadd_ps(a0, b, acc1);
+        acc5 = _mm512_fmadd_ps(a1, b, acc5);
+        acc9 = _mm512_fmadd_ps(a2, b, acc9);
+        acc13 = _mm512_fmadd_ps(a3, b, acc13);
+      }
+      { __m512 b = _mm512_maskz_loadu_ps(km, Bt + 2 * sb0 + K0);
+        __asm__("" : "+v"(b));
+        acc2 = _mm512_fmadd_ps(a0, b, acc2);
+        acc6 = _mm512_fmadd_ps(a1, b, acc6);
+        acc10 = _mm512_fmadd_ps(a2, b, acc10);
+        acc14 = _mm512_fmadd_ps(a3, b, acc14);
+      }
+      { __m512 b = _mm512_maskz_loadu_ps(km, Bt + 3 * sb0 + K0);
+        __asm__("" : "+v"(b));
+        acc3 = _mm512_fmadd_ps(a0, b, acc3);
+        acc7 = _mm512_fmadd_ps(a1, b, acc7);
+        acc11 = _mm512_fmadd_ps(a2, b, acc11);
+        acc15 = _mm512_fmadd_ps(a3, b, acc15);
+      }
+     }
     }
-    __builtin_prefetch(Bt + 18 * sb0 + k, 0, 2);
-    { __m512 b = _mm512_loadu_ps(Bt + 2 * sb0 + k);
-      __asm__("" : "+v"(b));
-      acc2 = _mm512_fmadd_ps(a0, b, acc2);
-      acc6 = _mm512_fmadd_ps(a1, b, acc6);
-      acc10 = _mm512_fmadd_ps(a2, b, acc10);
-      acc14 = _mm512_fmadd_ps(a3, b, acc14);
-    }
-    __builtin_prefetch(Bt + 19 * sb0 + k, 0, 2);
-    { __m512 b = _mm512_loadu_ps(Bt + 3 * sb0 + k);
-      __asm__("" : "+v"(b));
-      acc3 = _mm512_fmadd_ps(a0, b, acc3);
-      acc7 = _mm512_fmadd_ps(a1, b, acc7);
-      acc11 = _mm512_fmadd_ps(a2, b, acc11);
-      acc15 = _mm512_fmadd_ps(a3, b, acc15);
-    }
+    const __m512 v[16] = {acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15};
+    const __m512 cs_ = pr_hsum16(v);
+    grp = k0 % 8192 ? _mm512_add_ps(grp, cs_) : cs_;
+    if (k1 == K || k1 % 8192 == 0) tot = k0 < 8192 ? grp : _mm512_add_ps(tot, grp);
   }
-  if (K0 < K) {
-    const __mmask16 km = (__mmask16)((1u << (K % 16)) - 1);
-    __m512 a0 = _mm512_maskz_loadu_ps(km, A + 0 * sa0 + K0);
-    __m512 a1 = _mm512_maskz_loadu_ps(km, A + 1 * sa0 + K0);
-    __m512 a2 = _mm512_maskz_loadu_ps(km, A + 2 * sa0 + K0);
-    __m512 a3 = _mm512_maskz_loadu_ps(km, A + 3 * sa0 + K0);
-    __asm__("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3));
-    { __m512 b = _mm512_maskz_loadu_ps(km, Bt + 0 * sb0 + K0);
-      __asm__("" : "+v"(b));
-      acc0 = _mm512_fmadd_ps(a0, b, acc0);
-      acc4 = _mm512_fmadd_ps(a1, b, acc4);
-      acc8 = _mm512_fmadd_ps(a2, b, acc8);
-      acc12 = _mm512_fmadd_ps(a3, b, acc12);
-    }
-    { __m512 b = _mm512_maskz_loadu_ps(km, Bt + 1 * sb0 + K0);
-      __asm__("" : "+v"(b));
-      acc1 = _mm512_fmadd_ps(a0, b, acc1);
-      acc5 = _mm512_fmadd_ps(a1, b, acc5);
-      acc9 = _mm512_fmadd_ps(a2, b, acc9);
-      acc13 = _mm512_fmadd_ps(a3, b, acc13);
-    }
-    { __m512 b = _mm512_maskz_loadu_ps(km, Bt + 2 * sb0 + K0);
-      __asm__("" : "+v"(b));
-      acc2 = _mm512_fmadd_ps(a0, b, acc2);
-      acc6 = _mm512_fmadd_ps(a1, b, acc6);
-      acc10 = _mm512_fmadd_ps(a2, b, acc10);
-      acc14 = _mm512_fmadd_ps(a3, b, acc14);
-    }
-    { __m512 b = _mm512_maskz_loadu_ps(km, Bt + 3 * sb0 + K0);
-      __asm__("" : "+v"(b));
-      acc3 = _mm512_fmadd_ps(a0, b, acc3);
-      acc7 = _mm512_fmadd_ps(a1, b, acc7);
-      acc11 = _mm512_fmadd_ps(a2, b, acc11);
-      acc15 = _mm512_fmadd_ps(a3, b, acc15);
-    }
-  }
-  const __m512 v[16] = {acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15};
   float t[16] __attribute__((aligned(64)));
-  _mm512_storeu_ps(t, pr_hsum16(v));
+  _mm512_storeu_ps(t, tot);
   { const float s = t[0]; float* c = C + 0 * sc0 + 0; c[0] = beta == 0 ? s : beta == 1 ? c[0] + s : c[0] * cs[0] + s; }
   { const float s = t[1]; float* c = C + 0 * sc0 + 1; c[0] = beta == 0 ? s : beta == 1 ? c[0] + s : c[0] * cs[0] + s; }
   { const float s = t[2]; float* c = C + 0 * sc0 + 2; c[0] = beta == 0 ? s : beta == 1 ? c[0] + s : c[0] * cs[0] + s; }
