@@ -165,18 +165,26 @@ def _line_bytes(tile: tuple, full: tuple, size: int = BYTES) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _structure(bg: BlockGraph) -> tuple[tuple[Node, ...], dict[Node, int], dict[Node, bool]]:
-    """(nodes in order, consumer counts, streamed) of a block graph: the same for every instantiation, so
-    computed once per block graph (block graphs are immutable and hash by structure) instead of once per
-    candidate -- the tuner costs thousands of candidates of a few sGraphs per new shape."""
+def _structure(bg: BlockGraph) -> tuple[tuple[Node, ...], dict[Node, int], dict[Node, bool],
+                                       dict[Node, tuple[Node, ...]]]:
+    """(nodes in order, consumer counts, streamed, left) of a block graph: the same for every
+    instantiation, so computed once per block graph (block graphs are immutable and hash by structure)
+    instead of once per candidate -- the tuner costs thousands of candidates of a few sGraphs per new
+    shape. ``left``: the nodes only ever the left operand of matmuls, with those matmuls."""
     nodes = tuple(bg.nodes)
     consumers: dict[Node, int] = {}
     streamed: dict[Node, bool] = {}   # only ever the right operand of a matmul
+    lefts: dict[Node, list[Node] | None] = {}
     for n in nodes:
         for pos, s in enumerate(n.src):
             consumers[s] = consumers.get(s, 0) + 1
             streamed[s] = streamed.get(s, True) and n.op == "matmul" and pos == 1
-    return nodes, consumers, streamed
+            if n.op == "matmul" and pos == 0 and lefts.get(s, []) is not None:
+                lefts[s] = [*lefts.get(s, []), n]  # type: ignore[misc]
+            else:
+                lefts[s] = None
+    left = {s: tuple(v) for s, v in lefts.items() if v}
+    return nodes, consumers, streamed, left
 
 
 def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
@@ -187,7 +195,7 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
     T = m.threads
     busiest = math.ceil(nb / T)
     active = min(nb, T)
-    nodes, consumers, streamed = _structure(bg)
+    nodes, consumers, streamed, left = _structure(bg)
     reads: dict[int, int] = {}
     runs: dict[int, int] = {}
     rmw = 0
@@ -205,9 +213,12 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
             reads[idx] = reads.get(idx, 0) + _line_bytes(tile, full, size) * trips * nb
             # the tiling cuts the tensor into runs; each costs a latency once (re-reads hit the cache)
             runs[idx] = max(runs.get(idx, 0), numel(full) // contiguous_run(tile, full))
-            if not streamed.get(n, False):
-                # a right matmul operand is streamed through the registers panel by panel (the code
-                # generator's nn kernel reuses each panel from L1 across row groups): not resident
+            # a right matmul operand is streamed through the registers panel by panel (the code
+            # generator's nn kernel reuses each panel from L1 across row groups): not resident; so is
+            # the left operand of matrix-vector products W @ x (one output column), which the code
+            # generator emits transposed, W's rows as the streamed keys (matmul.emit_matmul)
+            matvec = n in left and all(S.dim(mm.shape[-1]) == 1 for mm in left[n])
+            if not (streamed.get(n, False) or matvec):
                 ws += numel(tile) * size
             continue
         if n.op == "save":
