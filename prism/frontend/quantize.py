@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from prism.ir.dtypes import quantize_int8
+
 
 class Int8Linear(nn.Module):
     """A Linear layer with int8 weights [out, in] and per-output-channel scales (float32)."""
@@ -29,11 +31,8 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, lin: nn.Linear) -> Int8Linear:
-        w = lin.weight.detach().float()
-        scale = w.abs().amax(dim=1, keepdim=True) / 127.0
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = torch.clamp(torch.round(w / scale), -127, 127).to(torch.int8)
-        return cls(q, scale.to(torch.float32), lin.bias)
+        q, scale = quantize_int8(lin.weight.detach().float().cpu().numpy())
+        return cls(torch.from_numpy(q), torch.from_numpy(scale), lin.bias)
 
     def dequantized(self) -> torch.Tensor:
         return self.qweight.float() * self.scale

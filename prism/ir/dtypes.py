@@ -43,7 +43,7 @@ class DType:
     @property
     def low_precision(self) -> bool:
         """Narrower than float32: values stored in it are rounded (bfloat16, float16) or quantized (int8)."""
-        return self.name in ("bfloat16", "float16", "int8")
+        return self.itemsize < 4
 
     def __str__(self) -> str:
         return self.name
@@ -104,5 +104,30 @@ def round_to(a: np.ndarray, dtype: DType) -> np.ndarray:
     return a.astype(np.float32).astype(dtype.np).astype(a.dtype)
 
 
-__all__ = ["FLOATS", "SUPPORTED", "DType", "as_dtype", "bfloat16", "float16", "float32", "float64", "int8",
-           "of_array", "round_to", "working_np"]
+def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 weight-only rule (torchao's int8 weight-only layout), stated once: per-row symmetric
+    quantization of ``w`` [out, in] to ``(q int8 [out, in], s float32 [out, 1])``, ``s = max |w_row| / 127``
+    (a zero row gets scale 1), ``q = round(w / s)`` half to even in float32, so ``q * s`` is the
+    dequantized weight. ``prism.quantize_weights`` and the ``int8w`` workloads both use it."""
+    w = np.asarray(w, dtype=np.float32)
+    s = np.max(np.abs(w), axis=-1, keepdims=True) / np.float32(127.0)
+    s = np.where(s > 0, s, np.float32(1.0)).astype(np.float32)
+    q = np.clip(np.rint(w / s), -127, 127).astype(np.int8)
+    return q, s
+
+
+__all__ = [
+    "FLOATS",
+    "SUPPORTED",
+    "DType",
+    "as_dtype",
+    "bfloat16",
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "of_array",
+    "quantize_int8",
+    "round_to",
+    "working_np",
+]

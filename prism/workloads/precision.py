@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from prism.errors import PrismError
-from prism.ir.dtypes import as_dtype
+from prism.ir.dtypes import as_dtype, quantize_int8
 from prism.ir.graph import Graph
 from prism.ir.node import Node
 from prism.workloads.base import Shape, Workload
@@ -31,16 +31,6 @@ SCALE = "_scale"   # suffix of an int8 weight's scale input
 
 def precision_of(w: Workload) -> str:
     return str(w.extra.get("precision", "float32"))
-
-
-def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row symmetric int8 quantization of ``w`` [out, in]: ``(q int8 [out, in], s float32 [out, 1])`` with
-    ``q * s`` the dequantized weight (a zero row gets scale 1)."""
-    w = np.asarray(w, dtype=np.float32)
-    s = np.max(np.abs(w), axis=-1, keepdims=True) / 127.0
-    s = np.where(s > 0, s, 1.0).astype(np.float32)
-    q = np.clip(np.rint(w / s), -127, 127).astype(np.int8)
-    return q, s
 
 
 def _rebuild(g: Graph, inputs: Mapping[str, object]) -> Graph:
