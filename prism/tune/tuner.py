@@ -10,6 +10,7 @@ ratio of the measured time of the model's #1 to the best measured time (``top1_w
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -33,6 +34,14 @@ from prism.verify.numeric import max_error, normal_reference
 TUNE_VERSION = "tune/3"
 TOP_K = 6          # candidates compiled and measured per shape (default)
 Progress = Callable[[str], None]
+
+
+def _clip(text: str, n: int = 240) -> str:
+    """A one-line summary of a candidate's error: file paths shortened to their names (a compile error
+    names the source and the output between its words: a long temporary directory cut "wrote no shared
+    library" off), then cut to about ``n`` characters keeping both ends."""
+    text = re.sub(r"(?:/[^\s/:()]+)+/(?=[^\s/]+)", ".../", text)
+    return text if len(text) <= n else text[: n * 2 // 3] + " ... " + text[-(n // 3):]
 
 
 class NoInstanceError(PrismError):
@@ -267,7 +276,7 @@ def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Ma
     out: dict[str, np.ndarray] | None = None  # one set of output buffers for every candidate: bounded memory
     for i, (row, k) in enumerate(zip(rows, compiled)):
         if isinstance(k, BaseException):
-            row.status, row.detail = "compile error", f"{type(k).__name__}: {str(k).splitlines()[0][:200]}"
+            row.status, row.detail = "compile error", _clip(f"{type(k).__name__}: {str(k).splitlines()[0]}")
             STATS.compile_failures += 1
             continue
         try:
@@ -276,7 +285,7 @@ def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Ma
             k.call(inputs, out=out)
             row.error = max_error(out, ref)
         except Exception as e:  # a kernel that cannot run is a failed candidate
-            row.status, row.detail = "error", f"{type(e).__name__}: {e}"[:200]
+            row.status, row.detail = "error", _clip(f"{type(e).__name__}: {e}")
             continue
         if not row.error <= tol:
             row.status, row.detail = "wrong result", f"error {row.error:.3g} > tolerance {tol:.3g}"
