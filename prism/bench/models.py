@@ -28,7 +28,9 @@ Per model (a ``transformers`` config built with seeded random weights; nothing i
 ``--dtype bfloat16``: the same models moved to bfloat16 (``model.to(torch.bfloat16)``) for every system. Eager
 rounds every operator's result to bfloat16, Prism only where PyTorch stores a tensor, so greedy tokens may part
 at a near-tie: a system whose tokens differ from eager's is wrong unless its prompt logits agree with eager's
-within ``LOGITS_RTOL`` (then the report notes where the tokens part).
+within ``LOGITS_RTOL`` (then the report notes where the tokens part). ``--dtype int8w``: every ``nn.Linear``
+int8 weight-only (``prism.quantize_weights``, the LM head included); every system runs the same int8 weights
+and computes in float32, so the tokens must equal eager's.
 
 llama.cpp is a baseline of this benchmark where ``llama-cpp-python`` and ``gguf`` are installed (not in CI);
 without them the report says so.
@@ -79,15 +81,17 @@ NEW_LENGTHS = (13, 29)   # prompt + these: the first new length (Dynamo's dynami
 QUICK = ("llama-small",)
 
 
-DTYPES = ("float32", "bfloat16")   # int8 weight-only models are not converted by the frontend yet
+DTYPES = ("float32", "bfloat16", "int8w")   # int8w: every Linear int8 weight-only (prism.quantize_weights)
 # low precision: a system's greedy tokens may leave eager's where two logits are closer than the rounding
 # (eager rounds every operator to bfloat16, Prism only where PyTorch stores a tensor); its prompt logits must
 # then agree with eager's within this (relative to the largest logit), else it is wrong
-LOGITS_RTOL = {"float32": 1e-3, "bfloat16": 0.08}
+LOGITS_RTOL = {"float32": 1e-3, "bfloat16": 0.08, "int8w": 1e-3}
 
 
 def build(spec: ModelSpec, seed: int = 0, dtype: str = "float32") -> Any:
-    """The model of ``spec`` with seeded random weights (drawn in float32, then stored as ``dtype``), eval mode."""
+    """The model of ``spec`` with seeded random weights (drawn in float32, then stored as ``dtype``), eval mode.
+    ``int8w``: the float32 model with every ``nn.Linear`` (the LM head too, as llama.cpp's q8_0) replaced by
+    int8 weight-only layers (``prism.quantize_weights``); eager PyTorch runs their forward as written."""
     import torch
     import transformers as tf
     common = dict(hidden_size=spec.hidden, intermediate_size=spec.mlp, num_hidden_layers=spec.layers,
@@ -101,14 +105,19 @@ def build(spec: ModelSpec, seed: int = 0, dtype: str = "float32") -> Any:
     if spec.arch == "mistral":
         common["sliding_window"] = None
     torch.manual_seed(seed)
+    if dtype == "int8w":
+        from prism.frontend.quantize import quantize_weights
+        return quantize_weights(cls(cfg(**common)).eval())
     return cls(cfg(**common)).eval().to(getattr(torch, dtype))
 
 
 def decode_bytes(model: Any) -> int:
     """Parameter bytes one decode step reads: all but the input embedding table, of which one row is read
     (unless the LM head shares it: then the head reads all of it)."""
-    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not emb or p is head)
+    emb = model.get_input_embeddings().weight
+    head = getattr(model.get_output_embeddings(), "weight", None)  # an int8 head holds a buffer
+    weights = [*model.parameters(), *(b for n, b in model.named_buffers() if n.endswith(("qweight", "scale")))]
+    return sum(p.numel() * p.element_size() for p in weights if p is not emb or p is head)
 
 
 def read_bandwidth(size: int = 1 << 30, repeats: int = 5) -> float:
@@ -249,7 +258,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
         elif not torch.equal(out, ref):
             err = float((logits - ref_logits).abs().max() / ref_logits.abs().max())
             at = _first_difference(out[0, prompt:], ref[0, prompt:])
-            if dtype == "float32" or err > LOGITS_RTOL[dtype]:
+            if dtype != "bfloat16" or err > LOGITS_RTOL[dtype]:  # int8w computes in float32: tokens must agree
                 r.status = f"wrong: token ids differ from eager's (prompt logits off by {err:.2g} relative)"
             else:
                 res.notes.append(f"{sysname}: greedy tokens leave eager's at new token {at} ({dtype} rounding: "
@@ -404,7 +413,7 @@ def main(args: Any, threads: int) -> int:
     dtype = getattr(args, "dtype", "float32")
     if dtype not in DTYPES:
         print(f"prism bench --models: --dtype {dtype} is not supported for models (the frontend converts "
-              f"{list(DTYPES)} models; int8 weight-only is for the suite, W1-W3 and W7)", file=sys.stderr)
+              f"{list(DTYPES)} models)", file=sys.stderr)
         return 2
     meta["dtype"] = dtype
     results = [run_model(n, MODELS[n], prompt, new, rounds, log, lengths, dtype) for n in names]
