@@ -40,8 +40,8 @@ def parser() -> argparse.ArgumentParser:
                    help="only the cases whose shape has these dims, e.g. n=1 (the decode cases)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "int8w"),
                    help="precision of the suite's programs: bfloat16 (every tensor, as model.to(torch.bfloat16)) "
-                        "or int8w (int8 weight-only, per-channel scales: W1-W3, W7); every system runs the same "
-                        "values (default float32)")
+                        "or int8w (int8 weight-only, per-channel scales: W1-W3, W7; with --models every Linear); "
+                        "every system runs the same values (default float32)")
     p.add_argument("--threads", type=int, default=None, help="threads for every system (default: usable cores)")
     p.add_argument("--block-ms", type=float, default=50.0, help="timed block per system per round (ms)")
     p.add_argument("--warmup-ms", type=float, default=10.0, help="untimed warm-up at each visit (ms)")
