@@ -23,6 +23,17 @@ def test_decode_bytes_leave_out_the_embedding_table() -> None:
     assert decode_bytes(m) == total - m.get_input_embeddings().weight.numel() * 4
 
 
+def test_int8w_models_quantize_every_linear_and_count_int8_bytes() -> None:
+    from prism.frontend.quantize import Int8Linear
+    m = build(MODELS["llama-tiny"], dtype="int8w")
+    assert not [n for n, x in m.named_modules() if isinstance(x, torch.nn.Linear)]
+    q = [x for x in m.modules() if isinstance(x, Int8Linear)]
+    assert q and m.get_output_embeddings() in q       # the LM head too, as llama.cpp's q8_0
+    linear = sum(x.qweight.numel() + x.scale.numel() * 4 for x in q)
+    others = sum(p.numel() * 4 for p in m.parameters()) - m.get_input_embeddings().weight.numel() * 4
+    assert decode_bytes(m) == linear + others
+
+
 def test_models_bench_on_the_tiny_llama(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "m.json"
     # the shapes of test_frontend_transformers (same session cache): its tunings serve here
