@@ -260,8 +260,9 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
         W = mk.lanes(sup.isa)
         # vector nt kernels sum any K in levels themselves: few rows (GEMV-like) take the whole K per
         # call, so each key row streams front to back (the chunked order read every key row in pieces of
-        # W * ACC_CHUNK at the row stride: W1 n=1 int8 1581 -> 841 us, f32 from DRAM 5123 -> 3391 us,
-        # 2 threads, this Zen host); more rows keep K chunks whose key block the row groups reuse from L1
+        # W * ACC_CHUNK at the row stride: int8 4096 x 4096 in L3 1581 -> 633-692 us, f32 from DRAM 5123 ->
+        # 2488-3116 us, 2 threads, AVX2 Zen host, docs/codegen.md); more rows keep K chunks whose key block
+        # the row groups reuse from L1
         # a matrix-vector product written as W @ x (C one contiguous column, N = 1) is emitted as its
         # transpose x^T @ W^T: one row against M keys, the multi-key kernels instead of M single dot
         # products (the int8 W1 search's candidate q @ x^T ran every row through the 1x1 kernel)

@@ -14,6 +14,8 @@ levels of ACC_CHUNK.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from prism.codegen.isa import ISA
@@ -414,6 +416,12 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     # same line up to 8 times over for int8 keys)
     U = max(1, 64 // (W * ITEMSIZE[eb]))
 
+    def levels(tot: str, grp: str, chunk: str, add: Callable[[str, str], str]) -> str:
+        """The chunk loop's last two levels, stated once for both kernel forms: the chunk sum starts or
+        joins its group; a finished group starts or joins the total."""
+        return (f"{grp} = k0 % {gr} ? {add(grp, chunk)} : {chunk};\n"
+                f"    if (k1 == K || k1 % {gr} == 0) {tot} = k0 < {gr} ? {grp} : {add(tot, grp)};")
+
     def mload_of(elem: str) -> str:
         """A masked load of the K tail (``km``: the float32 mask; typed storage: the count K - K0)."""
         if elem != "f32":
@@ -440,8 +448,7 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     {v.store("t", "acc")}
     float cs_ = 0.0f;
     for (int i = 0; i < {W}; i++) cs_ += t[i];
-    g = k0 % {gr} ? g + cs_ : cs_;
-    if (k1 == K || k1 % {gr} == 0) s = k0 < {gr} ? g : s + g;
+    {levels("s", "g", "cs_", lambda x, y: f"{x} + {y}")}
   }}
   float* c = C;
   {update.format(r=0)}
@@ -488,8 +495,7 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     L.append("    }")
     L.append(f"    const {vt} v[{W}] = {{" + ", ".join(f"acc{i}" for i in range(W)) + "};")
     L.append(f"    const {vt} cs_ = {hs}(v);")
-    L.append(f"    grp = k0 % {gr} ? {v.add('grp', 'cs_')} : cs_;")
-    L.append(f"    if (k1 == K || k1 % {gr} == 0) tot = k0 < {gr} ? grp : {v.add('tot', 'grp')};")
+    L.append(f"    {levels('tot', 'grp', 'cs_', v.add)}")
     L.append("  }")
     L.append(f"  float t[{W}] __attribute__((aligned(64)));")
     L.append(f"  {v.store('t', 'tot')}")

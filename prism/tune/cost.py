@@ -174,16 +174,14 @@ def _structure(bg: BlockGraph) -> tuple[tuple[Node, ...], dict[Node, int], dict[
     nodes = tuple(bg.nodes)
     consumers: dict[Node, int] = {}
     streamed: dict[Node, bool] = {}   # only ever the right operand of a matmul
-    lefts: dict[Node, list[Node] | None] = {}
+    lefts: dict[Node, list[Node]] = {}   # the matmuls a node is the left operand of
     for n in nodes:
         for pos, s in enumerate(n.src):
             consumers[s] = consumers.get(s, 0) + 1
             streamed[s] = streamed.get(s, True) and n.op == "matmul" and pos == 1
-            if n.op == "matmul" and pos == 0 and lefts.get(s, []) is not None:
-                lefts[s] = [*lefts.get(s, []), n]  # type: ignore[misc]
-            else:
-                lefts[s] = None
-    left = {s: tuple(v) for s, v in lefts.items() if v}
+            if n.op == "matmul" and pos == 0:
+                lefts.setdefault(s, []).append(n)
+    left = {s: tuple(v) for s, v in lefts.items() if len(v) == consumers[s]}
     return nodes, consumers, streamed, left
 
 
