@@ -47,8 +47,9 @@ VERSION = "search/6"  # 2: split-reduction variants; 3: checksummed envelope, ve
 # identity, mixed float operands promote, outputs cast to the program's dtype); 6: the numeric check judges one
 # element by the program's own float32 error (results that lost every candidate to it are searched again)
 # part of the cache key only (the file format is unchanged): results of an older space are not reused.
-# 1: several program outputs (savers of used tiles, outputs needing no user), level 0, square permutes
-SPACE = 1
+# 1: several program outputs (savers of used tiles, outputs needing no user), level 0, square permutes;
+# 2: inputs read through views (transposes and per-channel scales outside the core, prism.search.program)
+SPACE = 2
 MODES = ("symbolic", "concrete")
 CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} dividing the split dims
 MAX_CHOICES = 4096       # map assignments costed per structure (the rest: rule enumerate_budget)
