@@ -22,7 +22,8 @@ Predefined operators: inputs read and output written once, the same roofline, ``
 generator parallelizes them (>= 32 Ki elements), one thread otherwise; reshapes are free.
 
 The per-block *working set* (tiles touched per iteration plus accumulators, except the tiles that are
-only ever the right operand of a matmul: the micro-kernel streams those panel by panel) is reported for
+only ever the right operand of a matmul, directly or through a permute: the micro-kernel streams those
+panel by panel) is reported for
 the cache filter of :mod:`prism.tune.candidates`. Counting the streamed weight tile dropped every wide
 block of W2/W3 at d = 4096 (2 x 2 MiB > L2) and the pipeline ran 1.6-1.7x slower than the hand-written
 2-block tiling (full-suite bench, docs/bench.md). The constants were fitted on the project's 2-core VM (see
@@ -182,6 +183,17 @@ def _structure(bg: BlockGraph) -> tuple[tuple[Node, ...], dict[Node, int], dict[
             if n.op == "matmul" and pos == 0:
                 lefts.setdefault(s, []).append(n)
     left = {s: tuple(v) for s, v in lefts.items() if len(v) == consumers[s]}
+    # a tile permuted on its way to a right operand is streamed too: the permute is a strided read (an
+    # input view's iterator, a Linear weight [out, in] read as W^T: the code generator's nt kernels stream
+    # W's rows). Consumers come after their operands, so one pass in reverse order settles chains.
+    users: dict[Node, list[Node]] = {}
+    for n in nodes:
+        for x in n.src:
+            users.setdefault(x, []).append(n)
+    for n in reversed(nodes):
+        us = users.get(n, [])
+        if us and all(u.op == "permute" for u in us):
+            streamed[n] = all(streamed.get(u, False) for u in us)
     return nodes, consumers, streamed, left
 
 

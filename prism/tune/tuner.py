@@ -30,8 +30,9 @@ from prism.tune.stats import STATS
 from prism.verify.numeric import max_error, normal_reference
 
 # tune/3: the nt lowering changed (whole-K GEMV calls, W @ x emitted transposed): winners measured under
-# the old one may rank differently
-TUNE_VERSION = "tune/3"
+# the old one may rank differently; tune/4: a tile permuted into a right matmul operand (an input view's
+# iterator) is streamed, not resident: wide weight tiles pass the cache filter
+TUNE_VERSION = "tune/4"
 TOP_K = 6          # candidates compiled and measured per shape (default)
 Progress = Callable[[str], None]
 
