@@ -15,7 +15,7 @@ quantized, so every system sees exactly the same values, and the float64 referen
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -33,19 +33,23 @@ def precision_of(w: Workload) -> str:
     return str(w.extra.get("precision", "float32"))
 
 
-def _rebuild(g: Graph, inputs: Mapping[str, object]) -> Graph:
+def _rebuild(g: Graph, inputs: Mapping[str, Callable[[Graph], object]],
+             rule: Callable[[Graph, Node, list[object]], object | None] | None = None) -> Graph:
     """``g`` with each input named in ``inputs`` replaced by ``inputs[name](new_graph)`` (a tensor of the new
-    graph); every other node re-applied, so dtypes propagate by the IR's rules."""
+    graph); every other node re-applied (so dtypes propagate by the IR's rules), unless ``rule(new_graph,
+    node, operands)`` returns its replacement."""
     ng = Graph(g.name)
     vals: dict[Node, object] = {}
     for n in g.nodes:
         if n.op == "input":
             make = inputs.get(n.arg[0])
-            vals[n] = make(ng) if make is not None else ng.input(n.arg[0], n.shape, n.dtype)  # type: ignore[operator]
+            vals[n] = make(ng) if make is not None else ng.input(n.arg[0], n.shape, n.dtype)
         elif n.op == "output":
             ng.output(vals[n.src[0]], n.arg[0])  # type: ignore[arg-type]
         else:
-            vals[n] = ng._apply(n.op, [vals[s] for s in n.src], n.arg)  # type: ignore[misc]
+            srcs = [vals[x] for x in n.src]
+            got = rule(ng, n, srcs) if rule is not None else None
+            vals[n] = got if got is not None else ng._apply(n.op, srcs, n.arg)  # type: ignore[arg-type]
     return ng
 
 
@@ -61,26 +65,25 @@ def _int8_program(base: Workload, s: Shape) -> Graph:
     ``torch._weight_int8pack_mm`` computes)."""
     g = base.program(s)
     weights = _quantized(base)
-    ng = Graph(g.name)
-    vals: dict[Node, object] = {}
     scales: dict[str, object] = {}
-    for n in g.nodes:
-        if n.op == "input" and n.arg[0] in weights:
-            d, m = n.shape
-            vals[n] = ng.permute(ng.cast(ng.input(n.arg[0], (m, d), "int8"), "float32"), (1, 0))
-            scales[n.arg[0]] = ng.permute(ng.input(n.arg[0] + SCALE, (m, 1), "float32"), (1, 0))
-        elif n.op == "input":
-            vals[n] = ng.input(n.arg[0], n.shape, n.dtype)
-        elif n.op == "output":
-            ng.output(vals[n.src[0]], n.arg[0])  # type: ignore[arg-type]
-        elif n.op == "matmul" and n.src[1].op == "input" and n.src[1].arg[0] in weights:
-            vals[n] = ng.mul(ng.matmul(vals[n.src[0]], vals[n.src[1]]), scales[n.src[1].arg[0]])  # type: ignore
-        else:
-            if any(x.op == "input" and x.arg[0] in weights for x in n.src):
-                raise PrismError(f"{base.id}: quantized weight {n.src} is used by {n.op}, not only as a matmul's "
-                                 "right operand")
-            vals[n] = ng._apply(n.op, [vals[x] for x in n.src], n.arg)  # type: ignore[misc]
-    return ng
+
+    def weight(ng: Graph, name: str, d: int, m: int) -> object:
+        q = ng.permute(ng.cast(ng.input(name, (m, d), "int8"), "float32"), (1, 0))
+        scales[name] = ng.permute(ng.input(name + SCALE, (m, 1), "float32"), (1, 0))
+        return q
+
+    def rule(ng: Graph, n: Node, srcs: list[object]) -> object | None:
+        quantized = [x.arg[0] for x in n.src if x.op == "input" and x.arg[0] in weights]
+        if not quantized:
+            return None
+        right = n.src[-1].arg[0] if n.src[-1].op == "input" else None
+        if n.op != "matmul" or quantized != [right]:
+            raise PrismError(f"{base.id}: quantized weight {quantized[0]} is used by {n.op}, not only as a "
+                             "matmul's right operand")
+        return ng.mul(ng.matmul(*srcs), scales[quantized[0]])  # type: ignore[arg-type]
+
+    return _rebuild(g, {name: (lambda ng, name=name: weight(ng, name, *g.inputs[name].shape))
+                        for name in weights}, rule)
 
 
 def _quantized(base: Workload) -> tuple[str, ...]:
