@@ -48,7 +48,8 @@ VERSION = "search/6"  # 2: split-reduction variants; 3: checksummed envelope, ve
 # element by the program's own float32 error (results that lost every candidate to it are searched again)
 # part of the cache key only (the file format is unchanged): results of an older space are not reused.
 # 1: several program outputs (savers of used tiles, outputs needing no user), level 0, square permutes;
-# 2: inputs read through views (transposes and per-channel scales outside the core, prism.search.program)
+# 2: inputs read through views (transposes and per-channel scales outside the core, prism.search.program);
+# deeper levels explored only where they can win by kernel.LEVEL_MARGIN
 SPACE = 2
 MODES = ("symbolic", "concrete")
 CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} dividing the split dims

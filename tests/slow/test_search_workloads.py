@@ -155,3 +155,19 @@ def test_cli_json(tmp_path: object) -> None:
     assert rc == 0
     d = json.loads(out.read_text())
     assert d["stop_reason"] == "exhausted" and d["candidates"] and d["stats"]["states"] > 0
+
+
+def test_w2_at_the_decode_shape_does_not_spend_its_budget_on_two_kernel_graphs() -> None:
+    """W2 at n = 1, d = 4096, m = 6144: the fused kernel is 0.4 % above the static bound of any two-kernel
+    graph, so level 2 was explored to the 60 s limit (every `prism bench` of W2's decode case). A deeper level
+    must be able to beat the best by more than the model's resolution (prism.search.kernel.LEVEL_MARGIN).
+    Ranked at n = 8, the value prism.superoptimize ranks a symbolic dim at (at n = 16 the model calls the fused
+    kernel compute-bound, 1.6x its byte bound, and the byte-only bound of level 2 prunes nothing: docs/search.md)."""
+    from prism.api import SEARCH_DIM
+    w = WORKLOADS["W2"]
+    s = next(x for x in w.shapes if x["n"] == 1)
+    r = search(w.program(s), Limits(max_kernel_ops=2, max_block_ops=8, max_results=2, time_limit=60),
+               env={"n": SEARCH_DIM}, cache=False)
+    assert r.stop_reason is StopReason.EXHAUSTED, r.stats.to_json()
+    assert r.best is not None and r.best.cost.kernels == 1 and r.best.verdict.ok
+    assert r.stats.pruned["bound"] > 0
