@@ -24,7 +24,7 @@ from prism.ir.block import ACCUMULATORS, BlockBuilder, BlockGraph
 from prism.ir.builder import Tensor
 from prism.ir.graph import Graph
 from prism.search import maps as M
-from prism.search.block import BlockStruct
+from prism.search.block import BlockStruct, _is_one
 from prism.search.kernel import KernelCandidate
 from prism.search.program import CoreProgram, InputView
 
@@ -75,15 +75,11 @@ class ViewInput:
 
 @dataclass(frozen=True)
 class _Scaled:
-    """A tile equal to ``raw * scale`` (the scale a [k, 1] or [1, k] tile, broadcast), not multiplied yet."""
+    """A tile equal to ``raw * scale`` (the scale a [k, 1], [1, k] or [k] tile, broadcast), not multiplied yet."""
 
     raw: Tensor
     scale: Tensor
     invariant: bool   # the scale does not change over the for-loop
-
-
-def _is_one(d: object) -> bool:
-    return isinstance(d, int) and d == 1
 
 
 def build_block_graph(s: BlockStruct, a: Assignment, inputs: Sequence[Tensor], index: int,

@@ -72,11 +72,6 @@ class CoreProgram:
                 t = g.permute(t, v.perm)
         return t
 
-    def wrap_inputs(self, g: Graph) -> list[Tensor]:
-        """Declare the program's inputs in ``g`` and return the core inputs (prologue applied), in core order."""
-        handles = self.declare_inputs(g)
-        return [self.core_input(g, handles, name) for name in self.core.inputs]
-
     def wrap_output(self, g: Graph, index: int, t: Tensor) -> Tensor:
         for op, arg in self.epilogue[index]:
             t = g._apply(op, [t], arg)

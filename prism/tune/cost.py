@@ -176,9 +176,11 @@ def _structure(bg: BlockGraph) -> tuple[tuple[Node, ...], dict[Node, int], dict[
     consumers: dict[Node, int] = {}
     streamed: dict[Node, bool] = {}   # only ever the right operand of a matmul
     lefts: dict[Node, list[Node]] = {}   # the matmuls a node is the left operand of
+    users: dict[Node, list[Node]] = {}
     for n in nodes:
         for pos, s in enumerate(n.src):
             consumers[s] = consumers.get(s, 0) + 1
+            users.setdefault(s, []).append(n)
             streamed[s] = streamed.get(s, True) and n.op == "matmul" and pos == 1
             if n.op == "matmul" and pos == 0:
                 lefts.setdefault(s, []).append(n)
@@ -186,10 +188,6 @@ def _structure(bg: BlockGraph) -> tuple[tuple[Node, ...], dict[Node, int], dict[
     # a tile permuted on its way to a right operand is streamed too: the permute is a strided read (an
     # input view's iterator, a Linear weight [out, in] read as W^T: the code generator's nt kernels stream
     # W's rows). Consumers come after their operands, so one pass in reverse order settles chains.
-    users: dict[Node, list[Node]] = {}
-    for n in nodes:
-        for x in n.src:
-            users.setdefault(x, []).append(n)
     for n in reversed(nodes):
         us = users.get(n, [])
         if us and all(u.op == "permute" for u in us):
