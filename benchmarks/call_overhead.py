@@ -38,22 +38,31 @@ def main() -> None:
     print(f"load {os.getloadavg()[0]:.2f}; program relu(x * 2 + 1) on [8, 16]")
     opt = prism.optimize(fn, (x,))
     optfx = prism.optimize(torch.fx.symbolic_trace(fn), (x,))
+    optex = prism.optimize(fn, (x,), capture="export")
     with torch.inference_mode():
         runner = opt.prism_pieces()[-1].runner
-        kernel, _order, variant, out_shapes = next(iter(runner._compiled.values()))
+        kernel = runner.kernel.specialize().kernel
+        variant, out_shapes = kernel.variant_for((tuple(x.shape),))
+        launch = kernel.torch_launcher((tuple(x.shape),))
         out = torch.empty(out_shapes[0])
         ptrs = [x.data_ptr(), out.data_ptr()]
+        arr = variant.ptr_type(*ptrs)
+        ws = variant.workspace(torch.get_num_threads())
+        nth = torch.get_num_threads()
         compiled_eager = torch.compile(fn, backend="eager")
         rows = [("eager PyTorch", lambda: fn(x)),
-                ("C call (Variant.run: ctypes, OpenMP entry)", lambda: variant.run(ptrs)),
-                ("Kernel.call_tensors (outputs allocated)", lambda: kernel.call_tensors([x])),
+                ("ctypes call of the entry (no Python around it)", lambda: variant.fn(arr, ws, nth)),
+                ("Variant.run (pointer array, threads, lock)", lambda: variant.run(ptrs)),
+                ("Kernel.torch_launcher's launch (outputs allocated)", lambda: launch([x])),
+                ("Kernel.call_tensors (+ variant lookup)", lambda: kernel.call_tensors([x])),
                 ("Kernel.call (dict of inputs, checks)", lambda: kernel.call({kernel.input_names[0]: x})),
-                ("piece runner (input checks + call)", lambda: runner(x)),
+                ("piece runner (input checks + launch)", lambda: runner(x)),
+                ("prism.optimize(fn, capture='export')", lambda: optex(x)),
                 ("prism.optimize(fx.GraphModule)", lambda: optfx(x)),
                 ("torch.compile(backend='eager') (Dynamo alone)", lambda: compiled_eager(x)),
                 ("prism.optimize(function) (through Dynamo)", lambda: opt(x))]
         for name, f in rows:
-            print(f"{name:48s} {bench(f):7.1f} µs")
+            print(f"{name:52s} {bench(f):7.1f} µs")
     print(f"load {os.getloadavg()[0]:.2f}")
 
 

@@ -1,8 +1,10 @@
 """``prism bench --corpus``: each corpus program under eager PyTorch, ``torch.compile`` (inductor, default
-mode) and ``prism.optimize``, checked against float64 and timed in one interleaved run.
+mode), ``prism.optimize`` (Dynamo capture, the default) and ``prism.optimize(..., capture="export")``
+(``prism-export``: exported once, called without Dynamo), checked against float64 and timed in one
+interleaved run.
 
-Per program: the three systems are prepared (compile and Prism's search/tuning happen here, untimed),
-each output is compared with the float64 result of the same program on the same inputs, then the three
+Per program: the four systems are prepared (compile and Prism's search/tuning happen here, untimed),
+each output is compared with the float64 result of the same program on the same inputs, then the four
 calls are timed in interleaved blocks (``prism.bench.schedule.interleave``: rotated order, warm-up, a
 settle pause until the process is idle), medians of per-call times. Every system returns fresh outputs
 (none writes into a preallocated buffer) and runs with the same thread count, under
@@ -26,7 +28,8 @@ from prism.bench.corpus import Program, programs
 from prism.bench.schedule import interleave
 from prism.tune.contention import CpuMeter, wait_until_idle
 
-SYSTEMS = ("eager", "compile", "prism")
+SYSTEMS = ("eager", "compile", "prism", "prism-export")
+PRISMS = ("prism", "prism-export")
 
 
 @dataclass
@@ -42,9 +45,9 @@ class Row:
     prepare_s: dict[str, float] = field(default_factory=dict)
     foreign_cores: float | None = None
 
-    def speedup(self, base: str) -> float | None:
-        p, b = self.us.get("prism"), self.us.get(base)
-        if p is None or b is None or self.status.get("prism") != "ok" or self.status.get(base) != "ok":
+    def speedup(self, base: str, system: str = "prism") -> float | None:
+        p, b = self.us.get(system), self.us.get(base)
+        if p is None or b is None or self.status.get(system) != "ok" or self.status.get(base) != "ok":
             return None
         return b / p
 
@@ -123,6 +126,12 @@ def run_program(p: Program, rounds: int, block_ms: float, warmup_ms: float, sett
         row.prism_pieces = len(opt.prism_pieces())
         return lambda: opt(*inputs)
     prepare("prism", build_prism)
+
+    def build_prism_export() -> Callable[[], Any]:
+        opt = prism.optimize(fn, inputs, capture="export", **prism_options)  # the same pieces: cached searches
+        row.fallbacks += sorted({f"prism-export {f.op}: {f.reason}" for r in opt.report for f in r.fallbacks})
+        return lambda: opt(*inputs)
+    prepare("prism-export", build_prism_export)
     log(f"{p.name}: prepared in " + ", ".join(f"{k} {v:.1f} s" for k, v in row.prepare_s.items())
         + (f"; {len(row.fallbacks)} fallback(s)" if row.fallbacks else ""))
 
@@ -147,19 +156,23 @@ def geomean(xs: list[float]) -> float | None:
     return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else None
 
 
-def summary(rows: list[Row]) -> dict[str, Any]:
-    vs_eager = [r.speedup("eager") for r in rows]
-    vs_compile = [r.speedup("compile") for r in rows]
-    clean = [r for r in rows if r.status.get("prism") == "ok" and not r.fallbacks]
-    return {
+def summary(rows: list[Row], system: str = "prism") -> dict[str, Any]:
+    """Totals of ``system`` (``prism`` or ``prism-export``); ``export`` holds those of ``prism-export``."""
+    vs_eager = [r.speedup("eager", system) for r in rows]
+    vs_compile = [r.speedup("compile", system) for r in rows]
+    clean = [r for r in rows if r.status.get(system) == "ok" and not r.fallbacks]
+    out: dict[str, Any] = {
         "programs": len(rows),
-        "prism_ok": sum(r.status.get("prism") == "ok" for r in rows),
+        "prism_ok": sum(r.status.get(system) == "ok" for r in rows),
         "without_fallback": len(clean),
         "geomean_vs_eager": geomean([x for x in vs_eager if x]),
         "geomean_vs_compile": geomean([x for x in vs_compile if x]),
         "at_or_above_eager": sum(1 for x in vs_eager if x and x >= 1.0),
         "compared": sum(1 for x in vs_eager if x),
     }
+    if system == "prism":
+        out["export"] = summary(rows, "prism-export")
+    return out
 
 
 def _fmt(x: float | None, spec: str = "{:.1f}") -> str:
@@ -168,11 +181,13 @@ def _fmt(x: float | None, spec: str = "{:.1f}") -> str:
 
 def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
     s = summary(rows)
+    x = s["export"]
     lines = [f"Machine: {meta.get('cpu', '?')}, {meta.get('threads')} threads; load before {meta.get('load_before')}, "
              f"after {meta.get('load_after')}; {meta.get('rounds')} rounds of {meta.get('block_ms')} ms blocks.",
              "",
-             "| program | category | eager µs | compile µs | prism µs | vs eager | vs compile | max err | notes |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| program | category | eager µs | compile µs | prism µs | vs eager | vs compile | prism-export µs | "
+             "vs eager | vs compile | max err | notes |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         notes = []
         for k in SYSTEMS:
@@ -182,12 +197,19 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
             notes.append("fallback: " + "; ".join(r.fallbacks))
         lines.append(f"| {r.name} | {r.category} | {_fmt(r.us.get('eager'))} | {_fmt(r.us.get('compile'))} | "
                      f"{_fmt(r.us.get('prism'))} | {_fmt(r.speedup('eager'), '{:.2f}x')} | "
-                     f"{_fmt(r.speedup('compile'), '{:.2f}x')} | {_fmt(r.err.get('prism'), '{:.1e}')} | "
+                     f"{_fmt(r.speedup('compile'), '{:.2f}x')} | {_fmt(r.us.get('prism-export'))} | "
+                     f"{_fmt(r.speedup('eager', 'prism-export'), '{:.2f}x')} | "
+                     f"{_fmt(r.speedup('compile', 'prism-export'), '{:.2f}x')} | "
+                     f"{_fmt(r.err.get('prism'), '{:.1e}')} | "
                      f"{'; '.join(notes)} |")
     lines += ["", f"{s['programs']} programs; Prism correct on {s['prism_ok']}, with no fallback on "
               f"{s['without_fallback']}; at or above eager on {s['at_or_above_eager']} of {s['compared']} compared. "
               f"Geometric mean speedup: {_fmt(s['geomean_vs_eager'], '{:.2f}x')} over eager, "
-              f"{_fmt(s['geomean_vs_compile'], '{:.2f}x')} over torch.compile."]
+              f"{_fmt(s['geomean_vs_compile'], '{:.2f}x')} over torch.compile.",
+              f"prism-export (capture='export', no Dynamo per call): correct on {x['prism_ok']}; at or above "
+              f"eager on {x['at_or_above_eager']} of {x['compared']}; geometric mean "
+              f"{_fmt(x['geomean_vs_eager'], '{:.2f}x')} over eager, {_fmt(x['geomean_vs_compile'], '{:.2f}x')} over "
+              "torch.compile (which pays Dynamo per call)."]
     return "\n".join(lines)
 
 

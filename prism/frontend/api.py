@@ -5,6 +5,7 @@ Importing this module does not import torch (``prism.optimize`` is part of ``imp
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,8 +70,11 @@ def _options(options: Any, kwargs: dict[str, Any]) -> Any:
     return opts
 
 
-def optimize(fn_or_module: Any, example_inputs: Any, dynamic: Any = None, *, options: Any = None,
-             **option_kwargs: Any) -> Optimized:
+CAPTURES = ("dynamo", "export")
+
+
+def optimize(fn_or_module: Any, example_inputs: Any, dynamic: Any = None, *, capture: str = "dynamo",
+             options: Any = None, **option_kwargs: Any) -> Optimized:
     """Capture ``fn_or_module`` on ``example_inputs``, superoptimize what Prism supports, leave the rest to
     PyTorch, and return an :class:`Optimized` callable.
 
@@ -82,6 +86,17 @@ def optimize(fn_or_module: Any, example_inputs: Any, dynamic: Any = None, *, opt
     ``{0: [0]}`` or ``[[0], None]`` (input index -> dims; here dim 0 of the first input), ``True`` (every
     dim), ``False`` (none), ``None`` (Dynamo's default: static first, dynamic after a size changes, which
     costs a second search).
+
+    ``capture``: ``"dynamo"`` (default) captures through ``torch.compile``: graph breaks are fine and Dynamo's
+    guards re-capture when the function's Python state or input properties change, at a per-call cost
+    (frame evaluation and guards: ~25-35 µs on a 2-core EPYC, more than many small programs take).
+    ``"export"`` captures once through ``torch.export`` (non-strict) and calls the rewritten graph
+    directly -- the ahead-of-time contract of ``torch.export``: Python control flow, globals and
+    non-tensor attributes are fixed at capture (parameters and buffers are shared, so in-place updates
+    are seen), the whole function must export (no graph breaks), and each call checks only the inputs
+    (count, tensor, dtype, device, rank, static sizes; dynamic sizes by the exported program's own
+    check). A call whose inputs do not match runs the original function in PyTorch, said once in the
+    ``prism`` log with the fix. See docs/frontend.md, "Per-call cost".
 
     Options (keywords or ``options={...}``): ``time_limit`` (search seconds per piece), ``limits``
     (``prism.search.Limits``), ``top_k``, ``tune_budget_s``, ``measure_machine``, ``verbose``, ``budget``,
@@ -97,8 +112,14 @@ def optimize(fn_or_module: Any, example_inputs: Any, dynamic: Any = None, *, opt
 
     args = _as_args(example_inputs)
     opts = _options(options, option_kwargs)
+    if capture not in CAPTURES:
+        raise ValueError(f"prism.optimize: capture must be one of {list(CAPTURES)}, got {capture!r}")
     reports: list[GraphReport] = []
-    if isinstance(fn_or_module, torch.export.ExportedProgram) or isinstance(fn_or_module, torch.fx.GraphModule):
+    if capture == "export" and not isinstance(fn_or_module, (torch.export.ExportedProgram, torch.fx.GraphModule)):
+        from prism.frontend.direct import export_and_compile
+        fn, report = export_and_compile(fn_or_module, args, dynamic, opts)
+        reports.append(report)
+    elif isinstance(fn_or_module, torch.export.ExportedProgram) or isinstance(fn_or_module, torch.fx.GraphModule):
         gm, report = compile_fx(fn_or_module, args, dynamic=dynamic, options=opts)
         reports.append(report)
         fn: Callable[..., Any] = gm
@@ -145,5 +166,11 @@ def compile_fx(gm_or_exported: Any, example_inputs: Sequence[Any] | None = None,
         raise TypeError(f"compile_fx expects a torch.fx.GraphModule or torch.export.ExportedProgram, got "
                         f"{type(gm_or_exported).__name__}")
     work = copy_module(gm)
+    if source == "export":
+        # an exported graph keeps the unused items of a tuple result (the indices of ``torch.max(x, dim)``
+        # when only ``.values`` is used); such an item is a use of a dtype Prism does not store
+        for n in list(work.graph.nodes):
+            if n.op == "call_function" and n.target is operator.getitem and not n.users:
+                work.graph.erase_node(n)
     ex = list(example_inputs) if example_inputs is not None else None
     return compile_graph(work, ex, source=source, options=opts, dynamic=dynamic)

@@ -168,7 +168,7 @@ ALIASES = {"truediv": "div", "__matmul__": "matmul", "true_divide": "div", "mult
            "negative": "neg", "concat": "cat", "concatenate": "cat", "swapaxes": "transpose", "swapdims": "transpose",
            "linalg_vector_norm": "vector_norm", "greater": "gt", "greater_equal": "ge", "less": "lt",
            "less_equal": "le", "not_equal": "ne", "and_": "bitwise_and", "or_": "bitwise_or",
-           "invert": "bitwise_not"}
+           "invert": "bitwise_not", "numpy_T": "T"}  # numpy_T: ``w.T`` in an exported (ATen) graph
 _ATTRS = ("T", "mT", "values", "indices")  # attributes that are operators (transposes, a (values, indices) result)
 _INPLACE = {"iadd", "isub", "imul", "itruediv", "silu_", "relu_", "div_", "add_", "mul_"}
 

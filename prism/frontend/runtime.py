@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 log = logging.getLogger("prism")
+_grad_enabled = torch.is_grad_enabled
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,12 @@ class PieceRunner(torch.nn.Module):
         self.fallback_calls = 0
         self._said: set[str] = set()
         self._bad_shapes: dict[tuple, str] = {}
-        # input shapes -> (the tuned, compiled Kernel, its input order, the compiled variant, output shapes)
+        # input shapes -> (the compiled variant's launcher, the order of its inputs or None)
         self._compiled: dict[tuple, Any] = {}
         self._names = tuple(s.name for s in inputs if s is not None)
+        # (argument index, dtype, transposition, module state) of each input the kernel reads
+        self._active = tuple((i, s.dtype, s.perm, s.persistent) for i, s in enumerate(inputs) if s is not None)
+        self._out_names: tuple[str, ...] = ()
         self.out_slots = out_slots  # a tuple result (values, indices): the kernel computes the slots not None
 
     def _once(self, key: str, msg: str) -> None:
@@ -133,46 +138,57 @@ class PieceRunner(torch.nn.Module):
         return ""
 
     def forward(self, *args: Any) -> Any:
-        # one pass over the inputs: float32 CPU tensors, no autograd recording (else the slow path says why);
-        # transposed or non-contiguous ones are prepared (module state: cached)
-        grad = torch.is_grad_enabled()
+        # one pass over the inputs: CPU tensors of the captured dtypes, no autograd recording (else the slow
+        # path says why); transposed or non-contiguous ones are prepared (module state: cached). Per call
+        # this is the whole Python cost of a piece besides the kernel (docs/frontend.md, "Per-call cost")
+        grad = _grad_enabled()
         ins: list[torch.Tensor] = []
-        for spec, a in zip(self.specs, args):
-            if spec is None:
-                continue
-            if not isinstance(a, torch.Tensor) or a.dtype is not spec.dtype or not a.is_cpu or (
-                    grad and a.requires_grad):
+        for i, dtype, perm, persistent in self._active:
+            a = args[i]
+            if not isinstance(a, Tensor) or a.dtype is not dtype or not a.is_cpu or (grad and a.requires_grad):
                 return self._in_pytorch(self._why_not(args), args)
-            if spec.perm is not None or not a.is_contiguous():
-                a = PREPARED.get(a, spec.perm) if spec.persistent else _prepare(a, spec.perm)
+            if perm is not None or not a.is_contiguous():
+                a = PREPARED.get(a, perm) if persistent else _prepare(a, perm)
             ins.append(a)
-        shapes = tuple(tuple(a.shape) for a in ins)
+        shapes = tuple([a.shape for a in ins])
         hit = self._compiled.get(shapes)
         try:
             if hit is None:  # a new shape: bind the dims, tune (or read the tuning cache), compile
-                bad = self._bad_shapes.get(shapes)
-                if bad is not None:
-                    return self._in_pytorch(bad, args)
-                env = self.kernel.program.bind({n: s for n, s in zip(self._names, shapes)})
-                k = self.kernel.specialize(**env).kernel
-                order = tuple(self._names.index(n) for n in k.input_names)
-                v, out_shapes = k.variant_for(tuple(shapes[i] for i in order))
-                hit = self._compiled[shapes] = (k, None if order == tuple(range(len(order))) else order, v,
-                                                out_shapes, k.torch_output_dtypes())
-            kernel, order, v, out_shapes, out_dtypes = hit
-            if order is not None:
-                ins = [ins[i] for i in order]
-            outs = kernel.run_variant(v, out_shapes, ins, out_dtypes)
+                hit = self._plan(shapes, args)
+                if isinstance(hit, str):
+                    return self._in_pytorch(hit, args)
+            launch, order = hit
+            outs = launch(ins if order is None else [ins[i] for i in order])
         except Exception as e:  # e.g. no verified sGraph tiles this shape: it stays in PyTorch
-            msg = f"at input shapes {list(shapes)}: {type(e).__name__}: {str(e).splitlines()[0]}"
+            msg = f"at input shapes {[tuple(s) for s in shapes]}: {type(e).__name__}: {str(e).splitlines()[0]}"
             self._bad_shapes[shapes] = msg
+            self._compiled.pop(shapes, None)
             return self._in_pytorch(msg, args)
         # counted through __dict__: nn.Module.__setattr__ checks parameters, buffers and submodules on every
         # assignment (measured 6.7 µs per call under cProfile, ~2 µs without)
         self.__dict__["prism_calls"] += 1
         if self.out_slots is not None:
             return tuple(outs[k] if k is not None else None for k in self.out_slots)
-        return outs[0] if len(outs) == 1 else dict(zip(kernel.output_names, outs))
+        return outs[0] if len(outs) == 1 else dict(zip(self._out_names, outs))
+
+    # a piece is called from the rewritten graph's generated code: skip nn.Module.__call__ (its hook
+    # dispatch measured ~3 µs per call on a 2-core EPYC); a PieceRunner has no hooks
+    __call__ = forward
+
+    def _plan(self, shapes: tuple, args: tuple) -> tuple[Any, tuple[int, ...] | None] | str:
+        """What a call with input ``shapes`` runs: the kernel's launcher and the order of its inputs
+        (None: the piece's order), or why this shape stays in PyTorch."""
+        bad = self._bad_shapes.get(shapes)
+        if bad is not None:
+            return bad
+        shapes = tuple(tuple(s) for s in shapes)
+        env = self.kernel.program.bind({n: s for n, s in zip(self._names, shapes)})
+        k = self.kernel.specialize(**env).kernel
+        order = tuple(self._names.index(n) for n in k.input_names)
+        launch = k.torch_launcher(tuple(shapes[i] for i in order))
+        self._out_names = tuple(k.output_names)
+        hit = self._compiled[shapes] = (launch, None if order == tuple(range(len(order))) else order)
+        return hit
 
     def _in_pytorch(self, why: str, args: tuple) -> Any:
         if why == AUTOGRAD:

@@ -42,10 +42,26 @@ def _aligned_empty(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarra
     return raw[off:off + n * dt.itemsize].view(dt).reshape(shape)
 
 
+_THREADS: dict[str | bytes, int] = {}  # PRISM_NUM_THREADS values already parsed (0: unset, use the default)
+# read on every call, so it must be cheap: os.environ.get encodes the key and decodes the value (measured
+# 2.4 µs per call on a 2-core EPYC, more than the rest of a piece's Python path); os.environ keeps its
+# contents in the ``_data`` dict, which every os.environ update (monkeypatch.setenv included) writes
+_ENV: dict | None = getattr(os.environ, "_data", None)
+_THREADS_KEY = os.environ.encodekey("PRISM_NUM_THREADS") if _ENV is not None else "PRISM_NUM_THREADS"
+
+
 def num_threads(default: int) -> int:
-    """``PRISM_NUM_THREADS`` if set (a positive int), else ``default`` (OpenMP's max threads)."""
-    v = os.environ.get("PRISM_NUM_THREADS", "").strip()
+    """``PRISM_NUM_THREADS`` if set (a positive int), else ``default`` (OpenMP's max threads). Read at every
+    call, so a change takes effect on the next one."""
+    raw = _ENV.get(_THREADS_KEY) if _ENV is not None else os.environ.get("PRISM_NUM_THREADS")
+    if not raw:
+        return default
+    n = _THREADS.get(raw)
+    if n is not None:
+        return n or default
+    v = (raw.decode() if isinstance(raw, bytes) else raw).strip()
     if not v:
+        _THREADS[raw] = 0
         return default
     try:
         n = int(v)
@@ -53,6 +69,7 @@ def num_threads(default: int) -> int:
         n = 0
     if n < 1:
         raise InputError(f"PRISM_NUM_THREADS must be a positive integer, got {v!r}")
+    _THREADS[raw] = n
     return n
 
 
@@ -143,6 +160,30 @@ class Variant:
         if rc != 0:  # pragma: no cover - generated entries return 0
             raise RuntimeError(f"prism kernel returned error code {rc}")
 
+    def torch_launcher(self, out_shapes: tuple, dtypes: tuple) -> Callable[[list[Any]], list[Any]]:
+        """The per-call path of checked torch tensors (the frontend's pieces): a function of the input
+        tensors (contiguous CPU tensors of the input dtypes, in ``input_names`` order) that allocates fresh
+        outputs of ``out_shapes``/``dtypes`` (torch dtypes), runs the kernel and returns the outputs.
+
+        Everything that does not depend on the call is bound once here: a piece's Python-to-C-and-back
+        cost is what a call of this function adds to the kernel (docs/frontend.md, "Per-call cost")."""
+        torch = sys.modules["torch"]
+        empty, default_dtype = torch.empty, torch.get_default_dtype
+        outs_spec = tuple(zip(out_shapes, dtypes))
+        ptr_type, fn, lock, max_threads, workspace = self.ptr_type, self.fn, self.lock, self.max_threads, self.workspace
+
+        def launch(ins: list[Any]) -> list[Any]:
+            dd = default_dtype()  # empty() without a dtype argument is ~1 µs cheaper: use it where it agrees
+            outs = [empty(s) if d is dd else empty(s, dtype=d) for s, d in outs_spec]
+            arr = ptr_type(*[a.data_ptr() for a in ins], *[o.data_ptr() for o in outs])
+            nth = num_threads(max_threads)
+            with lock:
+                rc = fn(arr, workspace(nth), nth)
+            if rc != 0:  # pragma: no cover - generated entries return 0
+                raise RuntimeError(f"prism kernel returned error code {rc}")
+            return outs
+        return launch
+
 
 class Kernel:
     """A compiled program: ``kernel(X=x, W=w)`` or ``kernel.call({"X": x, "W": w}, out=...)``.
@@ -165,7 +206,8 @@ class Kernel:
         self._torch_out: tuple | None = None   # the outputs' torch dtypes (torch imported by the caller)
         self._variants: dict[tuple, Variant] = {}
         self._by_shapes: dict[tuple, Variant] = {}
-        self._fast: dict[tuple, tuple[Variant, tuple]] = {}   # call_tensors: shapes -> (variant, output shapes)
+        self._fast: dict[tuple, tuple[Variant, tuple]] = {}   # variant_for: shapes -> (variant, output shapes)
+        self._launchers: dict[tuple, Callable[[list[Any]], list[Any]]] = {}  # torch_launcher: shapes -> launch
         self._dims = graph.symbols()
         if not callable(params):
             self._check_params(dict(params or {}))
@@ -283,17 +325,17 @@ class Kernel:
         that the caller has checked (float32, CPU, contiguous, no autograd recording); returns fresh output
         tensors in ``output_names`` order. The shapes still select (and on first use bind and compile) the
         variant, so a shape the program does not accept raises the same errors as :meth:`call`."""
-        v, out_shapes = self.variant_for(tuple(tuple(a.shape) for a in args))
-        return self.run_variant(v, out_shapes, args, self.torch_output_dtypes())
+        return self.torch_launcher(tuple(tuple(a.shape) for a in args))(args)
 
-    @staticmethod
-    def run_variant(v: Variant, out_shapes: tuple, args: list[Any], dtypes: tuple) -> list[Any]:
-        """Run variant ``v`` (from :meth:`variant_for`) on checked torch tensors; fresh outputs of ``dtypes``
-        (torch dtypes, :meth:`torch_output_dtypes`)."""
-        empty = sys.modules["torch"].empty
-        outs = [empty(s, dtype=d) for s, d in zip(out_shapes, dtypes)]  # PyTorch's CPU allocator aligns to 64 bytes
-        v.run([a.data_ptr() for a in args] + [o.data_ptr() for o in outs])
-        return outs
+    def torch_launcher(self, shapes: tuple[tuple[int, ...], ...]) -> Callable[[list[Any]], list[Any]]:
+        """:meth:`Variant.torch_launcher` of the variant for input ``shapes`` (bound and compiled on first
+        use; kept per shapes): the lean per-call path of checked torch tensors. PyTorch's CPU allocator
+        aligns the outputs to 64 bytes."""
+        hit = self._launchers.get(shapes)
+        if hit is None:
+            v, out_shapes = self.variant_for(shapes)
+            hit = self._launchers[shapes] = v.torch_launcher(out_shapes, self.torch_output_dtypes())
+        return hit
 
     def _outputs(self, v: Variant, out: Any, use_torch: bool, args: list[_Arg]) -> list[tuple[Any, _Arg]]:
         shapes = v.gen.output_shapes

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 
 
 class _Compiled:
-    """What the runner uses of a compiled prism Kernel: input/output names and call_tensors. Its inputs are
+    """What the runner uses of a compiled prism Kernel: input/output names and torch_launcher. Its inputs are
     in the reverse order of the piece's, so the runner's reordering is exercised."""
 
     input_names = ("x1", "x0")
@@ -28,21 +28,15 @@ class _Compiled:
     def __init__(self, owner: _Kernel) -> None:
         self.owner = owner
 
-    def variant_for(self, shapes: tuple) -> tuple[Any, tuple]:
+    def torch_launcher(self, shapes: tuple) -> Any:
         if self.owner.fail:
             raise prism.PrismError("no verified sGraph tiles this shape")
-        return None, ((shapes[1][0], shapes[0][1]),)
 
-    def torch_output_dtypes(self) -> tuple:
-        return (torch.float32,)
-
-    def run_variant(self, v: Any, out_shapes: tuple, args: list[torch.Tensor], dtypes: tuple = ()
-                    ) -> list[torch.Tensor]:
-        if self.owner.fail:
-            raise prism.PrismError("no verified sGraph tiles this shape")
-        ins = dict(zip(self.input_names, args))
-        self.owner.seen.append({k: (tuple(v.shape), v.is_contiguous()) for k, v in ins.items()})
-        return [ins["x0"] @ ins["x1"] * 10]  # recognizably not the fallback's result
+        def launch(args: list[torch.Tensor]) -> list[torch.Tensor]:
+            ins = dict(zip(self.input_names, args))
+            self.owner.seen.append({k: (tuple(v.shape), v.is_contiguous()) for k, v in ins.items()})
+            return [ins["x0"] @ ins["x1"] * 10]  # recognizably not the fallback's result
+        return launch
 
 
 class _Kernel:

@@ -1,0 +1,149 @@
+"""``prism.optimize(..., capture="export")``: capture once through ``torch.export``, call the result directly.
+
+Through Dynamo (the default capture), every call of an optimized function pays Dynamo's frame evaluation
+and guards, ~25-35 µs on a 2-core EPYC: more than many small programs take in eager PyTorch, so no fused
+kernel can make them faster (docs/frontend.md, "Per-call cost"). This capture is the ahead-of-time
+contract of ``torch.export`` instead: the function is exported once (non-strict), the exported graph is
+cut and superoptimized like any other (``compile_fx``), and a call runs the rewritten graph's code after
+checking only what the export assumed of the inputs:
+
+- the count, and per input: a CPU tensor of the example's dtype and rank with the example's sizes
+  (a dynamic dim: any size the exported program's own range check accepts); a non-tensor argument
+  equal to the example's;
+- anything else -- and a function whose export fails -- is not guessed at: a mismatching call runs the
+  original function in PyTorch and says so once in the ``prism`` log, with the fix; a failing export
+  raises with the reason and the fix (``capture="dynamo"``).
+
+Python control flow, globals and non-tensor attributes are fixed at export; parameters and buffers are
+the module's own tensors (``ExportedProgram.module()`` shares them), so in-place updates are seen.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from prism.errors import UnsupportedError
+from prism.frontend.capture import dynamic_dims
+from prism.frontend.report import GraphReport
+
+log = logging.getLogger("prism")
+
+
+class _AsModule(torch.nn.Module):
+    """A plain function as the module ``torch.export`` takes (its positional arguments as ``*args``)."""
+
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+class DirectCall:
+    """The callable of an exported, rewritten graph (see the module docstring)."""
+
+    def __init__(self, gm: Any, original: Any, example: tuple, dynamic: list[set[int]]) -> None:
+        self.gm = gm
+        self.original = original
+        self.n = len(example)
+        # per input: (dtype, rank, ((dim, size) of the static dims)) for a tensor, else ("value", example)
+        self.specs: list[tuple] = []
+        for x, dyn in zip(example, dynamic):
+            if isinstance(x, Tensor):
+                self.specs.append((x.dtype, x.dim(), tuple((d, s) for d, s in enumerate(x.shape) if d not in dyn)))
+            else:
+                self.specs.append(("value", x))
+        self.dynamic = any(dynamic)
+        guards = [n for n in gm.graph.nodes if n.op == "call_module" and n.target == "_guards_fn"]
+        # the exported program's own input check: kept (called here, before the graph) where dims are dynamic
+        # (their ranges and relations); where every size is static, the checks above are the whole of it
+        self._guards = getattr(gm, "_guards_fn", None) if self.dynamic else None
+        for n in guards:
+            gm.graph.erase_node(n)
+        self.out_spec = getattr(gm, "_out_spec", None)
+        self.leaf = self.out_spec is not None and self.out_spec.is_leaf()
+        gm.graph._codegen = torch.fx.graph.CodeGen()  # flat positional inputs, the flat output tuple
+        gm.recompile()
+        self.forward = gm.forward
+        self._warned = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != self.n:
+            return self._eager(f"called with {len(args)} positional and {len(kwargs)} keyword arguments "
+                               f"(exported with {self.n} positional)", args, kwargs)
+        for a, spec in zip(args, self.specs):
+            if spec[0] == "value":
+                if not (type(a) is type(spec[1]) and a == spec[1]):
+                    return self._eager(f"a non-tensor argument is {a!r} (exported with {spec[1]!r})", args, kwargs)
+                continue
+            if not isinstance(a, Tensor) or a.dtype is not spec[0] or not a.is_cpu or a.dim() != spec[1]:
+                return self._eager(self._why(args), args, kwargs)
+            shape = a.shape
+            for d, s in spec[2]:
+                if shape[d] != s:
+                    return self._eager(self._why(args), args, kwargs)
+        if self._guards is not None:
+            try:
+                self._guards(*args)
+            except Exception as e:  # a dynamic size outside the exported range: not this program
+                return self._eager(f"the exported program's input check failed: {type(e).__name__}: "
+                                   f"{str(e).splitlines()[0] if str(e) else ''}", args, kwargs)
+        out = self.forward(*args)
+        if self.leaf:
+            return out[0]
+        if self.out_spec is None:
+            return out
+        return torch.utils._pytree.tree_unflatten(list(out), self.out_spec)
+
+    def _why(self, args: tuple) -> str:
+        for i, (a, spec) in enumerate(zip(args, self.specs)):
+            if spec[0] == "value":
+                continue
+            if not isinstance(a, Tensor):
+                return f"input {i} is a {type(a).__name__}, not a tensor"
+            if a.dtype is not spec[0]:
+                return f"input {i} has dtype {a.dtype} (exported with {spec[0]})"
+            if not a.is_cpu:
+                return f"input {i} is on {a.device} (Prism's kernels run on the CPU)"
+            if a.dim() != spec[1]:
+                return f"input {i} has rank {a.dim()} (exported with rank {spec[1]})"
+            for d, s in spec[2]:
+                if a.shape[d] != s:
+                    return (f"input {i} has size {a.shape[d]} in dim {d}, exported as static {s} (make the dim "
+                            f"dynamic: prism.optimize(..., dynamic={{{i}: [{d}]}}))")
+        return "the inputs do not match the export"
+
+    def _eager(self, why: str, args: tuple, kwargs: dict) -> Any:
+        if not self._warned:
+            self._warned = True
+            log.warning("prism: capture='export': this call runs the original function in PyTorch: %s. Export "
+                        "again for these inputs, or use capture='dynamo' (re-captures on new inputs). Said once "
+                        "per optimized function", why)
+        return self.original(*args, **kwargs)
+
+
+def export_and_compile(fn_or_module: Any, args: tuple, dynamic: Any, opts: Any) -> tuple[DirectCall, GraphReport]:
+    """Export ``fn_or_module`` on ``args`` (``dynamic``: as for ``prism.optimize``), rewrite the exported
+    graph's supported pieces into Prism kernels, and return the direct callable and the graph's report."""
+    from prism.frontend.api import compile_fx
+
+    dyn = dynamic_dims(list(args), dynamic)
+    module = fn_or_module if isinstance(fn_or_module, torch.nn.Module) else _AsModule(fn_or_module)
+    shapes: Any = None
+    if any(dyn):
+        per_arg = tuple({d: torch.export.Dim.AUTO for d in sorted(ds)} if ds else None for ds in dyn)
+        shapes = (per_arg,) if isinstance(module, _AsModule) else per_arg
+    try:
+        ep = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise UnsupportedError(f"prism.optimize(capture='export'): torch.export could not export the function: "
+                               f"{type(e).__name__}: {first}. Use capture='dynamo' (the default), which handles "
+                               "graph breaks and Python state") from e
+    gm, report = compile_fx(ep, args, options=opts)
+    return DirectCall(gm, fn_or_module, args, dyn), report

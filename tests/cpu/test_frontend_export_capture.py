@@ -1,0 +1,146 @@
+"""``prism.optimize(..., capture="export")``: exported once, called without Dynamo. Results match eager
+(float32 vs float64 where stated), the Prism kernel runs (call counters), and every call the export did not
+assume -- another static size, another non-tensor argument, a size outside the exported range -- runs the
+original function with one log line, never a wrong result."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import prism  # noqa: E402
+from prism.frontend.direct import DirectCall  # noqa: E402
+
+pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("fresh_dynamo")]
+
+OPTS = {"top_k": 2, "time_limit": 60.0, "measure_machine": False}
+
+
+def _err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double() - ref.double()).abs().max()) / max(float(ref.double().abs().max()), 1e-30)
+
+
+class LinearGelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(32, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.lin(x)) * 0.5
+
+
+def _x(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _calls(opt: Any) -> int:
+    return sum(p.runner.prism_calls for p in opt.prism_pieces())
+
+
+def _f64(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    import copy
+    with torch.no_grad():
+        return copy.deepcopy(m).double()(x.double())
+
+
+def test_a_module_runs_on_prism_without_dynamo_and_sees_weight_updates() -> None:
+    m = LinearGelu()
+    opt = prism.optimize(m, (_x(4, 32),), capture="export", **OPTS)
+    assert isinstance(opt._fn, DirectCall) and opt.report[0].source == "export"
+    assert [p.label for p in opt.prism_pieces()] == ["linear+gelu+mul"]
+    x = _x(4, 32, seed=1)
+    with torch.inference_mode():
+        before = _calls(opt)
+        assert _err(opt(x), _f64(m, x)) <= 1e-5
+        with torch.no_grad():
+            m.lin.weight.mul_(-2.0)  # parameters are the module's own: the next call sees the update
+        assert _err(opt(x), _f64(m, x)) <= 1e-5
+        assert _calls(opt) == before + 2
+
+
+def test_other_static_sizes_and_values_run_the_original_with_one_log_line(
+        caplog: pytest.LogCaptureFixture) -> None:
+    def fn(x: torch.Tensor, s: float) -> torch.Tensor:
+        return torch.softmax(x * s, -1)
+
+    opt = prism.optimize(fn, (_x(8, 16), 2.0), capture="export", **OPTS)
+    with torch.inference_mode():
+        calls = _calls(opt)
+        assert _err(opt(_x(8, 16, seed=3), 2.0), torch.softmax(_x(8, 16, seed=3).double() * 2, -1)) <= 1e-5
+        assert _calls(opt) == calls + 1
+        with caplog.at_level(logging.WARNING, logger="prism"):
+            for args in ((_x(9, 16), 2.0), (_x(8, 16), 3.0), (_x(8, 16).double(), 2.0)):
+                got = opt(*args)
+                assert got.dtype == args[0].dtype and torch.allclose(got, fn(*args))
+            with pytest.raises(TypeError, match="missing 1 required positional argument"):
+                opt(_x(8, 16))  # the original's own error
+    assert _calls(opt) == calls + 1  # none of the four mismatching calls reached the kernel
+    said = [r.getMessage() for r in caplog.records if "capture='export'" in r.getMessage()]
+    assert len(said) == 1 and "size 9 in dim 0, exported as static 8" in said[0] and "dynamic={0: [0]}" in said[0]
+
+
+def test_dynamic_dims_serve_other_sizes_and_the_exported_range_is_checked(
+        caplog: pytest.LogCaptureFixture) -> None:
+    m = LinearGelu()
+    opt = prism.optimize(m, (_x(4, 32),), dynamic={0: [0]}, capture="export", **OPTS)
+    with torch.inference_mode():
+        calls = _calls(opt)
+        for n in (3, 7):
+            x = _x(n, 32, seed=n)
+            assert _err(opt(x), _f64(m, x)) <= 1e-5
+        assert _calls(opt) == calls + 2
+        with caplog.at_level(logging.WARNING, logger="prism"):
+            x = _x(4, 31)  # the static dim differs: the original function (which raises, like PyTorch)
+            with pytest.raises(RuntimeError):
+                opt(x)
+    assert any("size 31 in dim 1, exported as static 32" in r.getMessage() for r in caplog.records)
+
+
+def test_tuple_outputs_keep_their_structure() -> None:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.sum(-1), x.amax(-1)
+
+    opt = prism.optimize(fn, (_x(8, 64),), capture="export", **OPTS)
+    x = _x(8, 64, seed=5)
+    with torch.inference_mode():
+        s, mx = opt(x)
+    assert _err(s, x.double().sum(-1)) <= 1e-5 and torch.equal(mx, x.amax(-1))
+
+
+def test_a_function_that_does_not_export_says_so_and_names_the_fix() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # data-dependent control flow: no single graph
+            return x * 2
+        return x - 1
+
+    with pytest.raises(prism.UnsupportedError, match="capture='dynamo'"):
+        prism.optimize(fn, (_x(4, 8),), capture="export", **OPTS)
+    with pytest.raises(ValueError, match="capture must be one of"):
+        prism.optimize(fn, (_x(4, 8),), capture="aot", **OPTS)
+
+
+def test_exported_transposes_and_unused_indices_stay_on_prism() -> None:
+    """``w.T`` is ``aten.numpy_T`` in an exported graph, and ``torch.max(x, dim).values`` keeps the unused
+    indices item: both run on Prism (no operator left to PyTorch), as through Dynamo."""
+    w = _x(24, 32, seed=7)
+
+    def linear_t(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ w.T)
+
+    def row_max(x: torch.Tensor) -> torch.Tensor:
+        return torch.max(x, dim=-1).values
+
+    x = _x(6, 32, seed=8)
+    for fn, ref in ((linear_t, torch.relu(x.double() @ w.double().T)), (row_max, x.double().amax(-1))):
+        opt = prism.optimize(fn, (x,), capture="export", **OPTS)
+        assert [f.op for r in opt.report for f in r.fallbacks] == []
+        with torch.inference_mode():
+            calls = _calls(opt)
+            assert _err(opt(x), ref) <= 1e-5
+            assert _calls(opt) == calls + 1
