@@ -41,6 +41,7 @@ class Row:
     err: dict[str, float | None] = field(default_factory=dict)     # max relative error vs float64
     status: dict[str, str] = field(default_factory=dict)           # ok | wrong | failed: reason
     fallbacks: list[str] = field(default_factory=list)             # Prism: operators left in PyTorch
+    export_fallbacks: list[str] = field(default_factory=list)      # the same, of prism-export
     prism_pieces: int = 0
     prepare_s: dict[str, float] = field(default_factory=dict)
     foreign_cores: float | None = None
@@ -129,7 +130,7 @@ def run_program(p: Program, rounds: int, block_ms: float, warmup_ms: float, sett
 
     def build_prism_export() -> Callable[[], Any]:
         opt = prism.optimize(fn, inputs, capture="export", **prism_options)  # the same pieces: cached searches
-        row.fallbacks += sorted({f"prism-export {f.op}: {f.reason}" for r in opt.report for f in r.fallbacks})
+        row.export_fallbacks = sorted({f"{f.op}: {f.reason}" for r in opt.report for f in r.fallbacks})
         return lambda: opt(*inputs)
     prepare("prism-export", build_prism_export)
     log(f"{p.name}: prepared in " + ", ".join(f"{k} {v:.1f} s" for k, v in row.prepare_s.items())
@@ -160,7 +161,8 @@ def summary(rows: list[Row], system: str = "prism") -> dict[str, Any]:
     """Totals of ``system`` (``prism`` or ``prism-export``); ``export`` holds those of ``prism-export``."""
     vs_eager = [r.speedup("eager", system) for r in rows]
     vs_compile = [r.speedup("compile", system) for r in rows]
-    clean = [r for r in rows if r.status.get(system) == "ok" and not r.fallbacks]
+    clean = [r for r in rows if r.status.get(system) == "ok"
+             and not (r.export_fallbacks if system == "prism-export" else r.fallbacks)]
     out: dict[str, Any] = {
         "programs": len(rows),
         "prism_ok": sum(r.status.get(system) == "ok" for r in rows),
@@ -195,6 +197,8 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
                 notes.append(f"{k} {r.status[k]}")
         if r.fallbacks:
             notes.append("fallback: " + "; ".join(r.fallbacks))
+        if r.export_fallbacks:
+            notes.append("prism-export fallback: " + "; ".join(r.export_fallbacks))
         lines.append(f"| {r.name} | {r.category} | {_fmt(r.us.get('eager'))} | {_fmt(r.us.get('compile'))} | "
                      f"{_fmt(r.us.get('prism'))} | {_fmt(r.speedup('eager'), '{:.2f}x')} | "
                      f"{_fmt(r.speedup('compile'), '{:.2f}x')} | {_fmt(r.us.get('prism-export'))} | "
@@ -206,7 +210,8 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
               f"{s['without_fallback']}; at or above eager on {s['at_or_above_eager']} of {s['compared']} compared. "
               f"Geometric mean speedup: {_fmt(s['geomean_vs_eager'], '{:.2f}x')} over eager, "
               f"{_fmt(s['geomean_vs_compile'], '{:.2f}x')} over torch.compile.",
-              f"prism-export (capture='export', no Dynamo per call): correct on {x['prism_ok']}; at or above "
+              f"prism-export (capture='export', no Dynamo per call): correct on {x['prism_ok']}, with no fallback "
+              f"on {x['without_fallback']}; at or above "
               f"eager on {x['at_or_above_eager']} of {x['compared']}; geometric mean "
               f"{_fmt(x['geomean_vs_eager'], '{:.2f}x')} over eager, {_fmt(x['geomean_vs_compile'], '{:.2f}x')} over "
               "torch.compile (which pays Dynamo per call)."]

@@ -202,6 +202,9 @@ def optimize_main(argv: list[str] | None = None) -> int:
     p.add_argument("--explain", action="store_true", help="print every Prism kernel's explain() as well")
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="max |optimized - eager| / max |eager| (default 1e-4)")
+    p.add_argument("--capture", choices=("dynamo", "export"), default="dynamo",
+                   help="dynamo (default: graph breaks fine, Dynamo's guards per call) or export (torch.export once, "
+                        "no Dynamo per call; Python state fixed at capture; docs/frontend.md)")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     if "torch" not in sys.modules:  # see docs/frontend.md "Threads": PyTorch and Prism share libgomp
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -253,7 +256,10 @@ def _optimize(args: argparse.Namespace) -> int:
                 prog.update(task, total=n, completed=i)
         options["progress"] = progress
         t0 = time.perf_counter()
-        opt = prism.optimize(model, ex, dynamic=ns.get("dynamic"), options=options)
+        try:
+            opt = prism.optimize(model, ex, dynamic=ns.get("dynamic"), capture=args.capture, options=options)
+        except prism.UnsupportedError as e:  # e.g. the function does not export: the message names the fix
+            raise _BadFile(str(e)) from None
         prog.update(task, description="done")
     console.print(f"[bold]optimized in {time.perf_counter() - t0:.1f} s[/]")
     print(opt.explain(kernels=args.explain))

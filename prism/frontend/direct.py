@@ -51,11 +51,13 @@ class DirectCall:
         self.gm = gm
         self.original = original
         self.n = len(example)
-        # per input: (dtype, rank, ((dim, size) of the static dims)) for a tensor, else ("value", example)
+        # per input: (dtype, rank, ((dim, size) of the static dims), the whole shape when every dim is
+        # static: one comparison) for a tensor, else ("value", example)
         self.specs: list[tuple] = []
         for x, dyn in zip(example, dynamic):
             if isinstance(x, Tensor):
-                self.specs.append((x.dtype, x.dim(), tuple((d, s) for d, s in enumerate(x.shape) if d not in dyn)))
+                static = tuple((d, s) for d, s in enumerate(x.shape) if d not in dyn)
+                self.specs.append((x.dtype, x.dim(), static, None if dyn else tuple(x.shape)))
             else:
                 self.specs.append(("value", x))
         self.dynamic = any(dynamic)
@@ -83,6 +85,10 @@ class DirectCall:
                 continue
             if not isinstance(a, Tensor) or a.dtype is not spec[0] or not a.is_cpu or a.dim() != spec[1]:
                 return self._eager(self._why(args), args, kwargs)
+            if spec[3] is not None:
+                if a.shape != spec[3]:
+                    return self._eager(self._why(args), args, kwargs)
+                continue
             shape = a.shape
             for d, s in spec[2]:
                 if shape[d] != s:

@@ -56,6 +56,16 @@ def test_prism_optimize_command(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert optimize_main([str(f), "--time-limit", "60", "--bench", "--reps", "3"]) == 0
     out = capsys.readouterr().out
     assert "[prism] matmul+silu+mul" in out and "(ok, tolerance" in out and "median per call" in out
+    assert optimize_main([str(f), "--time-limit", "60", "--capture", "export"]) == 0  # the same pieces, cached
+    out = capsys.readouterr().out
+    assert "(export, " in out and "[prism] matmul+silu+mul" in out and "(ok, tolerance" in out
+    branchy = tmp_path / "branchy.py"
+    branchy.write_text("import torch\n"
+                       "def model(x):\n"
+                       "    return x * 2 if x.sum() > 0 else x - 1\n"
+                       "example_inputs = (torch.ones(4, 8),)\n")
+    assert optimize_main([str(branchy), "--capture", "export"]) == 2
+    assert "capture='dynamo'" in capsys.readouterr().err
     bad = tmp_path / "bad.py"
     bad.write_text("x = 1\n")
     assert optimize_main([str(bad)]) == 2
