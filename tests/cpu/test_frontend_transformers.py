@@ -7,6 +7,7 @@ cache bookkeeping, integer positions, the causal mask), each with its reason in 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -73,3 +74,25 @@ def test_generate_matches_eager_with_the_decoder_on_prism(kind: str, dtype: str)
     decode = reps[-1]  # the dynamic decode graph serves every step after the first two
     attn = [p for p in decode.pieces if "scaled_dot_product_attention" in p.label]
     assert all(p.runner.prism_calls >= 1 for p in attn), decode.table()
+
+
+def test_models_bench_on_the_tiny_llama(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``prism bench --models`` on the tiny Llama (kept in this file, after the Llama test above: same worker
+    and process, so the searches and tunings of those shapes serve here from memory rather than being
+    repeated, concurrently, on another worker -- 150-196 s of the suite when it had a file of its own).
+    The report has every system, equal token ids, the Prism share and what stays in PyTorch."""
+    from prism.bench.cli import main
+    out = tmp_path / "m.json"
+    rc = main(["--models", "llama-tiny", "--rounds", "1", "--prompt", "7", "--new-tokens", "6", "--new-lengths", "none",
+               "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "| prism |" in text and "| compile |" in text and "compute operators on Prism" in text
+    data = json.loads(out.read_text())
+    (m,) = data["models"]
+    assert set(m["systems"]) == {"eager", "compile", "prism"}
+    for s in m["systems"].values():
+        assert s["status"] == "ok" and len(s["ttft_ms"]) == len(s["two_ms"]) == len(s["total_ms"]) == 1
+    p = m["systems"]["prism"]
+    assert 0.5 < p["share"] <= 1.0 and p["prism_pieces"] > 0
+    assert any("embedding" in k for k in p["kept"])
