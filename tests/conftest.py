@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 # OpenMP threads that spin while waiting turn any background load (or torch's and Prism's thread pools
@@ -26,23 +24,6 @@ settings.register_profile("prism", max_examples=60, deadline=None, derandomize=T
 # `pytest --hypothesis-profile=thorough` for a longer bug hunt (not part of the unit tier's budget).
 settings.register_profile("thorough", parent=settings.get_profile("prism"), max_examples=3000, derandomize=False)
 settings.load_profile("prism")
-
-
-# Heaviest tiers first. pytest-xdist's ``--dist loadfile`` (the README's test command) hands out files in
-# collection order; the alphabetical order put tests/slow (files of 3-5 minutes) after tests/cpu and
-# tests/fault, so one worker finished a long file alone while the other had run out of work. Longest first,
-# the many short unit files fill the end. Stable: the order inside a file is kept.
-_TIER_ORDER = {"slow": 0, "cpu": 1, "fault": 2, "unit": 3}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def tier(item: pytest.Item) -> int:
-        parts = Path(str(item.fspath)).parts
-        for a, b in itertools.pairwise(parts):
-            if a == "tests":
-                return _TIER_ORDER.get(b, len(_TIER_ORDER))
-        return len(_TIER_ORDER)
-    items.sort(key=tier)
 
 
 @pytest.fixture
