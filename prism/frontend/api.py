@@ -115,11 +115,12 @@ def optimize(fn_or_module: Any, example_inputs: Any, dynamic: Any = None, *, cap
     if capture not in CAPTURES:
         raise ValueError(f"prism.optimize: capture must be one of {list(CAPTURES)}, got {capture!r}")
     reports: list[GraphReport] = []
-    if capture == "export" and not isinstance(fn_or_module, (torch.export.ExportedProgram, torch.fx.GraphModule)):
+    graph_given = isinstance(fn_or_module, (torch.export.ExportedProgram, torch.fx.GraphModule))
+    if capture == "export" and not graph_given:
         from prism.frontend.direct import export_and_compile
         fn, report = export_and_compile(fn_or_module, args, dynamic, opts)
         reports.append(report)
-    elif isinstance(fn_or_module, torch.export.ExportedProgram) or isinstance(fn_or_module, torch.fx.GraphModule):
+    elif graph_given:
         gm, report = compile_fx(fn_or_module, args, dynamic=dynamic, options=opts)
         reports.append(report)
         fn: Callable[..., Any] = gm

@@ -206,7 +206,6 @@ class Kernel:
         self._torch_out: tuple | None = None   # the outputs' torch dtypes (torch imported by the caller)
         self._variants: dict[tuple, Variant] = {}
         self._by_shapes: dict[tuple, Variant] = {}
-        self._fast: dict[tuple, tuple[Variant, tuple]] = {}   # variant_for: shapes -> (variant, output shapes)
         self._launchers: dict[tuple, Callable[[list[Any]], list[Any]]] = {}  # torch_launcher: shapes -> launch
         self._dims = graph.symbols()
         if not callable(params):
@@ -280,10 +279,7 @@ class Kernel:
             raise InputError(f"missing input(s) {missing}; this kernel takes {list(self.input_names)}")
         args = [_check_array(k, inputs[k], "input", dt) for k, dt in zip(self.input_names, self.input_dtypes)]
         shapes = tuple(a.shape for a in args)
-        v = self._by_shapes.get(shapes)
-        if v is None:  # first call with these shapes: bind the symbols (clear errors on mismatches)
-            v = self.specialize(**self.graph.bind(dict(zip(self.input_names, shapes))))
-            self._by_shapes[shapes] = v
+        v, _ = self.variant_for(shapes)  # first call with these shapes: binds the symbols (clear errors)
         use_torch = any(a.torch for a in args)
         if use_torch and out is None:  # torch in, fresh torch tensors out (PyTorch's allocator: 64-byte aligned)
             empty = sys.modules["torch"].empty
@@ -304,14 +300,11 @@ class Kernel:
 
     def variant_for(self, shapes: tuple[tuple[int, ...], ...]) -> tuple[Variant, tuple]:
         """The compiled variant for input ``shapes`` (bound and compiled on first use) and its output shapes."""
-        hit = self._fast.get(shapes)
-        if hit is None:
-            v = self._by_shapes.get(shapes)
-            if v is None:
-                v = self.specialize(**self.graph.bind(dict(zip(self.input_names, shapes))))
-                self._by_shapes[shapes] = v
-            hit = self._fast[shapes] = (v, tuple(v.gen.output_shapes))
-        return hit
+        v = self._by_shapes.get(shapes)
+        if v is None:
+            v = self.specialize(**self.graph.bind(dict(zip(self.input_names, shapes))))
+            self._by_shapes[shapes] = v
+        return v, tuple(v.gen.output_shapes)
 
     def torch_output_dtypes(self) -> tuple:
         """The outputs' dtypes as torch dtypes (torch is imported by whoever passes torch tensors)."""
