@@ -106,7 +106,11 @@ _BASE: dict[str, object] = {}  # the e-graph holding every rule (no terms), reus
 _LOCK = threading.Lock()
 
 
-def _rules_text(active: Collection[str] | None) -> str:
+@functools.lru_cache(maxsize=64)
+def _rules_text(active: frozenset[str] | None) -> str:
+    """The rulesets, analysis facts, rules (those named in ``active``, or all) and the staged schedule as egglog
+    text. Cached: the rules are fixed data, and formatting them (each side parsed and printed) took ~0.09 s
+    per proof, 6 % of a tiny Llama's start-up."""
     lines = [f"(ruleset {R.ANALYSIS})"] + [f"(ruleset {name})" for name in R.RULESETS]
     lines += [f.egglog(R.ANALYSIS) for f in R.FACTS]
     for rules in R.RULESETS.values():

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import prism
-from prism.codegen.prelude import EXP_POLY, fit_exp_poly
+from prism.codegen.prelude import EXP_POLY, MATH_FUNCTIONS, fit_exp_poly, math_test_source
+from prism.runtime.cache import load
 
 pytestmark = pytest.mark.cpu
 
@@ -19,9 +20,20 @@ F32 = np.finfo(np.float32)
 
 @pytest.fixture(scope="module")
 def lib() -> ctypes.CDLL:
+    """The prelude with one exported ``prism_test_<fn>`` array loop per math function, compiled like a kernel
+    (same flags, same runtime cache)."""
+    names = tuple(f"prism_test_{n}" for n in MATH_FUNCTIONS)
+    return load(math_test_source(), names)[0]
+
+
+def test_kernels_do_not_carry_the_math_test_hooks() -> None:
+    """A kernel's source is the prelude and its body: the test hooks above are compiled only here (they made
+    every kernel's compile several times slower)."""
     g = prism.Graph()
     g.output(g.exp(g.input("X", (16,))), "Y")
-    return prism.compile(g).specialize().lib
+    v = prism.compile(g).specialize()
+    assert "prism_test_" not in v.source
+    assert not hasattr(v.lib, "prism_test_exp")
 
 
 def run(lib: ctypes.CDLL, fn: str, x: np.ndarray) -> np.ndarray:
