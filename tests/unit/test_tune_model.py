@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -177,6 +178,36 @@ def test_measurement_interleaves_the_candidates() -> None:
     rounds = log[3:]
     assert rounds == [0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]  # one call each per round, the order rotating
     assert [t.calls for t in timings] == [4, 4, 4]
+
+
+class _Clock:
+    """A fake ``time`` module for the measurement loop: time passes only when a measured function runs."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def perf_counter(self) -> float:
+        return self.t
+
+    def work(self, seconds: float) -> Callable[[], None]:
+        def f() -> None:
+            self.t += seconds
+        return f
+
+
+def test_measurement_stops_early_only_with_enough_samples_of_every_candidate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from prism.tune import measure
+    clock = _Clock()
+    monkeypatch.setattr(measure, "time", clock)
+    fast = measure.time_interleaved([clock.work(1e-6), clock.work(1e-6)], budget_s=2.0, block_s=1e-3, enough=50)
+    assert min(t.calls for t in fast) >= 50
+    assert 0.5 <= clock.t < 0.5 + 0.01     # a quarter of the budget, then stopped: every candidate had enough
+    clock.t = 0.0
+    # a candidate of 5 ms per call cannot reach 500 samples: the whole budget is used
+    slow = measure.time_interleaved([clock.work(1e-6), clock.work(5e-3)], budget_s=0.4, block_s=1e-3, enough=500)
+    assert clock.t >= 0.4
+    assert slow[1].calls < 500 <= slow[0].calls
 
 
 def _blocks(sec: float, blocks: int) -> Instance:
