@@ -23,6 +23,7 @@ sizes (Mirage-style), with singleton domains, so every constraint is decided on 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -223,6 +224,7 @@ class BlockSearch:
             return
         st = _State(tuple(tensors), (0,) * len(tensors), cons, 0, 0, (-1,), len(tensors), 0)
         self._ctx, self._csp, self._fixed, self._sizes = ctx, csp, fixed, sizes
+        self._max_out = self._max_outputs()
         yield from self._dfs(st)
 
     def _dfs(self, st: _State) -> Iterator[BlockStruct]:
@@ -247,7 +249,24 @@ class BlockSearch:
         ts = st.tensors
         n = len(ts)
         last = st.last
-        considered = hits = 0
+        considered = hits = over = 0
+        # The operator bound, checked here before a candidate is built (most candidates of deep states fail
+        # it; building and rejecting them was a third of a block search's time). Unused iterators and surplus
+        # unused tensors must be absorbed by the remaining operators (each takes at most two and leaves one):
+        # an operator of cost 1 on k unused operands, ku of them iterators, leaves the state within the bound
+        # iff k >= kmin and ku >= kumin; a free permute (of an unused iterator) iff free_ok. Where the worst
+        # candidate (k = 0) passes, nothing is checked.
+        uses, mo = st.uses, self._max_out
+        rem1 = self.limits.max_block_ops - st.nops - 1
+        U, S = st.unused_iters, st.sinks
+        kmin, kumin = U + S + 1 - rem1 - mo, U - 2 * rem1
+        tight = kmin > 0 or kumin > 0
+        if tight:
+            un = [1 if u == 0 else 0 for u in uses]
+            ui = [1 if u == 0 and t.op == "iter" else 0 for u, t in zip(uses, ts)]
+            free_ok = U + S - rem1 - 1 <= mo and U - 1 <= 2 * (rem1 + 1)
+            unu = [j for j in range(n) if un[j]]     # unused tensors, in order
+            uit = [j for j in range(n) if ui[j]]     # unused iterators
         for level in range(max(last[0], 0), n):
             cl = ts[level].cls
             first = level == last[0]
@@ -259,13 +278,32 @@ class BlockSearch:
                     r = ct.umap.get(cl)
                     if r is not None:
                         hits += 1
-                        yield ti, ct.t, (level,), r
+                        if tight and not (free_ok if ui[level] and ct.t.kind == "permute"
+                                          else un[level] >= kmin and ui[level] >= kumin):
+                            over += 1
+                        else:
+                            yield ti, ct.t, (level,), r
                     continue
                 comm = ct.t.op in COMMUTATIVE
                 considered += level + 1 + (0 if comm else level)
+                if tight and (un[level] < kmin or ui[level] < kumin):
+                    # the other operand must be an unused tensor (an unused iterator where ku is short) other
+                    # than this one; the rest fail the bound, counted without a lookup
+                    if un[level] + 1 < kmin or ui[level] + 1 < kumin:
+                        others = []
+                    else:
+                        pool = uit if ui[level] < kumin else unu
+                        others = pool[:bisect_left(pool, level)]
+                    over_pairs = level + 1 - len(others) + (0 if comm else level - len(others))
+                    hits += over_pairs
+                    over += over_pairs
+                    right_ops: Sequence[int] = others
+                    left_ops: Sequence[int] = others
+                else:
+                    right_ops, left_ops = range(level + 1), range(level)
                 right = ct.right.get(cl)
                 if right:
-                    for a in range(level + 1):
+                    for a in right_ops:
                         r = right.get(ts[a].cls)
                         if r is not None and not (first and (level, ti, (a, level)) <= last):
                             hits += 1
@@ -273,22 +311,22 @@ class BlockSearch:
                 if not comm:
                     left = ct.left.get(cl)
                     if left:
-                        for a in range(level):
+                        for a in left_ops:
                             r = left.get(ts[a].cls)
                             if r is not None and not (first and (level, ti, (level, a)) <= last):
                                 hits += 1
                                 yield ti, ct.t, (level, a), r
         self.stats.pruned["abstract"] += considered - hits
+        if over:
+            self.stats.pruned["limits"] += over
 
     # --- one operator -------------------------------------------------------------------------
-    def _apply(self, st: _State, ti: int, t: Template, srcs: tuple[int, ...], cls: int) -> _State:
-        ts = st.tensors
-        xs = [ts[s] for s in srcs]
-        # bound first (cheapest): unused iterators and surplus unused tensors must be absorbed by the
-        # remaining operators (each takes at most two and leaves one)
+    def _budget(self, st: _State, t: Template, srcs: tuple[int, ...]) -> tuple[int, int, int]:
+        """(unused iterators, unused computed tensors, operator cost) after adding ``t`` on ``srcs``."""
+        ts, uses = st.tensors, st.uses
         unused_iters, sinks = st.unused_iters, st.sinks + 1
-        for j in set(srcs):
-            if st.uses[j] == 0:
+        for j in (srcs if len(srcs) == 1 or srcs[0] != srcs[1] else srcs[:1]):
+            if uses[j] == 0:
                 if ts[j].op == "iter":
                     unused_iters -= 1
                 else:
@@ -297,12 +335,13 @@ class BlockSearch:
         # generated code): it does not count against max_block_ops, so a program that reads an input
         # transposed (x @ w.T, a Linear weight as stored) has the same operator budget as one that does
         # not. At most one per iterator is free (the iterator is then used).
-        free = t.kind == "permute" and xs[0].op == "iter" and st.uses[srcs[0]] == 0
-        cost = 0 if free else 1
-        remaining = self.limits.max_block_ops - st.nops - cost
-        max_out = self._max_outputs()
-        if unused_iters + sinks - remaining > max_out or unused_iters > 2 * remaining:
-            raise _Prune("limits")
+        free = t.kind == "permute" and ts[srcs[0]].op == "iter" and uses[srcs[0]] == 0
+        return unused_iters, sinks, 0 if free else 1
+
+    def _apply(self, st: _State, ti: int, t: Template, srcs: tuple[int, ...], cls: int) -> _State:
+        ts = st.tensors
+        unused_iters, sinks, cost = self._budget(st, t, srcs)
+        xs = [ts[s] for s in srcs]
         if t.kind == "permute" and xs[0].op != "iter":
             if xs[0].op == "permute":
                 raise _Prune("structural")  # two permutes are one permute (or none)
