@@ -96,11 +96,15 @@ def time_interleaved(fns: Sequence[Callable[[], object]], *, budget_s: float = 0
     while live:
         order = live[r % len(live):] + live[:r % len(live)]
         for i in order:
-            f = fns[i]
+            f, si = fns[i], samples[i]
+            b0 = time.perf_counter()
             for _ in range(calls[i]):
                 t0 = time.perf_counter()
                 f()
-                samples[i].append(time.perf_counter() - t0)
+                si.append(time.perf_counter() - t0)
+            # the block size follows the calls as measured (the warm-up's first calls are often the slowest:
+            # a tiny kernel sized from them ran a few calls per block)
+            calls[i] = max(1, int(block_s * calls[i] / max(time.perf_counter() - b0, 1e-7)))
         r += 1
         if r >= min_rounds:
             now = time.perf_counter()
