@@ -1,7 +1,8 @@
 """How much CPU *other* processes used while we measured (the bench machine may be shared).
 
 Busy time of the whole machine from /proc/stat minus this process's own CPU time (all its threads, so
-the spinning pools of torch/JAX/ORT count as ours), divided by wall time: the average number of cores
+the spinning pools of torch/JAX/ORT count as ours, and its finished child processes, the C compiler), divided
+by wall time: the average number of cores
 taken by someone else. On a 2-core machine even 0.3 of a foreign core distorts 2-thread timings badly
 (an OpenMP barrier waits for a descheduled thread for a whole scheduler quantum).
 """
@@ -51,8 +52,11 @@ def _machine_busy_s() -> float | None:
 
 
 def _own_s() -> float:
+    """CPU seconds of this process and of its finished children: the compiler Prism runs is not someone
+    else's load (counted as foreign, the native probes' compile marked every machine measurement of a fresh
+    cache as contended, so it was never stored and every new process measured the machine again)."""
     t = os.times()
-    return t.user + t.system
+    return t.user + t.system + t.children_user + t.children_system
 
 
 class CpuMeter:

@@ -262,3 +262,16 @@ def test_a_weight_read_transposed_is_streamed_not_resident() -> None:
     tile = d * (m // g) * 4
     assert view.working_set == plain.working_set < tile
     assert block_cost(build(True, plain_use=True), MACHINE).working_set >= tile
+
+
+def test_the_cpu_of_our_own_child_processes_is_not_foreign_load() -> None:
+    """The C compiler Prism runs is this process's work: its CPU time counts as ours (CPU seconds, not wall
+    time, so other load on the machine cannot change the result)."""
+    import subprocess
+    import sys
+
+    from prism.tune.contention import _own_s
+    before = _own_s()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    assert _own_s() - before >= 0.3
