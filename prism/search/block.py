@@ -251,11 +251,11 @@ class BlockSearch:
         last = st.last
         considered = hits = over = 0
         # The operator bound, checked here before a candidate is built (most candidates of deep states fail
-        # it; building and rejecting them was a third of a block search's time). Unused iterators and surplus
-        # unused tensors must be absorbed by the remaining operators (each takes at most two and leaves one):
-        # an operator of cost 1 on k unused operands, ku of them iterators, leaves the state within the bound
-        # iff k >= kmin and ku >= kumin; a free permute (of an unused iterator) iff free_ok. Where the worst
-        # candidate (k = 0) passes, nothing is checked.
+        # it: 648k of 898k in the tiny Llama's causal attention, each built, then rejected by a raise). Unused
+        # iterators and surplus unused tensors must be absorbed by the remaining operators (each takes at most
+        # two and leaves one): an operator of cost 1 on k unused operands, ku of them iterators, leaves the
+        # state within the bound iff k >= kmin and ku >= kumin; a free permute (of an unused iterator) iff
+        # free_ok. Where the worst candidate (k = 0) passes, nothing is checked.
         uses, mo = st.uses, self._max_out
         rem1 = self.limits.max_block_ops - st.nops - 1
         U, S = st.unused_iters, st.sinks

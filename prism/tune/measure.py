@@ -26,8 +26,8 @@ from prism.runtime.kernel import Kernel, _aligned_empty
 from prism.runtime.kernel import compile as compile_graph
 from prism.verify.numeric import reduction_length, rounding_allowance, to_dtype, tolerance
 
-# Samples per candidate after which a measurement may stop early (see time_interleaved): the median of
-# 1000 samples moves by well under 1 % between repeats on a quiet machine.
+# Samples per candidate after which a measurement may stop early (see time_interleaved). Not a measured
+# optimum: a round number far above the three rounds slow kernels get, reached in ~0.1 s by microsecond ones.
 ENOUGH_SAMPLES = 1000
 
 
@@ -78,8 +78,8 @@ def time_interleaved(fns: Sequence[Callable[[], object]], *, budget_s: float = 0
     every candidate's samples spread over the whole measurement and load from other processes falls on all
     of them alike. (No candidate is dropped early: under contention a good one can look slow for a while.)
     Once a quarter of the budget has passed and every function has ``enough`` samples, the rounds stop:
-    microsecond kernels reach that in ~0.1 s, and further samples no longer move a median (a tiny Llama's
-    25 tunings spent 10 s here at the full budget); kernels of more than ~0.1 ms use the whole budget."""
+    microsecond kernels reach that in ~0.1 s (a tiny Llama's 25 tunings spent 10 s here at the full budget,
+    4.6-4.9 s with the early stop); kernels of more than ~0.1 ms use the whole budget."""
     samples: list[list[float]] = [[] for _ in fns]
     per_call = []
     for f in fns:
