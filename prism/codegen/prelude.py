@@ -102,20 +102,6 @@ SYSTEM_HEADERS = """#include <math.h>
 """
 
 
-# The vectorized math functions the tests check against float64 (tests/cpu/test_codegen_math.py).
-MATH_FUNCTIONS = ("exp", "tanh", "sigmoid", "expm1", "log", "log1p", "softplus", "erf", "gelu", "sin", "cos")
-
-
-def math_test_source(names: tuple[str, ...] = MATH_FUNCTIONS) -> str:
-    """The prelude plus ``prism_test_<name>(x, y, n)``: ``y[i] = pr_<name>(x[i])`` in a ``#pragma omp simd``
-    loop (vectorized as in a kernel), one exported function per name. Only the math tests compile this:
-    the hooks are not part of a kernel's source, as optimizing these eleven loops made every kernel's
-    compile 4-5x slower (gcc 12 -O3: 0.74-0.90 s against 0.18-0.24 s for a tiny-Llama piece)."""
-    hooks = "\n".join(f"void prism_test_{n}(const float* x, float* y, long n) {{\n  #pragma omp simd\n"
-                      f"  for (long i = 0; i < n; i++) y[i] = pr_{n}(x[i]);\n}}" for n in names)
-    return f"{prelude()}\n/* test hooks: the vectorized math on whole arrays (checked against float64) */\n{hooks}\n"
-
-
 def _op_helpers() -> str:
     """The C helpers the element-wise operators' definitions bring (OpDef.c_defs), in registry order."""
     from prism.ir.ops import OPS

@@ -464,7 +464,7 @@ class BlockSearch:
             if x.op == "iter":
                 return
             sinks.append(i)
-        if not sinks or len(sinks) > self._max_outputs():
+        if not sinks or len(sinks) > self._max_out:
             return
         taken: list[int] = []
         if self._ctx.final:  # every saved tensor is a different program output
@@ -486,7 +486,7 @@ class BlockSearch:
                 if k is not None:
                     taken.append(k)
                     extra.append(i)
-        if extra and len(sinks) + len(extra) <= self._max_outputs():
+        if extra and len(sinks) + len(extra) <= self._max_out:
             s = self._structure(st, tuple(sorted(sinks + extra)))
             if s is not None:
                 yield s

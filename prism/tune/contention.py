@@ -1,10 +1,10 @@
 """How much CPU *other* processes used while we measured (the bench machine may be shared).
 
 Busy time of the whole machine from /proc/stat minus this process's own CPU time (all its threads, so
-the spinning pools of torch/JAX/ORT count as ours, and its finished child processes, the C compiler), divided
-by wall time: the average number of cores
-taken by someone else. On a 2-core machine even 0.3 of a foreign core distorts 2-thread timings badly
-(an OpenMP barrier waits for a descheduled thread for a whole scheduler quantum).
+the spinning pools of torch/JAX/ORT count as ours, and its finished child processes, the C compiler),
+divided by wall time: the average number of cores taken by someone else. On a 2-core machine even 0.3 of
+a foreign core distorts 2-thread timings badly (an OpenMP barrier waits for a descheduled thread for a
+whole scheduler quantum).
 """
 
 from __future__ import annotations
