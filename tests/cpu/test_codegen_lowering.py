@@ -256,6 +256,48 @@ def test_large_elementwise_kernel_runs_in_parallel_chunks(rng: np.random.Generat
     check(g, rng)
 
 
+@pytest.mark.parametrize("n", [64, 67, 1027])
+@pytest.mark.parametrize("isa", supported_isas())
+def test_long_rows_reduce_in_parts_with_nan_inf_and_tails(isa: str, n: int) -> None:
+    """Rows of at least loops.SPLIT_MIN elements are reduced as SPLIT independent parts (sum_loop,
+    max_loop): sum, max, softmax and rms_norm against float64, with NaN and infinities placed in each part,
+    on a part boundary and in the tail of n % SPLIT elements, and rows of large values (no overflow in a
+    part that the whole row would not have)."""
+    from prism.codegen.loops import SPLIT, SPLIT_MIN
+    assert n >= SPLIT_MIN
+    q = n // SPLIT
+    g = prism.Graph()
+    X = g.input("X", (10, n))
+    g.output(g.sum(X, 1), "T")
+    g.output(g.max(X, 1), "M")
+    g.output(g.softmax(X, 1), "S")
+    g.output(g.rms_norm(X, 1e-6), "R")
+    x = np.random.default_rng(n).standard_normal((10, n)).astype(np.float32)
+    x[1, 0] = np.nan                      # the first part
+    x[2, 3 * q] = np.nan                  # the first element of the last part
+    x[3, n - 1] = np.nan                  # the tail (n % SPLIT > 0) or the last part's end
+    x[4, q - 1] = np.inf                  # the end of the first part
+    x[5, 2 * q + 1], x[5, q] = np.inf, -np.inf   # +inf and -inf in different parts: the sum is NaN
+    x[6, :] = -np.inf
+    x[7, :] = 3e4                         # large: the sum of squares needs float's range, not more
+    x[8, 1::4] = -1e17                    # far below the others: the max ignores them, the sum is theirs
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = g.evaluate({"X": x}, dtype=np.float64)
+        kernel = prism.compile(g, isa=isa)
+        out = kernel(X=x)
+    src = kernel.specialize().source
+    assert "reduction(+:p" in src and "reduction(max:p" in src  # the split form ran
+    for k in ("T", "M", "S", "R"):
+        r, o = ref[k], out[k]
+        assert np.array_equal(np.isnan(r), np.isnan(o)), (k, np.argwhere(np.isnan(r) != np.isnan(o)))
+        fin = ~np.isnan(r)
+        assert np.array_equal(r[fin] == np.inf, o[fin] == np.inf) and np.array_equal(r[fin] == -np.inf,
+                                                                                   o[fin] == -np.inf), k
+        finite = np.isfinite(r)
+        scale = np.max(np.abs(r[finite]), initial=1.0)
+        assert np.max(np.abs(o[finite] - r[finite])) <= 2e-6 * scale, k
+
+
 @pytest.mark.parametrize("isa", supported_isas())
 def test_row_max_and_softmax_propagate_nan_and_keep_infinities(isa: str) -> None:
     """The vectorized max (a compare-and-blend reduction with a NaN flag beside it, loops.max_loop): a NaN
