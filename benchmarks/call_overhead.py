@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 import prism
+from prism.runtime import fastcall
 
 
 def bench(f: Callable[[], object], n: int = 20000) -> float:
@@ -44,6 +45,12 @@ def main() -> None:
         kernel = runner.kernel.specialize().kernel
         variant, out_shapes = kernel.variant_for((tuple(x.shape),))
         launch = kernel.torch_launcher((tuple(x.shape),))
+        # the same launch through the Python launcher (ctypes), as where the C one cannot be built
+        os.environ["PRISM_C_LAUNCHER"] = "0"
+        fastcall.reset()
+        py_launch = variant.torch_launcher(out_shapes, kernel.torch_output_dtypes())
+        del os.environ["PRISM_C_LAUNCHER"]
+        fastcall.reset()
         out = torch.empty(out_shapes[0])
         ptrs = [x.data_ptr(), out.data_ptr()]
         arr = variant.ptr_type(*ptrs)
@@ -53,7 +60,8 @@ def main() -> None:
         rows = [("eager PyTorch", lambda: fn(x)),
                 ("ctypes call of the entry (no Python around it)", lambda: variant.fn(arr, ws, nth)),
                 ("Variant.run (pointer array, threads, lock)", lambda: variant.run(ptrs)),
-                ("Kernel.torch_launcher's launch (outputs allocated)", lambda: launch([x])),
+                ("the launch in Python (ctypes; PRISM_C_LAUNCHER=0)", lambda: py_launch([x])),
+                ("Kernel.torch_launcher's launch (C launcher)", lambda: launch([x])),
                 ("Kernel.call_tensors (+ variant lookup)", lambda: kernel.call_tensors([x])),
                 ("Kernel.call (dict of inputs, checks)", lambda: kernel.call({kernel.input_names[0]: x})),
                 ("piece runner (input checks + launch)", lambda: runner(x)),

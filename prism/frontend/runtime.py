@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prism.runtime import fastcall
+
 log = logging.getLogger("prism")
 _grad_enabled = torch.is_grad_enabled
 
@@ -117,6 +119,13 @@ class PieceRunner(torch.nn.Module):
         self._active = tuple((i, s.dtype, s.perm, s.persistent) for i, s in enumerate(inputs) if s is not None)
         self._out_names: tuple[str, ...] = ()
         self.out_slots = out_slots  # a tuple result (values, indices): the kernel computes the slots not None
+        # the checks and the launch of a call in one C call (runtime/fastcall.py), where the extension is built
+        # and no input is transposed here; it answers None for anything but the plain case, which forward()
+        # then takes through the Python path below (the same checks, with their messages)
+        piece = fastcall.piece_type() if all(s.perm is None for s in inputs if s is not None) else None
+        self._fast = None if piece is None else piece(
+            tuple(i for i, *_ in self._active), tuple(d for _, d, *_ in self._active), Tensor, _grad_enabled,
+            self._compiled, self.__dict__)
 
     def _once(self, key: str, msg: str) -> None:
         if key not in self._said:
@@ -138,6 +147,19 @@ class PieceRunner(torch.nn.Module):
         return ""
 
     def forward(self, *args: Any) -> Any:
+        fast = self._fast
+        if fast is not None:
+            outs = fast(args)
+            if outs is not None:
+                return outs[0] if len(outs) == 1 and self.out_slots is None else self._result(outs)
+        return self._checked(args)
+
+    def _result(self, outs: list) -> Any:
+        if self.out_slots is not None:
+            return tuple(outs[k] if k is not None else None for k in self.out_slots)
+        return outs[0] if len(outs) == 1 else dict(zip(self._out_names, outs))
+
+    def _checked(self, args: tuple) -> Any:
         # one pass over the inputs: CPU tensors of the captured dtypes, no autograd recording (else the slow
         # path says why); transposed or non-contiguous ones are prepared (module state: cached). Per call
         # this is the whole Python cost of a piece besides the kernel (docs/frontend.md, "Per-call cost")
@@ -167,9 +189,7 @@ class PieceRunner(torch.nn.Module):
         # counted through __dict__: nn.Module.__setattr__ checks parameters, buffers and submodules on every
         # assignment (measured 6.7 µs per call under cProfile, ~2 µs without)
         self.__dict__["prism_calls"] += 1
-        if self.out_slots is not None:
-            return tuple(outs[k] if k is not None else None for k in self.out_slots)
-        return outs[0] if len(outs) == 1 else dict(zip(self._out_names, outs))
+        return self._result(outs)
 
     # a piece is called from the rewritten graph's generated code: skip nn.Module.__call__ (its hook
     # dispatch measured ~3 µs per call on a 2-core EPYC); a PieceRunner has no hooks

@@ -27,7 +27,7 @@ from prism.codegen.kernel import Generated, generate
 from prism.errors import InputError, UnsupportedError
 from prism.ir.dtypes import DType, float32
 from prism.ir.graph import Graph
-from prism.runtime import cache
+from prism.runtime import cache, fastcall
 
 Params = Union[Mapping[str, object], Callable[[dict[str, int]], Mapping[str, object]], None]
 ALIGN_BYTES = 64
@@ -169,6 +169,11 @@ class Variant:
         cost is what a call of this function adds to the kernel (docs/frontend.md, "Per-call cost")."""
         torch = sys.modules["torch"]
         empty, default_dtype = torch.empty, torch.get_default_dtype
+        fast = fastcall.launcher_type()
+        if fast is not None:  # the same path in one C call (runtime/fastcall.py)
+            return fast(ctypes.cast(self.fn, ctypes.c_void_p).value, self.max_threads, empty, default_dtype,
+                        tuple((tuple(s),) for s in out_shapes), tuple({"dtype": d} for d in dtypes), tuple(dtypes),
+                        num_threads, self.gen.ws_floats, self.gen.scratch_floats)
         outs_spec = tuple(zip(out_shapes, dtypes))
         ptr_type, fn, lock, max_threads, workspace = self.ptr_type, self.fn, self.lock, self.max_threads, self.workspace
 

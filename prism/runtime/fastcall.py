@@ -1,0 +1,505 @@
+"""The C launcher: a piece's per-call path from Python into a kernel and back, in one C call.
+
+``Variant.torch_launcher`` binds, once per shape, everything a call of a compiled kernel on torch tensors
+needs; what is left per call is: allocate the outputs (``torch.empty``), collect the data pointers of inputs
+and outputs, read the thread count, take the variant's lock and call the entry. In Python that is a pointer
+array built through ctypes, a ctypes call converting three arguments, two list comprehensions and an
+environment lookup: measured 4.5-10 µs on a 2-core EPYC, several times the kernel of a small program
+(docs/frontend.md, "Per-call cost"). This module is that path as a CPython extension type, written here
+because no library offers it (ctypes and cffi both convert arguments per call; torch's C++ extensions
+would need the PyTorch headers and a C++ build of tens of seconds):
+
+- ``Launcher(entry, max_threads, empty, default_dtype, out_args, out_kw, out_dtypes, num_threads,
+  ws_floats, scratch_floats)``: ``entry`` the address of ``prism_entry``, ``empty`` the allocator
+  (``torch.empty``), per output the positional arguments of its ``empty`` call, the keyword arguments
+  naming its dtype (left out where the dtype is ``default_dtype()`` at the call) and the dtype;
+- ``launcher(ins)``: ``ins`` a list of tensors (contiguous CPU tensors of the kernel's input dtypes, checked
+  by the caller); returns the list of fresh outputs.
+
+The thread count is ``PRISM_NUM_THREADS`` read with ``getenv`` on every call (``os.environ`` writes through
+``putenv``); a value that is not a plain positive integer is handed to :func:`prism.runtime.kernel.
+num_threads`, which raises the usual error. The launcher owns its workspace (64-byte aligned, grown under
+its lock, NaN-filled when ``PRISM_POISON_WS=1`` as the Python path's) and its lock: one call of a launcher
+at a time, with the GIL released while the kernel runs.
+
+It is compiled on first use with the C compiler and the Python headers, into the compile cache
+(``<cache>/ext/``). Where it cannot be built (no ``Python.h``, a compiler error), :func:`launcher_type`
+returns None, says why once in the ``prism`` log (debug level), and kernels use the Python launcher: the
+same kernel, the same results, a few µs more per call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+from typing import Any
+
+from prism.runtime import cache
+
+LOG = logging.getLogger("prism")
+MODULE = "_prism_fastcall"
+
+SOURCE = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int (*prism_entry_t)(void**, float*, int);
+
+typedef struct {
+    PyObject_HEAD
+    prism_entry_t fn;
+    int max_threads;
+    Py_ssize_t nout;
+    PyObject* empty;      /* the allocator, torch.empty */
+    PyObject* default_dtype;  /* torch.get_default_dtype: empty() without a dtype where they agree (~1 µs) */
+    PyObject* out_args;   /* tuple: per output, the positional arguments of its empty() call (a tuple) */
+    PyObject* out_kw;     /* tuple: per output, the keyword arguments naming its dtype (a dict) */
+    PyObject* out_dtypes; /* tuple: per output, its dtype */
+    PyObject* threads;    /* prism.runtime.kernel.num_threads: the unusual PRISM_NUM_THREADS values */
+    long ws_floats, scratch_floats;
+    float* ws;            /* owned, 64-byte aligned */
+    long ws_cap;          /* floats allocated */
+    PyThread_type_lock lock;
+} Launcher;
+
+static PyObject* str_data_ptr;
+
+static void Launcher_dealloc(Launcher* self) {
+    Py_XDECREF(self->empty);
+    Py_XDECREF(self->default_dtype);
+    Py_XDECREF(self->out_dtypes);
+    Py_XDECREF(self->out_args);
+    Py_XDECREF(self->out_kw);
+    Py_XDECREF(self->threads);
+    free(self->ws);
+    if (self->lock) PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static int Launcher_init(Launcher* self, PyObject* args, PyObject* kw) {
+    unsigned long long entry;
+    PyObject *empty, *default_dtype, *out_args, *out_kw, *out_dtypes, *threads;
+    if (!PyArg_ParseTuple(args, "KiOOO!O!O!Oll", &entry, &self->max_threads, &empty, &default_dtype,
+                          &PyTuple_Type, &out_args, &PyTuple_Type, &out_kw, &PyTuple_Type, &out_dtypes, &threads,
+                          &self->ws_floats, &self->scratch_floats))
+        return -1;
+    if (PyTuple_GET_SIZE(out_args) != PyTuple_GET_SIZE(out_kw)
+            || PyTuple_GET_SIZE(out_args) != PyTuple_GET_SIZE(out_dtypes)) {
+        PyErr_SetString(PyExc_ValueError, "Launcher: out_args, out_kw and out_dtypes differ in length");
+        return -1;
+    }
+    self->fn = (prism_entry_t)(uintptr_t)entry;
+    self->nout = PyTuple_GET_SIZE(out_args);
+    Py_INCREF(empty); Py_XSETREF(self->empty, empty);
+    Py_INCREF(default_dtype); Py_XSETREF(self->default_dtype, default_dtype);
+    Py_INCREF(out_dtypes); Py_XSETREF(self->out_dtypes, out_dtypes);
+    Py_INCREF(out_args); Py_XSETREF(self->out_args, out_args);
+    Py_INCREF(out_kw); Py_XSETREF(self->out_kw, out_kw);
+    Py_INCREF(threads); Py_XSETREF(self->threads, threads);
+    if (!self->lock) self->lock = PyThread_allocate_lock();
+    if (!self->lock) { PyErr_NoMemory(); return -1; }
+    return 0;
+}
+
+/* PRISM_NUM_THREADS: unset or empty -> max_threads; a plain positive integer -> it; anything else -> the
+   Python rule (which raises for invalid values). -1 with an exception set on error. */
+static int thread_count(Launcher* self) {
+    const char* e = getenv("PRISM_NUM_THREADS");
+    if (e == NULL || *e == '\0') return self->max_threads;
+    if (*e >= '1' && *e <= '9') {
+        char* end;
+        errno = 0;
+        long v = strtol(e, &end, 10);
+        if (*end == '\0' && errno == 0 && v >= 1 && v <= 1 << 20) return (int)v;
+    }
+    PyObject* r = PyObject_CallFunction(self->threads, "i", self->max_threads);
+    if (r == NULL) return -1;
+    long v = PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    return (int)v;
+}
+
+static int grow_workspace(Launcher* self, long need) {
+    /* called with the lock held */
+    if (need <= self->ws_cap) return 0;
+    size_t bytes = ((size_t)need * sizeof(float) + 63) & ~(size_t)63;
+    float* p = aligned_alloc(64, bytes);
+    if (p == NULL) return -1;
+    const char* poison = getenv("PRISM_POISON_WS");
+    if (poison && strcmp(poison, "1") == 0)
+        for (long i = 0; i < need; i++) p[i] = NAN;
+    free(self->ws);
+    self->ws = p;
+    self->ws_cap = need;
+    return 0;
+}
+
+/* allocate the outputs, run the kernel on ins[0..nin) and them; a new list of the outputs */
+static PyObject* launcher_run(Launcher* self, PyObject* const* ins, Py_ssize_t nin) {
+    void* stack[16];
+    void** ptrs = nin + self->nout <= 16 ? stack : PyMem_Malloc(sizeof(void*) * (size_t)(nin + self->nout));
+    if (ptrs == NULL) return PyErr_NoMemory();
+    PyObject* outs = PyList_New(self->nout);
+    if (outs == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < nin; i++) {
+        PyObject* p = PyObject_CallMethodNoArgs(ins[i], str_data_ptr);
+        if (p == NULL) goto fail;
+        ptrs[i] = PyLong_AsVoidPtr(p);
+        Py_DECREF(p);
+        if (PyErr_Occurred()) goto fail;
+    }
+    PyObject* dd = PyObject_CallNoArgs(self->default_dtype);
+    if (dd == NULL) goto fail;
+    Py_DECREF(dd);  /* dtypes are singletons kept by torch: compared by identity below */
+    for (Py_ssize_t k = 0; k < self->nout; k++) {
+        PyObject* kwk = PyTuple_GET_ITEM(self->out_dtypes, k) == dd ? NULL : PyTuple_GET_ITEM(self->out_kw, k);
+        PyObject* o = PyObject_Call(self->empty, PyTuple_GET_ITEM(self->out_args, k), kwk);
+        if (o == NULL) goto fail;
+        PyList_SET_ITEM(outs, k, o);
+        PyObject* p = PyObject_CallMethodNoArgs(o, str_data_ptr);
+        if (p == NULL) goto fail;
+        ptrs[nin + k] = PyLong_AsVoidPtr(p);
+        Py_DECREF(p);
+        if (PyErr_Occurred()) goto fail;
+    }
+    int nth = thread_count(self);
+    if (nth < 0) goto fail;
+    long need = self->ws_floats + (long)nth * self->scratch_floats;
+    if (need < 1) need = 1;
+    int rc = 0, oom = 0;
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    if (grow_workspace(self, need) != 0) oom = 1;
+    else rc = self->fn(ptrs, self->ws, nth);
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    if (oom) { PyErr_NoMemory(); goto fail; }
+    if (rc != 0) {
+        PyErr_Format(PyExc_RuntimeError, "prism kernel returned error code %d", rc);
+        goto fail;
+    }
+    if (ptrs != stack) PyMem_Free(ptrs);
+    return outs;
+fail:
+    Py_XDECREF(outs);
+    if (ptrs != stack) PyMem_Free(ptrs);
+    return NULL;
+}
+
+static PyObject* Launcher_call(Launcher* self, PyObject* args, PyObject* kw) {
+    if ((kw != NULL && PyDict_GET_SIZE(kw) != 0) || PyTuple_GET_SIZE(args) != 1
+            || !PyList_Check(PyTuple_GET_ITEM(args, 0))) {
+        PyErr_SetString(PyExc_TypeError, "a launcher takes one argument, the list of input tensors");
+        return NULL;
+    }
+    PyObject* ins = PyTuple_GET_ITEM(args, 0);
+    return launcher_run(self, PySequence_Fast_ITEMS(ins), PyList_GET_SIZE(ins));
+}
+
+static PyTypeObject LauncherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_prism_fastcall.Launcher",
+    .tp_basicsize = sizeof(Launcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A kernel's per-call path on torch tensors (prism/runtime/fastcall.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Launcher_init,
+    .tp_dealloc = (destructor)Launcher_dealloc,
+    .tp_call = (ternaryfunc)Launcher_call,
+};
+
+/* --- Piece: the checked fast path of a PieceRunner (prism/frontend/runtime.py) ----------------------
+   Piece(arg_index, dtypes, tensor_type, grad_enabled, compiled, counter)(args): for every input the kernel
+   reads, args[arg_index[i]] must be a tensor (tensor_type) of dtypes[i], on the CPU, contiguous, and not
+   requiring grad while grad mode is on; the tuple of their shapes must be a key of ``compiled`` (the runner's
+   dict: shapes -> (launch, order)) with order None. Then it runs the launch and returns the list of outputs,
+   adding one to counter["prism_calls"]. Anything else returns None (nothing has run): the runner's Python
+   path decides, with the same checks and its messages. */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n;
+    Py_ssize_t* arg;
+    PyObject* dtypes;
+    PyTypeObject* tensor_type;
+    PyObject* grad_enabled;
+    PyObject* compiled;
+    PyObject* counter;
+} Piece;
+
+static PyObject *one, *str_dtype, *str_is_cpu, *str_requires_grad, *str_is_contiguous, *str_shape, *str_prism_calls;
+
+static void Piece_dealloc(Piece* self) {
+    PyMem_Free(self->arg);
+    Py_XDECREF(self->dtypes);
+    Py_XDECREF((PyObject*)self->tensor_type);
+    Py_XDECREF(self->grad_enabled);
+    Py_XDECREF(self->compiled);
+    Py_XDECREF(self->counter);
+    Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static int Piece_init(Piece* self, PyObject* args, PyObject* kw) {
+    PyObject *arg, *dtypes, *tensor_type, *grad_enabled, *compiled, *counter;
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!O!", &PyTuple_Type, &arg, &PyTuple_Type, &dtypes, &PyType_Type,
+                          &tensor_type, &grad_enabled, &PyDict_Type, &compiled, &PyDict_Type, &counter))
+        return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(arg);
+    if (PyTuple_GET_SIZE(dtypes) != n || n > 64) {
+        PyErr_SetString(PyExc_ValueError, "Piece: arg_index and dtypes differ in length (or more than 64)");
+        return -1;
+    }
+    Py_ssize_t* a = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n ? n : 1));
+    if (a == NULL) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        a[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(arg, i));
+        if (a[i] < 0) {
+            PyMem_Free(a);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "Piece: negative index");
+            return -1;
+        }
+    }
+    PyMem_Free(self->arg);
+    self->arg = a;
+    self->n = n;
+    Py_INCREF(dtypes); Py_XSETREF(self->dtypes, dtypes);
+    Py_INCREF(tensor_type); Py_XSETREF(self->tensor_type, (PyTypeObject*)tensor_type);
+    Py_INCREF(grad_enabled); Py_XSETREF(self->grad_enabled, grad_enabled);
+    Py_INCREF(compiled); Py_XSETREF(self->compiled, compiled);
+    Py_INCREF(counter); Py_XSETREF(self->counter, counter);
+    return 0;
+}
+
+/* 1: attribute ``name`` of ``o`` is ``want``; 0: it is not; -1: error */
+static int attr_is(PyObject* o, PyObject* name, PyObject* want) {
+    PyObject* v = PyObject_GetAttr(o, name);
+    if (v == NULL) return -1;
+    int r = v == want;
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject* Piece_call(Piece* self, PyObject* args, PyObject* kw) {
+    if ((kw != NULL && PyDict_GET_SIZE(kw) != 0) || PyTuple_GET_SIZE(args) != 1
+            || !PyTuple_Check(PyTuple_GET_ITEM(args, 0))) {
+        PyErr_SetString(PyExc_TypeError, "a Piece takes one argument, the tuple of the piece's arguments");
+        return NULL;
+    }
+    PyObject* argv = PyTuple_GET_ITEM(args, 0);
+    Py_ssize_t nargs = PyTuple_GET_SIZE(argv);
+    PyObject* g = PyObject_CallNoArgs(self->grad_enabled);
+    if (g == NULL) return NULL;
+    int grad = g == Py_True;
+    Py_DECREF(g);
+    PyObject* ins[64];
+    PyObject* shapes = PyTuple_New(self->n);
+    if (shapes == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < self->n; i++) {
+        if (self->arg[i] >= nargs) goto slow;
+        PyObject* a = PyTuple_GET_ITEM(argv, self->arg[i]);
+        if (!PyObject_TypeCheck(a, self->tensor_type)) goto slow;
+        int r = attr_is(a, str_dtype, PyTuple_GET_ITEM(self->dtypes, i));
+        if (r != 1) goto slow_or_error;
+        r = attr_is(a, str_is_cpu, Py_True);
+        if (r != 1) goto slow_or_error;
+        if (grad) {
+            r = attr_is(a, str_requires_grad, Py_False);
+            if (r != 1) goto slow_or_error;
+        }
+        PyObject* c = PyObject_CallMethodNoArgs(a, str_is_contiguous);
+        if (c == NULL) goto error;
+        r = c == Py_True;
+        Py_DECREF(c);
+        if (!r) goto slow;
+        PyObject* sh = PyObject_GetAttr(a, str_shape);
+        if (sh == NULL) goto error;
+        PyTuple_SET_ITEM(shapes, i, sh);
+        ins[i] = a;
+        continue;
+slow_or_error:
+        if (r < 0) goto error;
+        goto slow;
+    }
+    PyObject* hit = PyDict_GetItemWithError(self->compiled, shapes);  /* borrowed */
+    if (hit == NULL) {
+        if (PyErr_Occurred()) goto error;
+        goto slow;
+    }
+    if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 2 || PyTuple_GET_ITEM(hit, 1) != Py_None) goto slow;
+    PyObject* launch = PyTuple_GET_ITEM(hit, 0);
+    PyObject* outs;
+    Py_INCREF(launch);
+    if (Py_TYPE(launch) == &LauncherType) {
+        outs = launcher_run((Launcher*)launch, ins, self->n);
+    } else {
+        PyObject* lst = PyList_New(self->n);
+        if (lst == NULL) { Py_DECREF(launch); goto error; }
+        for (Py_ssize_t i = 0; i < self->n; i++) { Py_INCREF(ins[i]); PyList_SET_ITEM(lst, i, ins[i]); }
+        outs = PyObject_CallOneArg(launch, lst);
+        Py_DECREF(lst);
+    }
+    Py_DECREF(launch);
+    Py_DECREF(shapes);
+    if (outs == NULL) return NULL;
+    PyObject* cnt = PyDict_GetItemWithError(self->counter, str_prism_calls);
+    if (cnt != NULL) {
+        PyObject* nxt = PyNumber_Add(cnt, one);
+        if (nxt == NULL || PyDict_SetItem(self->counter, str_prism_calls, nxt) < 0) {
+            Py_XDECREF(nxt);
+            Py_DECREF(outs);
+            return NULL;
+        }
+        Py_DECREF(nxt);
+    } else if (PyErr_Occurred()) {
+        Py_DECREF(outs);
+        return NULL;
+    }
+    return outs;
+slow:
+    Py_DECREF(shapes);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(shapes);
+    return NULL;
+}
+
+static PyTypeObject PieceType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_prism_fastcall.Piece",
+    .tp_basicsize = sizeof(Piece),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A piece's checked per-call path (prism/runtime/fastcall.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Piece_init,
+    .tp_dealloc = (destructor)Piece_dealloc,
+    .tp_call = (ternaryfunc)Piece_call,
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_prism_fastcall", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__prism_fastcall(void) {
+    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PieceType) < 0) return NULL;
+    str_data_ptr = PyUnicode_InternFromString("data_ptr");
+    str_dtype = PyUnicode_InternFromString("dtype");
+    str_is_cpu = PyUnicode_InternFromString("is_cpu");
+    str_requires_grad = PyUnicode_InternFromString("requires_grad");
+    str_is_contiguous = PyUnicode_InternFromString("is_contiguous");
+    str_shape = PyUnicode_InternFromString("shape");
+    str_prism_calls = PyUnicode_InternFromString("prism_calls");
+    one = PyLong_FromLong(1);
+    if (!one || !str_data_ptr || !str_dtype || !str_is_cpu || !str_requires_grad || !str_is_contiguous || !str_shape
+            || !str_prism_calls) return NULL;
+    PyObject* m = PyModule_Create(&moddef);
+    if (m == NULL) return NULL;
+    Py_INCREF(&LauncherType);
+    Py_INCREF(&PieceType);
+    if (PyModule_AddObject(m, "Launcher", (PyObject*)&LauncherType) < 0
+            || PyModule_AddObject(m, "Piece", (PyObject*)&PieceType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
+"""
+
+FLAGS = ("-O2", "-shared", "-fPIC", "-std=gnu11", "-Werror=implicit-function-declaration")
+_LOCK = threading.Lock()
+_MOD: list[Any] = []       # [the extension module or None] once decided in this process
+WHY_NOT: list[str] = []    # why the C launcher is not used (tests and `prism` diagnostics read it)
+
+
+def _compile(so: Path, include: str, cc: list[str]) -> Path:
+    src = cache.atomic_write(so.parent / f"{MODULE}.c", SOURCE.encode())
+    fd, tmp = cache.make_tmp(src.parent, so.name, ".tmp.so")
+    os.close(fd)
+    try:
+        cmd = [*cc, *FLAGS, f"-I{include}", str(src), "-o", str(tmp)]
+        r = cache.run_compiler(cmd, "the C launcher")
+        if r.returncode != 0:
+            tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-10:])
+            raise OSError(f"the C compiler failed on {src} (exit {r.returncode}):\n{tail}")
+        os.chmod(tmp, 0o755)
+        out = src.parent / so.name
+        os.replace(tmp, out)
+        return out
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _load(so: Path) -> Any:
+    loader = importlib.machinery.ExtensionFileLoader(MODULE, str(so))
+    spec = importlib.util.spec_from_file_location(MODULE, so, loader=loader)
+    if spec is None:
+        raise OSError(f"cannot load {so}")
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def _build() -> Any:
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").is_file():
+        raise OSError(f"no Python.h under {include} (install the Python development headers, e.g. python3-dev)")
+    cc = cache.compiler()
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    key = hashlib.sha256("\0".join([SOURCE, include, " ".join(cc), " ".join(FLAGS), cache.compiler_version(),
+                                    suffix, str(sys.hexversion)]).encode()).hexdigest()[:32]
+    so = cache.readable(cache.cache_dir() / "ext" / key / f"{MODULE}{suffix}")
+    if so.is_file():
+        try:
+            return _load(so)
+        except ImportError as e:  # a damaged file: built again below
+            LOG.debug("prism: rebuilding the C launcher %s: %s", so, e)
+    return _load(_compile(so, include, cc))
+
+
+def extension() -> Any:
+    """The extension module (types ``Launcher`` and ``Piece``), built and loaded on first use; None where it
+    cannot be (the reason is in ``WHY_NOT`` and the ``prism`` log) or ``PRISM_C_LAUNCHER=0``."""
+    if _MOD:
+        return _MOD[0]
+    with _LOCK:
+        if _MOD:
+            return _MOD[0]
+        m = None
+        if os.environ.get("PRISM_C_LAUNCHER", "").strip() == "0":
+            WHY_NOT.append("PRISM_C_LAUNCHER=0")
+        else:
+            try:
+                m = _build()
+            except Exception as e:  # any failure: the Python launcher runs the same kernels
+                WHY_NOT.append(f"{type(e).__name__}: {e}")
+                LOG.debug("prism: the C launcher is not available, kernels are called through ctypes: %s", e)
+        _MOD.append(m)
+        return m
+
+
+def launcher_type() -> Any:
+    """The C ``Launcher`` type, or None (see :func:`extension`)."""
+    m = extension()
+    return None if m is None else m.Launcher
+
+
+def piece_type() -> Any:
+    """The C ``Piece`` type, or None (see :func:`extension`)."""
+    m = extension()
+    return None if m is None else m.Piece
+
+
+def reset() -> None:
+    """Forget the decision (tests)."""
+    with _LOCK:
+        _MOD.clear()
+        WHY_NOT.clear()
