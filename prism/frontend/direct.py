@@ -29,6 +29,7 @@ from torch import Tensor
 from prism.errors import UnsupportedError
 from prism.frontend.capture import dynamic_dims
 from prism.frontend.report import GraphReport
+from prism.runtime import fastcall
 
 log = logging.getLogger("prism")
 
@@ -73,8 +74,21 @@ class DirectCall:
         gm.recompile()
         self.forward = gm.forward
         self._warned = False
+        # the checks below in one C call (runtime/fastcall.py), where the extension is built: it answers
+        # True (the call is the exported program's) or False (the Python checks decide, with their messages)
+        guard = fastcall.guard_type()
+        self._fast = None if guard is None else guard(
+            tuple(s if s[0] == "value" else (s[0], s[1], s[3], s[2]) for s in self.specs), Tensor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fast = self._fast
+        if not kwargs and fast is not None and fast(args):
+            if self._guards is None and self.leaf:  # the common case without another Python call
+                return self.forward(*args)[0]
+            return self._run(args, kwargs)
+        return self._checked(args, kwargs)
+
+    def _checked(self, args: tuple, kwargs: dict) -> Any:
         if kwargs or len(args) != self.n:
             return self._eager(f"called with {len(args)} positional and {len(kwargs)} keyword arguments "
                                f"(exported with {self.n} positional)", args, kwargs)
@@ -93,6 +107,9 @@ class DirectCall:
             for d, s in spec[2]:
                 if shape[d] != s:
                     return self._eager(self._why(args), args, kwargs)
+        return self._run(args, kwargs)
+
+    def _run(self, args: tuple, kwargs: dict) -> Any:
         if self._guards is not None:
             try:
                 self._guards(*args)

@@ -387,10 +387,106 @@ static PyTypeObject PieceType = {
     .tp_call = (ternaryfunc)Piece_call,
 };
 
+/* --- Guard: capture="export"'s input check (prism/frontend/direct.py) -----------------------------------
+   Guard(specs, tensor_type)(args) -> bool: len(args) == len(specs), and per argument with spec
+   (dtype, rank, shape or None, ((dim, size), ...)): a tensor (tensor_type) of that dtype, on the CPU, of that
+   rank, equal to the whole shape when given, else with those sizes at the static dims; with spec
+   ("value", v): an object of v's exact type equal to v. */
+typedef struct {
+    PyObject_HEAD
+    PyObject* specs;
+    PyTypeObject* tensor_type;
+} Guard;
+
+static void Guard_dealloc(Guard* self) {
+    Py_XDECREF(self->specs);
+    Py_XDECREF((PyObject*)self->tensor_type);
+    Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static int Guard_init(Guard* self, PyObject* args, PyObject* kw) {
+    PyObject *specs, *tensor_type;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &specs, &PyType_Type, &tensor_type)) return -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(specs); i++) {
+        PyObject* sp = PyTuple_GET_ITEM(specs, i);
+        if (!PyTuple_Check(sp) || (PyTuple_GET_SIZE(sp) != 4 && PyTuple_GET_SIZE(sp) != 2)) {
+            PyErr_SetString(PyExc_ValueError, "Guard: each spec is (dtype, rank, shape, static) or ('value', v)");
+            return -1;
+        }
+    }
+    Py_INCREF(specs); Py_XSETREF(self->specs, specs);
+    Py_INCREF(tensor_type); Py_XSETREF(self->tensor_type, (PyTypeObject*)tensor_type);
+    return 0;
+}
+
+/* 1 matches, 0 does not, -1 error */
+static int guard_one(Guard* self, PyObject* a, PyObject* sp) {
+    if (PyTuple_GET_SIZE(sp) == 2) {
+        PyObject* v = PyTuple_GET_ITEM(sp, 1);
+        if (Py_TYPE(a) != Py_TYPE(v)) return 0;
+        return PyObject_RichCompareBool(a, v, Py_EQ);
+    }
+    if (!PyObject_TypeCheck(a, self->tensor_type)) return 0;
+    int r = attr_is(a, str_dtype, PyTuple_GET_ITEM(sp, 0));
+    if (r != 1) return r;
+    r = attr_is(a, str_is_cpu, Py_True);
+    if (r != 1) return r;
+    PyObject* shape = PyObject_GetAttr(a, str_shape);
+    if (shape == NULL) return -1;
+    if (!PyTuple_Check(shape)) { Py_DECREF(shape); return 0; }
+    Py_ssize_t rank = PyLong_AsSsize_t(PyTuple_GET_ITEM(sp, 1));
+    if (rank == -1 && PyErr_Occurred()) { Py_DECREF(shape); return -1; }
+    if (PyTuple_GET_SIZE(shape) != rank) { Py_DECREF(shape); return 0; }
+    PyObject* full = PyTuple_GET_ITEM(sp, 2);
+    if (full != Py_None) {
+        r = PyObject_RichCompareBool(shape, full, Py_EQ);
+    } else {
+        PyObject* st = PyTuple_GET_ITEM(sp, 3);
+        r = 1;
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(st) && r == 1; k++) {
+            PyObject* pair = PyTuple_GET_ITEM(st, k);
+            Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
+            if (d < 0 || d >= rank) { r = PyErr_Occurred() ? -1 : 0; break; }
+            r = PyObject_RichCompareBool(PyTuple_GET_ITEM(shape, d), PyTuple_GET_ITEM(pair, 1), Py_EQ);
+        }
+    }
+    Py_DECREF(shape);
+    return r;
+}
+
+static PyObject* Guard_call(Guard* self, PyObject* args, PyObject* kw) {
+    if ((kw != NULL && PyDict_GET_SIZE(kw) != 0) || PyTuple_GET_SIZE(args) != 1
+            || !PyTuple_Check(PyTuple_GET_ITEM(args, 0))) {
+        PyErr_SetString(PyExc_TypeError, "a Guard takes one argument, the tuple of the call's arguments");
+        return NULL;
+    }
+    PyObject* argv = PyTuple_GET_ITEM(args, 0);
+    if (PyTuple_GET_SIZE(argv) != PyTuple_GET_SIZE(self->specs)) Py_RETURN_FALSE;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(argv); i++) {
+        int r = guard_one(self, PyTuple_GET_ITEM(argv, i), PyTuple_GET_ITEM(self->specs, i));
+        if (r < 0) return NULL;
+        if (r == 0) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyTypeObject GuardType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_prism_fastcall.Guard",
+    .tp_basicsize = sizeof(Guard),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "capture='export''s input check (prism/runtime/fastcall.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Guard_init,
+    .tp_dealloc = (destructor)Guard_dealloc,
+    .tp_call = (ternaryfunc)Guard_call,
+};
+
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_prism_fastcall", NULL, -1, NULL};
 
 PyMODINIT_FUNC PyInit__prism_fastcall(void) {
-    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PieceType) < 0) return NULL;
+    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PieceType) < 0 || PyType_Ready(&GuardType) < 0)
+        return NULL;
     str_data_ptr = PyUnicode_InternFromString("data_ptr");
     str_dtype = PyUnicode_InternFromString("dtype");
     str_is_cpu = PyUnicode_InternFromString("is_cpu");
@@ -405,8 +501,10 @@ PyMODINIT_FUNC PyInit__prism_fastcall(void) {
     if (m == NULL) return NULL;
     Py_INCREF(&LauncherType);
     Py_INCREF(&PieceType);
+    Py_INCREF(&GuardType);
     if (PyModule_AddObject(m, "Launcher", (PyObject*)&LauncherType) < 0
-            || PyModule_AddObject(m, "Piece", (PyObject*)&PieceType) < 0) {
+            || PyModule_AddObject(m, "Piece", (PyObject*)&PieceType) < 0
+            || PyModule_AddObject(m, "Guard", (PyObject*)&GuardType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
@@ -496,6 +594,12 @@ def piece_type() -> Any:
     """The C ``Piece`` type, or None (see :func:`extension`)."""
     m = extension()
     return None if m is None else m.Piece
+
+
+def guard_type() -> Any:
+    """The C ``Guard`` type, or None (see :func:`extension`)."""
+    m = extension()
+    return None if m is None else m.Guard
 
 
 def reset() -> None:

@@ -225,3 +225,42 @@ def test_transposed_inputs_take_the_python_path(fresh: None) -> None:
     r = PieceRunner("0 (mm)", _Kernel(), [InputSpec("x0", None, False), InputSpec("x1", (1, 0), True)],
                     _Fallback())
     assert r._fast is None
+
+
+# --- capture="export"'s input check (fastcall.Guard) ----------------------------------------------------
+
+def test_guard_accepts_exactly_the_exported_inputs(fresh: None) -> None:
+    guard = fastcall.guard_type()((
+        (torch.float32, 2, (4, 8), ()),                  # every dim static: the whole shape
+        (torch.float32, 3, None, ((0, 2), (2, 5))),       # dim 1 dynamic
+        ("value", 0.5),
+    ), torch.Tensor)
+    x, y = torch.randn(4, 8), torch.randn(2, 7, 5)
+    assert guard((x, y, 0.5)) is True
+    assert guard((x, torch.randn(2, 1, 5), 0.5)) is True       # any size in the dynamic dim
+    assert guard((torch.nn.Parameter(x), y, 0.5)) is True      # a Tensor subclass
+    for bad in [(x, y), (x, y, 0.5, 1), (x, y, 0.25), (x, y, 1), (x, y, "0.5"),
+                (x.double(), y, 0.5), (torch.randn(4, 9), y, 0.5), (torch.randn(4, 8, 1), y, 0.5),
+                (x, torch.randn(3, 7, 5), 0.5), (x, torch.randn(2, 7, 4), 0.5), (x, torch.randn(2, 7), 0.5),
+                (x.numpy(), y, 0.5), (x.to(torch.bfloat16), y, 0.5), (x, y.to("meta"), 0.5)]:
+        assert guard(bad) is False, bad
+    with pytest.raises(TypeError):
+        guard([x, y, 0.5])
+
+
+def test_export_capture_takes_the_c_check_and_falls_back_with_a_reason(fresh: None,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.relu(a @ b + 1.0)
+    a, b = torch.randn(6, 8), torch.randn(8, 4)
+    opt = prism.optimize(fn, (a, b), capture="export")
+    direct = opt._fn
+    assert direct._fast is not None
+    with torch.no_grad():
+        torch.testing.assert_close(opt(a, b), fn(a, b))
+        b5 = torch.randn(8, 5)
+        with caplog.at_level(logging.WARNING, logger="prism"):
+            torch.testing.assert_close(opt(a, b5), fn(a, b5))   # another shape: the original function
+    assert "exported as static" in caplog.text
