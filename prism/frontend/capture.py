@@ -468,6 +468,80 @@ def _fold_transposes(units: list[Unit]) -> list[Unit]:
     return [u for u in out if u.node not in absorbed]
 
 
+BROADCASTING = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
+
+
+def _static_shape(n: Any) -> tuple[int, ...] | None:
+    v = meta_value(n)
+    if not is_tensor_meta(v) or not all(isinstance(s, int) for s in v.shape):
+        return None
+    return tuple(int(s) for s in v.shape)
+
+
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    r = max(len(a), len(b))
+    pa, pb = (1,) * (r - len(a)) + a, (1,) * (r - len(b)) + b
+    if any(x != y and 1 not in (x, y) for x, y in zip(pa, pb)):
+        return None
+    return tuple(max(x, y) for x, y in zip(pa, pb))
+
+
+def _fold_broadcasts(units: list[Unit]) -> list[Unit]:
+    """An expand (``expand``, ``expand_as``, the items of ``broadcast_tensors``) read only by one compute unit
+    is read unexpanded where it changes no shape (any unit), or where the unit is a broadcasting binary
+    element-wise operator (``BROADCASTING``) whose own broadcasting gives the same result shape. The copies
+    the expand would be (ops._expand_plan) are then not made, and it no longer stays in PyTorch as a layout
+    operator between pieces (an exported ``F.normalize``: ``x / norm.expand_as(x)``; an exported
+    ``F.mse_loss``: ``broadcast_tensors(a, b)`` then ``mse_loss``). Static shapes only."""
+    by_node = {u.node: u for u in units}
+
+    def source(n: Any, user: Any) -> tuple[Any, list[Unit]] | None:
+        t = by_node.get(n)
+        if t is None or t.kind != "layout" or list(n.users) != [user]:
+            return None
+        if t.lowered.op in ("expand", "expand_as") and t.lowered.operands[0].perm is None:
+            return t.lowered.operands[0].node, [t]
+        b = by_node.get(t.lowered.operands[0].node) if t.lowered.op == "getitem" and t.lowered.operands else None
+        if b is None or b.lowered.op != "broadcast_tensors" or not isinstance(n.args[1], int):
+            return None
+        items = list(b.node.users)
+        if not all(by_node.get(i) is not None and list(i.users) == [user] for i in items):
+            return None
+        op = b.lowered.operands[n.args[1]]
+        return (op.node, [t, b]) if op.perm is None else None
+
+    absorbed: set[Any] = set()
+    out: list[Unit] = []
+    for u in units:
+        if u.kind != "compute":
+            out.append(u)
+            continue
+        operands = list(u.lowered.operands)
+        extra: list[Unit] = []
+        identity = True  # every folded expand keeps its operand's shape (broadcast_tensors of equal shapes)
+        for k, op in enumerate(operands):
+            f = source(op.node, u.node) if op.perm is None else None
+            if f is not None:
+                identity = identity and _static_shape(f[0]) is not None and _static_shape(f[0]) == \
+                    _static_shape(op.node)
+                operands[k] = Operand(f[0])
+                extra += [t for t in f[1] if t not in extra]
+        if not extra:
+            out.append(u)
+            continue
+        if not identity:
+            want, shapes = _static_shape(u.node), [_static_shape(o.node) for o in operands]
+            if (u.lowered.op not in BROADCASTING or len(operands) != 2 or want is None or shapes[0] is None
+                    or shapes[1] is None or _broadcast(shapes[0], shapes[1]) != want):
+                out.append(u)
+                continue
+        members = [m for t in sorted(extra, key=lambda t: t.id) for m in t.members]
+        absorbed.update(members)
+        out.append(Unit(u.id, u.node, dataclasses.replace(u.lowered, operands=operands), members + u.members,
+                        u.ops, u.matmuls, u.heavy, u.norm))
+    return [u for u in out if u.node not in absorbed]
+
+
 def _same_dtype_identity(t: Unit) -> bool:
     """A no-op conversion (``to``/``contiguous``/``clone`` keeping the dtype); not ``mask.float()``, whose bool
     operand must stay behind a unit of its own (``_masks``)."""
@@ -543,7 +617,7 @@ def _capture_once(gm: Any, persistent_inputs: set[int] | None, env: SymbolEnv) -
     units = _masks(units, fallbacks)
     by_node = {u.node: u for u in units}
     units = _fuse_rms(units, by_node)
-    units = _fold_transposes(units)
+    units = _fold_broadcasts(_fold_transposes(units))
     graph, units, failed, names, identified = _trial(gm, units, env)
     fallbacks += failed
     order = {n: i for i, n in enumerate(gm.graph.nodes)}

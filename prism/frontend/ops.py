@@ -154,6 +154,7 @@ SIGS: dict[str, tuple[str, ...]] = {
     "permute": ("input", "*dims"), "transpose": ("input", "dim0", "dim1"), "t": ("input",),
     "T": ("input", "attr"), "mT": ("input", "attr"),
     "unsqueeze": ("input", "dim"), "squeeze": ("input", "dim"), "expand": ("input", "*size"),
+    "expand_as": ("input", "other"), "broadcast_tensors": ("*tensors",),
     "contiguous": ("input", "memory_format"), "clone": ("input", "memory_format"), "detach": ("input",),
     "alias": ("input",), "dropout": ("input", "p", "training", "inplace"), "float": ("input",), "bool": ("input",),
     "bfloat16": ("input",), "half": ("input",),
@@ -1141,33 +1142,77 @@ def _squeeze(c: Conv) -> Lowered:
                    lambda g, t: g.reshape(t[i], tuple(s for k, s in enumerate(t[i].shape) if k not in drop)))
 
 
+def _expand_plan(src: list[DimLike], want: list[Any], what: str) -> tuple[int, list[tuple[int, int]]]:
+    """How ``src`` becomes ``want`` (``-1``: keep): (leading dims to add, (dim, copies) per size-1 dim
+    broadcast). A size-1 dim broadcast to a constant n is n copies concatenated; anything else is Unsupported.
+    An expand read by one broadcasting element-wise operator is not made at all: capture._fold_broadcasts
+    gives the operator the unexpanded tensor."""
+    lead = len(want) - len(src)
+    if lead < 0:
+        raise Unsupported(f"{what}: to fewer dims ({len(want)}) than the tensor has ({len(src)})")
+    reps: list[tuple[int, int]] = []
+    for d, b in enumerate(want):
+        a = src[d - lead] if d >= lead else 1
+        if (isinstance(b, int) and b == -1 and d >= lead) or D.structurally_equal(a, b):
+            continue
+        if isinstance(a, int) and a == 1 and isinstance(b, int) and b >= 1:
+            reps.append((d, b))
+        else:
+            raise Unsupported(f"{what}: dim {d} from {a} to {b} (only a size-1 dim to a constant size)")
+    return lead, reps
+
+
+def _expand_emit(g: OpMethods, y: Tensor, lead: int, reps: list[tuple[int, int]]) -> Tensor:
+    if lead:
+        y = g.reshape(y, (1,) * lead + tuple(y.shape))
+    for d, n in reps:
+        y = g.concat([y] * n, d) if n > 1 else y
+    return y
+
+
 @_conv("expand")
 def _expand(c: Conv) -> Lowered:
-    """A size-1 dim broadcast to a constant n is n copies concatenated; anything else stays in PyTorch."""
+    """``x.expand(*sizes)``: see _expand_plan."""
     x = c.get("input")
     src = [to_dim(s) for s in c.shape(x)]
     raw = c.get("size")
     if len(raw) == 1 and _is_node(raw[0]):
         raw = c.sizes(raw[0])
     want = [v if isinstance(v, int) and v == -1 else c.dim(v) for v in raw]
-    if len(want) != len(src):
-        raise Unsupported("expand: adding leading dims")
-    reps: list[tuple[int, int]] = []
-    for d, (a, b) in enumerate(zip(src, want)):
-        if (isinstance(b, int) and b == -1) or D.structurally_equal(a, b):
-            continue
-        if isinstance(a, int) and a == 1 and isinstance(b, int):
-            reps.append((d, b))
-        else:
-            raise Unsupported(f"expand: dim {d} from {a} to {b} (only a size-1 dim to a constant size)")
+    lead, reps = _expand_plan(src, want, "expand")
     i = c.tensor(x)
+    return Lowered("expand", "layout", c.operands, lambda g, t: _expand_emit(g, t[i], lead, reps))
 
-    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
-        y = t[i]
-        for d, n in reps:
-            y = g.concat([y] * n, d) if n > 1 else y
-        return y
-    return Lowered("expand", "layout", c.operands, emit)
+
+@_conv("expand_as")
+def _expand_as(c: Conv) -> Lowered:
+    """``x.expand_as(other)``: expand to ``other``'s shape (F.normalize in an exported graph)."""
+    x, other = c.get("input"), c.get("other")
+    lead, reps = _expand_plan([to_dim(s) for s in c.shape(x)], [to_dim(s) for s in c.shape(other)], "expand_as")
+    i = c.tensor(x)
+    return Lowered("expand_as", "layout", c.operands, lambda g, t: _expand_emit(g, t[i], lead, reps))
+
+
+@_conv("broadcast_tensors")
+def _broadcast_tensors(c: Conv) -> Lowered:
+    """``torch.broadcast_tensors(*xs)``: each expanded to the common shape, as a tuple (its items are taken
+    by getitem; F.mse_loss in an exported graph)."""
+    xs = list(c.get("tensors"))
+    if not xs or not all(c.is_tensor(x) for x in xs):
+        raise Unsupported("broadcast_tensors: operands other than tensors")
+    shapes = [[to_dim(s) for s in c.shape(x)] for x in xs]
+    r = max(len(sh) for sh in shapes)
+    want: list[DimLike] = []
+    for d in range(r):
+        sizes = [sh[d - (r - len(sh))] for sh in shapes if d >= r - len(sh)]
+        big = [s for s in sizes if not (isinstance(s, int) and s == 1)]
+        if any(not D.structurally_equal(big[0], s) for s in big[1:]):
+            raise Unsupported(f"broadcast_tensors: sizes {sizes} in dim {d} do not broadcast")
+        want.append(big[0] if big else 1)
+    plans = [_expand_plan(sh, list(want), "broadcast_tensors") for sh in shapes]
+    idx = [c.tensor(x) for x in xs]
+    return Lowered("broadcast_tensors", "layout", c.operands,
+                   lambda g, t: tuple(_expand_emit(g, t[i], lead, reps) for i, (lead, reps) in zip(idx, plans)))
 
 
 @_conv("cat")

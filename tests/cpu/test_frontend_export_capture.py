@@ -144,3 +144,21 @@ def test_exported_transposes_and_unused_indices_stay_on_prism() -> None:
             calls = _calls(opt)
             assert _err(opt(x), ref) <= 1e-5
             assert _calls(opt) == calls + 1
+
+
+@pytest.mark.parametrize("name", ["normalize", "mse_loss", "expand_mul"])
+def test_exported_expands_run_in_one_piece(name: str) -> None:
+    """An exported F.normalize (``x / norm.expand_as(x)``) and F.mse_loss (``broadcast_tensors`` first) are
+    one Prism piece each, nothing left to PyTorch: the expand is read unexpanded by its broadcasting user."""
+    fns = {"normalize": lambda x, y: torch.nn.functional.normalize(x, dim=-1),
+           "mse_loss": lambda x, y: torch.nn.functional.mse_loss(x, y),
+           "expand_mul": lambda x, y: x.amax(-1, keepdim=True).expand(16, 64) * y}
+    fn = fns[name]
+    x, y = _x(16, 64), _x(16, 64, seed=1)
+    opt = prism.optimize(fn, (x, y), capture="export", **OPTS)
+    assert [f.op for r in opt.report for f in r.fallbacks] == []
+    assert len(opt.pieces()) == 1 and len(opt.prism_pieces()) == 1
+    with torch.no_grad():
+        got = opt(x, y)
+    assert _calls(opt) >= 2
+    assert _err(got, fn(x.double(), y.double())) <= 1e-5

@@ -244,6 +244,37 @@ def test_a_transpose_with_two_users_stays_a_layout_unit() -> None:
     assert len(cap.layout_units) == 1
 
 
+BROADCASTS: dict[str, tuple[Callable[..., Any], tuple[tuple[int, ...], ...]]] = {
+    "expand_as": (lambda x: x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12).expand_as(x), ((4, 8),)),
+    "expand": (lambda x, y: x.amax(-1, keepdim=True).expand(4, 8) * y, ((4, 8), (4, 8))),
+    "expand_leading": (lambda x, y: y - x.sum(0).expand(4, 8), ((4, 8), (4, 8))),
+    "broadcast_tensors_equal": (lambda x, y: (lambda t: (t[0] - t[1]).sum(-1))(torch.broadcast_tensors(x, y)),
+                                ((4, 8), (4, 8))),
+    "broadcast_tensors_rows": (lambda x, y: (lambda t: t[0] * t[1])(torch.broadcast_tensors(x, y)), ((8,), (4, 8))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROADCASTS))
+def test_an_expand_read_by_a_broadcasting_operator_is_folded(name: str) -> None:
+    """``expand``/``expand_as``/``broadcast_tensors`` whose one user broadcasts anyway (or that change no shape)
+    leave no layout unit and no copies: the operator reads the unexpanded tensor."""
+    fn, shapes = BROADCASTS[name]
+    cap = _check(fn, *[_r(*sh, seed=k) for k, sh in enumerate(shapes)])
+    assert not cap.layout_units, [u.op for u in cap.layout_units]
+    assert not any(n.op == "concat" for n in cap.graph.nodes)
+
+
+def test_an_expand_that_changes_a_shape_for_another_operator_stays_a_layout_unit() -> None:
+    """Read by a reduction, the expanded value is needed: it stays a layout unit (in PyTorch), and the
+    captured graph lowers it as copies (a leading dim added, a size-1 dim repeated) with the same values."""
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        t = torch.broadcast_tensors(x, y)
+        return t[0].sum(0) + t[1].sum(0) + x.unsqueeze(1).expand(8, 3).sum(1)
+    cap = _check(fn, _r(8), _r(4, 8, seed=1))
+    assert {u.op for u in cap.layout_units} >= {"broadcast_tensors", "expand"}
+    assert any(n.op == "concat" for n in cap.graph.nodes)
+
+
 LAYOUT: dict[str, Callable[..., Any]] = {
     "view_transpose": lambda x: x.view(2, 3, 2, 2).transpose(1, 2).reshape(2, -1) * 2,
     "permute_t": lambda x: x.permute(2, 0, 1).contiguous().reshape(4, 6).t() + 1,
