@@ -59,6 +59,9 @@ def _ints(shape: tuple) -> tuple[int, ...]:
     return tuple(int(d) for d in shape)
 
 
+_DIRECT = frozenset({"sum", "max", "mean", "rms_norm", "softmax"})  # BlockLowering.direct_target
+
+
 def consumers(nodes: list[Node]) -> dict[Node, list[Node]]:
     out: dict[Node, list[Node]] = {n: [] for n in nodes}
     for n in nodes:
@@ -89,6 +92,7 @@ class BlockLowering:
         self.groups: dict[Node, dict] = {}      # softmax groups by score node
         self.partial: list[tuple[int, int]] = []
         self.final: list[str] = []              # code after the parallel region (partial sums)
+        self.saved: set[Node] = set()           # saves whose source wrote the output tile itself
 
     # --- helpers -----------------------------------------------------------------------------
     def alloc(self, shape: tuple[int, ...]) -> View:
@@ -168,9 +172,33 @@ class BlockLowering:
                     emit_matmul(w, self.nm, self.sup, c, a, b, scratch=self.scratch_ptr)
                     self.vals[n] = c
             else:
-                self.vals[n] = lower_layout_or_reduce(n, self.vals, self.w[self.phase[n]], self.nm, self.alloc,
+                direct = self.direct_target(n, out_ptrs)
+                alloc = self.alloc if direct is None else (lambda shape, t=direct: t)
+                self.vals[n] = lower_layout_or_reduce(n, self.vals, self.w[self.phase[n]], self.nm, alloc,
                                                       lambda v, n=n: self.view(v, self.phase[n]))
         return self.assemble(in_ptrs, out_ptrs)
+
+    def direct_target(self, n: Node, out_ptrs: list[str]) -> View | None:
+        """The output tile itself as the target of a reduction or row-wise operator whose one consumer is a
+        float32 save of the same tile (no partial-sum slots; a per-iteration save of a value of the loop, or a
+        post-loop save of a value computed before or after the loop): the result is written where it is
+        saved, and the save's copy from scratch is not made (a softmax piece of [256, 512] copied 512 KB more
+        per call). The save is then skipped (``self.saved``)."""
+        cs = self.cons[n]
+        if n.op not in _DIRECT or len(cs) != 1 or cs[0].op != "save":
+            return None
+        save = cs[0]
+        k, om, fm = save.arg
+        if (self.out_elems[k] != "f32" or any(e is None and self.grid[p] > 1 for p, e in enumerate(om))
+                or self.phase[n] not in (("loop",) if fm is not None else ("inv", "post"))
+                or _ints(save.shape) != _ints(n.shape)):
+            return None
+        shape = _ints(self.bg.output_shapes[k])
+        off, step = self.region(shape, _ints(save.shape), om, fm)
+        if fm is not None:
+            off = f"{off} + it * {step}"
+        self.saved.add(save)
+        return View(f"({out_ptrs[k]} + {off})", _ints(save.shape), contiguous_strides(shape), "f32")
 
     def lower_iter(self, n: Node, in_ptrs: list[str]) -> None:
         idx, im, fm = n.arg
@@ -188,6 +216,8 @@ class BlockLowering:
         self.vals[n] = View(v, tile, strides, el)
 
     def lower_save(self, n: Node, out_ptrs: list[str]) -> None:
+        if n in self.saved:  # written in place by its source (direct_target)
+            return
         k, om, fm = n.arg
         shape = _ints(self.bg.output_shapes[k])
         tile = _ints(n.shape)

@@ -114,6 +114,31 @@ def test_tile_operators_and_layouts(rng: np.random.Generator) -> None:
     check(g, rng)
 
 
+@pytest.mark.parametrize("op", ["softmax", "rms_norm", "sum", "max", "mean"])
+def test_a_reduction_or_row_operator_saved_once_writes_the_output_tile(rng: np.random.Generator, op: str) -> None:
+    """BlockLowering.direct_target: the operator's result goes straight into the output (no scratch tile and
+    no copy loop), for a post-loop save of a loop-invariant value and for a per-iteration save, with values
+    as the reference's."""
+    for forloop in (1, 3):
+        g = prism.Graph()
+        X = g.input("X", (8, 6 * forloop, 96))
+        bb = BlockBuilder(grid=(2,), forloop=forloop, inputs=[X])
+        fm = 1 if forloop > 1 else None
+        x = bb.iter(0, imap=(0,), fmap=fm)                  # [4, 6, 96] per block and iteration
+        if op == "softmax":
+            y = bb.softmax(x, dim=2)
+        elif op == "rms_norm":
+            y = bb.rms_norm(x, eps=1e-6, dim=2)
+        else:
+            y = getattr(bb, op)(x, 1 if op == "mean" else 2)
+        bb.save(y, omap=(0,), fmap=fm)
+        (out,) = g.customized(bb.build(), [X])
+        g.output(out, "Y")
+        check(g, rng)
+        src = prism.compile(g).specialize().source
+        assert "(S + 0)" not in src.split("/* block graph")[1], src  # nothing in scratch
+
+
 def test_generic_and_transposed_matmul_paths(rng: np.random.Generator) -> None:
     g = prism.Graph()
     A, B = g.input("A", (20, 33)), g.input("B", (45, 20))
