@@ -194,19 +194,33 @@ def max_loop(w: CWriter, nm: Namer, m: str, j: str, n: int, value: Callable[[str
             w.line(f"{m} = {v} > {m} ? {v} : {m};")
             w.line(f"{nan} |= {v} != {v};")
     else:
+        # per part a running max and a running sum: the sum is NaN whenever a NaN was read (or +inf and -inf
+        # both were), so the NaN flag costs one add per vector instead of a compare and an OR (gcc also
+        # loaded every vector twice for the two), and a row whose sum is NaN is searched for a NaN exactly.
+        # A [256, 1024] row max, 2 threads, AVX2, best of 300 calls: 14.0-14.5 -> 11.2-12.7 µs (one running
+        # sum for all four parts instead of four: no better)
         nan = nm("nan")
         w.line(f"int {nan} = {m} != {m};")
         q, idx = _quarters(j, n)
         parts = [nm("p") for _ in range(SPLIT)]
+        sums = [nm("z") for _ in range(SPLIT)]
         vs = [nm("v") for _ in range(SPLIT)]
         w.line(f"float {' = -INFINITY, '.join(parts)} = -INFINITY;")
-        with loops(w, [j], [q], simd=f"reduction(max:{','.join(parts)}) reduction(|:{nan})"):
-            for p, v, jx in zip(parts, vs, idx):
+        w.line(f"float {' = 0.0f, '.join(sums)} = 0.0f;")
+        with loops(w, [j], [q], simd=f"reduction(max:{','.join(parts)}) reduction(+:{','.join(sums)})"):
+            for p, z, v, jx in zip(parts, sums, vs, idx):
                 w.line(f"const float {v} = {value(jx)};")
                 w.line(f"{p} = {v} > {p} ? {v} : {p};")
-            w.line(f"{nan} |= " + " | ".join(f"({v} != {v})" for v in vs) + ";")
+                w.line(f"{z} += {v};")
         for p in parts:
             w.line(f"{m} = {p} > {m} ? {p} : {m};")
+        zt = nm("z")
+        w.line(f"const float {zt} = ({sums[0]} + {sums[1]}) + ({sums[2]} + {sums[3]});")
+        with w.block(f"if ({zt} != {zt})"):
+            v = nm("v")
+            with loops(w, [j], [SPLIT * q], simd=f"reduction(|:{nan})"):
+                w.line(f"const float {v} = {value(j)};")
+                w.line(f"{nan} |= {v} != {v};")
         if n % SPLIT:
             v = nm("v")
             with loops(w, [j], [n - SPLIT * q], simd=None):

@@ -324,6 +324,27 @@ def test_long_rows_reduce_in_parts_with_nan_inf_and_tails(isa: str, n: int) -> N
 
 
 @pytest.mark.parametrize("isa", supported_isas())
+def test_long_row_max_when_its_nan_check_sum_overflows(isa: str) -> None:
+    """max_loop's parts keep a running sum whose NaN sends the row to an exact NaN search: rows whose sums
+    overflow to +inf in one part and -inf in another (no NaN anywhere) keep their finite maximum, a NaN
+    behind such values is still found, and -inf/+inf rows are ordinary."""
+    n = 256
+    g = prism.Graph()
+    X = g.input("X", (5, n))
+    g.output(g.max(X, 1), "M")
+    x = np.random.default_rng(5).standard_normal((5, n)).astype(np.float32)
+    x[0, : n // 4], x[0, n // 4: n // 2] = 3e38, -3e38        # part sums +inf and -inf: no NaN
+    x[1, : n // 4], x[1, n // 4: n // 2] = 3e38, -3e38
+    x[1, n - 1] = np.nan                                        # ... and a NaN in the last part
+    x[2, :] = np.inf
+    x[3, ::2] = -np.inf
+    x[4, 7], x[4, 200] = -np.inf, np.inf
+    out = prism.compile(g, isa=isa)(X=x)[:, 0]
+    assert out[0] == np.float32(3e38) and np.isnan(out[1]) and out[2] == np.inf
+    assert out[3] == x[3, 1::2].max() and out[4] == np.inf
+
+
+@pytest.mark.parametrize("isa", supported_isas())
 def test_row_max_and_softmax_propagate_nan_and_keep_infinities(isa: str) -> None:
     """The vectorized max (a compare-and-blend reduction with a NaN flag beside it, loops.max_loop): a NaN
     anywhere in a row makes the row's max NaN, -inf and +inf are ordinary values, at every position of a
