@@ -652,9 +652,14 @@ def _is_bool(node: Any) -> bool:
 
 
 def _masks(units: list[Unit], fallbacks: list[Fallback]) -> list[Unit]:
-    """A bool tensor (a mask) is float 0/1 inside Prism, so it may only flow between Prism units: a unit
-    whose mask PyTorch uses, or that uses a mask PyTorch computes (or a bool input), stays in PyTorch
-    (repeated until no such unit is left)."""
+    """A bool tensor (a mask) is float 0/1 inside Prism. A mask PyTorch computes (or a bool input) enters a
+    piece as an input the piece's runner converts at each call (``InputSpec.given``): to float32 0/1, or, for
+    attention, to the additive bias 0 / -inf (``Lowered.as_bias``: two operators fewer in the searched
+    program, which the search of a grouped-KV attention did not finish in 60 s with them). A batch's padding
+    mask, built by ``transformers`` from integer positions, no longer keeps attention in PyTorch. A unit
+    whose mask PyTorch uses stays in PyTorch (a piece returns float32, not bool), and so does a mask made from
+    a mask PyTorch computes (its users read the finished mask: attention then takes it as a bias), repeated
+    until no such unit is left."""
     units = list(units)
     while True:
         nodes = {u.node for u in units}
@@ -664,14 +669,21 @@ def _masks(units: list[Unit], fallbacks: list[Fallback]) -> list[Unit]:
                 bad.append((u, "its bool result (a mask) is used outside Prism; Prism keeps masks as float 0/1"))
                 continue
             outside = [a for a in u.node.all_input_nodes if _is_bool(a) and a not in nodes]
-            if outside:
-                bad.append((u, f"bool operand {outside[0].name} comes from outside Prism (a mask Prism did not "
-                               "compute; pass it as float32 0/1, e.g. mask.float(), to keep this on Prism)"))
+            if outside and _is_bool(u.node):
+                bad.append((u, f"a mask made from the mask {outside[0].name} that PyTorch computes: made in "
+                               "PyTorch too (its users read it as an input)"))
         if not bad:
-            return units
+            break
         for u, why in bad:
             units.remove(u)
             fallbacks.append(Fallback(u.node, display_name(u.node), why))
+    # attention reads a bool mask from PyTorch as an additive bias, converted per call (ops.Lowered.as_bias)
+    nodes = {u.node for u in units}
+    for k, u in enumerate(units):
+        alt = u.lowered.as_bias
+        if alt is not None and all(o.node not in nodes for o in alt.operands if o.bias):
+            units[k] = dataclasses.replace(u, lowered=alt)
+    return units
 
 
 def _undecided(e: BaseException) -> Any:

@@ -177,7 +177,7 @@ def _build_piece(cap: Captured, piece: Piece, hoist: bool) -> PieceProgram:
         lift = hoist and op.perm is not None
         if op.perm is not None and not hoist:
             transposed.add(op.node)
-        key = (op.node, op.perm if lift else None)
+        key = (op.node, op.perm if lift else None, op.bias)
         if key not in inputs:
             mv = meta_value(op.node)
             shape = dims(mv.shape)
@@ -187,8 +187,9 @@ def _build_piece(cap: Captured, piece: Piece, hoist: bool) -> PieceProgram:
             dt = O.prism_dtype(mv) or "float32"
             inputs[key] = g.input(name, shape, dt)
             shapes.append(D.format_shape(shape))
-            spec = InputSpec(name, op.perm if lift else None, op.node in cap.persistent, getattr(torch, dt))
-            if lift or specs[arg(op.node)] is not None:  # a second view of the same tensor: its own argument
+            spec = InputSpec(name, op.perm if lift else None, op.node in cap.persistent, getattr(torch, dt),
+                             torch.bool if str(mv.dtype) == "torch.bool" else None, op.bias)
+            if lift or op.bias or specs[arg(op.node)] is not None:  # another view of the tensor: its own argument
                 args.append(op.node)
                 specs.append(spec)
             else:

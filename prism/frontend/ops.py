@@ -40,6 +40,7 @@ class Operand:
 
     node: Any
     perm: tuple[int, ...] | None = None
+    bias: bool = False   # a bool mask from PyTorch read as an additive bias (0 / -inf; the runner converts it)
 
 
 @dataclass
@@ -50,6 +51,9 @@ class Lowered:
     emit: Emit
     sig: tuple = ()                           # normalized form for pattern fusion (see capture.py)
     members: list[Any] = field(default_factory=list)   # extra FX nodes absorbed (patterns)
+    # attention with a bool mask: the same unit reading the mask as an additive bias (capture._masks uses
+    # it where the mask comes from PyTorch: converted per call, two operators fewer for the search)
+    as_bias: Lowered | None = None
 
 
 def meta_value(node: Any) -> Any:
@@ -938,10 +942,11 @@ def _rms_norm(c: Conv) -> Lowered:
 def _sdpa(c: Conv) -> Lowered:
     """Attention, with grouped KV heads and an optional mask. ``is_causal=True`` arrives here as a float
     mask: capture's normalize step gives the call the causal bias built in PyTorch
-    (:func:`causal_bias`). A float mask is added to the scaled scores, a bool one (computed on Prism: a
-    float 0/1) masks them to -inf. Without a mask the query heads of one KV head are stacked as rows (one
-    product per KV head: decode reads each KV head once); with a mask the group is a dim of its own, so that
-    a mask shared by the heads broadcasts over it."""
+    (:func:`causal_bias`). A float mask is added to the scaled scores, a bool one (a float 0/1 inside Prism)
+    masks them to -inf; with a mask other than the causal one, a query whose scores are all -inf gets 0, as
+    PyTorch's attention gives (not softmax's NaN). Without a mask the query heads of one KV head are
+    stacked as rows (one product per KV head: decode reads each KV head once); with a mask the group is a
+    dim of its own, so that a mask shared by the heads broadcasts over it."""
     q, k, v = c.get("query"), c.get("key"), c.get("value")
     mask = c.get("attn_mask", None)
     if c.get("is_causal", False):
@@ -978,13 +983,18 @@ def _sdpa(c: Conv) -> Lowered:
             raise Unsupported(f"scaled_dot_product_attention: a mask with {mask_heads} heads and grouped KV heads")
         bool_mask = str(meta_value(mask).dtype) == "torch.bool"
         mi = c.tensor(mask)
+    # PyTorch's attention gives 0, not NaN, for a query whose keys are all masked (a padded position of a
+    # batch: its softmax over -inf only); the causal mask always leaves the diagonal
+    safe = mask is not None and not (_is_node(mask) and mask.op == "call_function" and mask.target is causal_bias)
 
-    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+    def emit(g: OpMethods, t: list[Tensor], bool_mask: bool = bool_mask) -> Tensor:
         qq, kk, vv = t[i], t[j], t[m]
         lead, (hq, rows, dh) = qq.shape[:-3], qq.shape[-3:]
         hk = D.div_exact(hq, group)
         bias = None if mi is None else t[mi]
+        attends = None  # 1 where a query attends to some key (bool masks: the mask's row max)
         if bias is not None and bool_mask:  # True: attend; False: -inf
+            attends = g.max(bias, -1) if safe else None
             bias = g.mask_scalar(g.compare(bias, "eq", 0.0), float("-inf"))
         if group > 1 and bias is None:  # query head h uses KV head h // group: its group's rows are contiguous
             qq = g.reshape(qq, (*lead, hk, rows * group, dh))
@@ -1000,10 +1010,23 @@ def _sdpa(c: Conv) -> Lowered:
         if bias is not None:
             s = g.add(s, bias)
         o = g.matmul(g.softmax(s, -1), vv)
+        if safe:  # rows of -inf only: 0 (a NaN score stays NaN: NaN != -inf)
+            if attends is None:
+                attends = g.compare(g.max(s, -1), "ne", float("-inf"))
+            elif group > 1 and len(attends.shape) >= 3:  # [.., heads, L, 1] as the scores' [.., hk, group, L, 1]
+                ash = attends.shape
+                attends = g.reshape(attends, (*ash[:-3], hk, group, *ash[-2:]) if mask_heads != 1 else
+                                    (*ash[:-3], 1, 1, *ash[-2:]))
+            o = g.mask_select(attends, o)
         if group > 1:
             o = g.reshape(o, (*lead, hq, rows, o.shape[-1]))
         return o
-    return Lowered("scaled_dot_product_attention", "compute", c.operands, emit, ("sdpa",))
+    low = Lowered("scaled_dot_product_attention", "compute", c.operands, emit, ("sdpa",))
+    if bool_mask:
+        ops = [Operand(o.node, o.perm, bias=k == mi) for k, o in enumerate(c.operands)]
+        low.as_bias = Lowered("scaled_dot_product_attention", "compute", ops,
+                              lambda g, t: emit(g, t, bool_mask=False), ("sdpa",))
+    return low
 
 
 def causal_bias(query: Any, key: Any) -> Any:

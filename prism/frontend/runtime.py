@@ -34,6 +34,9 @@ class InputSpec:
     perm: tuple[int, ...] | None       # transposition applied here before the call
     persistent: bool                   # module state: cache the prepared copy
     dtype: torch.dtype = torch.float32  # what the program stores it as (its dtype when captured)
+    given: torch.dtype | None = None   # the dtype the argument arrives in, where it differs (a bool mask from
+    #                                    PyTorch: converted to float32 0/1 at each call)
+    bias: bool = False                 # a bool mask converted to the additive bias 0 (True) / -inf (False)
 
 
 class _PreparedCache:
@@ -116,13 +119,15 @@ class PieceRunner(torch.nn.Module):
         self._compiled: dict[tuple, Any] = {}
         self._names = tuple(s.name for s in inputs if s is not None)
         # (argument index, dtype, transposition, module state) of each input the kernel reads
-        self._active = tuple((i, s.dtype, s.perm, s.persistent) for i, s in enumerate(inputs) if s is not None)
+        self._active = tuple((i, s.dtype, s.perm, s.persistent, s.given, s.bias) for i, s in enumerate(inputs)
+                             if s is not None)
         self._out_names: tuple[str, ...] = ()
         self.out_slots = out_slots  # a tuple result (values, indices): the kernel computes the slots not None
         # the checks and the launch of a call in one C call (runtime/fastcall.py), where the extension is built
         # and no input is transposed here; it answers None for anything but the plain case, which forward()
         # then takes through the Python path below (the same checks, with their messages)
-        piece = fastcall.piece_type() if all(s.perm is None for s in inputs if s is not None) else None
+        piece = (fastcall.piece_type() if all(s.perm is None and s.given is None for s in inputs if s is not None)
+                 else None)
         self._fast = None if piece is None else piece(
             tuple(i for i, *_ in self._active), tuple(d for _, d, *_ in self._active), Tensor, _grad_enabled,
             self._compiled, self.__dict__)
@@ -138,8 +143,9 @@ class PieceRunner(torch.nn.Module):
                 continue
             if not isinstance(a, torch.Tensor):
                 return f"input {spec.name} is a {type(a).__name__}, not a tensor"
-            if a.dtype != spec.dtype:
-                return f"input {spec.name} has dtype {a.dtype} (the program was captured with {spec.dtype})"
+            if a.dtype != (spec.given or spec.dtype):
+                return (f"input {spec.name} has dtype {a.dtype} (the program was captured with "
+                        f"{spec.given or spec.dtype})")
             if a.device.type != "cpu":
                 return f"input {spec.name} is on {a.device} (Prism's kernels run on the CPU)"
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
@@ -165,10 +171,15 @@ class PieceRunner(torch.nn.Module):
         # this is the whole Python cost of a piece besides the kernel (docs/frontend.md, "Per-call cost")
         grad = _grad_enabled()
         ins: list[torch.Tensor] = []
-        for i, dtype, perm, persistent in self._active:
+        for i, dtype, perm, persistent, given, bias in self._active:
             a = args[i]
-            if not isinstance(a, Tensor) or a.dtype is not dtype or not a.is_cpu or (grad and a.requires_grad):
+            if (not isinstance(a, Tensor) or a.dtype is not (given or dtype) or not a.is_cpu
+                    or (grad and a.requires_grad)):
                 return self._in_pytorch(self._why_not(args), args)
+            if bias:  # a bool attention mask: 0 where it attends, -inf elsewhere
+                a = torch.zeros(a.shape, dtype=dtype).masked_fill_(~a, float("-inf"))
+            elif given is not None:  # a bool mask: float 0/1, as masks are inside Prism
+                a = a.to(dtype)
             if perm is not None or not a.is_contiguous():
                 a = PREPARED.get(a, perm) if persistent else _prepare(a, perm)
             ins.append(a)

@@ -162,3 +162,25 @@ def test_exported_expands_run_in_one_piece(name: str) -> None:
         got = opt(x, y)
     assert _calls(opt) >= 2
     assert _err(got, fn(x.double(), y.double())) <= 1e-5
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_attention_masks_from_pytorch_with_fully_masked_queries(mask_kind: str) -> None:
+    """A mask PyTorch computes enters the attention piece as an input (a bool one converted per call to the
+    additive bias); a query whose keys are all masked (a padded position) gets 0, as PyTorch's attention
+    gives, not softmax's NaN; grouped KV heads and a mask shared by the heads."""
+    q, k, v = _x(2, 4, 6, 16), _x(2, 2, 9, 16, seed=1), _x(2, 2, 9, 16, seed=2)
+    m = _x(2, 1, 6, 9, seed=3) > 0
+    m[0, 0, 2] = False
+    m[1, 0, 5] = False
+    mask = m if mask_kind == "bool" else torch.zeros(m.shape).masked_fill(~m, float("-inf"))
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    opt = prism.optimize(fn, (q, k, v, mask), capture="export", **OPTS)
+    assert [f.op for r in opt.report for f in r.fallbacks] == [] and len(opt.prism_pieces()) == 1
+    with torch.no_grad():
+        got = opt(q, k, v, mask)
+    ref = fn(q.double(), k.double(), v.double(), mask if mask_kind == "bool" else mask.double())
+    assert _calls(opt) >= 2 and not got.isnan().any()
+    assert torch.equal(got[0, :, 2], torch.zeros_like(got[0, :, 2])) and _err(got, ref) <= 1e-5

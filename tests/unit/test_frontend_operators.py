@@ -202,12 +202,17 @@ def test_masks(name: str) -> None:
     _check(M(), X)
 
 
-def test_masks_crossing_into_pytorch_stay_in_pytorch() -> None:
+def test_masks_from_pytorch_enter_as_inputs_and_masks_for_pytorch_stay_there() -> None:
+    """A bool mask PyTorch computes is an input of the piece that reads it (the runner converts it); a
+    mask whose user is PyTorch, or made from a PyTorch mask, stays in PyTorch."""
     cap = capture(torch.fx.symbolic_trace(lambda x, m: x.masked_fill(m, 0.0)), [X, X > 0], None)
-    assert [f.op for f in cap.fallbacks] == ["Tensor.masked_fill"]
-    assert "from outside Prism" in cap.fallbacks[0].reason
+    assert cap.fallbacks == [] and [u.op for u in cap.units] == ["masked_fill"]
     cap = capture(torch.fx.symbolic_trace(lambda x: x > 0), [X], None)
     assert "used outside Prism" in cap.fallbacks[0].reason
+    cap = capture(torch.fx.symbolic_trace(lambda x, m: x.masked_fill(m & (x > 0), 0.0)), [X, X > 0.5], None)
+    why = {f.op: f.reason for f in cap.fallbacks}
+    assert [u.op for u in cap.units] == ["masked_fill"] and set(why) == {"operator.and_", "operator.gt"}
+    assert "made in PyTorch too" in why["operator.and_"] and "used outside Prism" in why["operator.gt"]
 
 
 VALUES: dict[str, Callable[..., Any]] = {
