@@ -96,3 +96,28 @@ def test_models_bench_on_the_tiny_llama(tmp_path: Any, capsys: pytest.CaptureFix
     p = m["systems"]["prism"]
     assert 0.5 < p["share"] <= 1.0 and p["prism_pieces"] > 0
     assert any("embedding" in k for k in p["kept"])
+
+
+def test_batch_of_eight_with_left_padding() -> None:
+    """Batch decode as users run it: 8 prompts, half of them left-padded (``attention_mask`` zeros). The
+    padding mask ``transformers`` builds in PyTorch enters the attention pieces as an input (converted to an
+    additive bias per call), the padded queries' all-masked rows give 0 as in PyTorch, and ``generate()``
+    gives eager's tokens with every attention on Prism."""
+    torch.manual_seed(0)
+    m = _model("llama").eval()
+    ids = torch.randint(0, 128, (8, 7))
+    mask = torch.ones_like(ids)
+    mask[:4, :2] = 0
+    with torch.no_grad():
+        ref = m.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+        m.forward = torch.compile(m.forward, backend="prism")
+        got = m.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, ref)
+    reps = reports()
+    assert len(reps) >= 2
+    for r in reps:
+        table = r.table()
+        assert not r.error and all(p.status != "failed" for p in r.pieces), table
+        attn = [p for p in r.pieces if "scaled_dot_product_attention" in p.label]
+        assert len(attn) == LAYERS and all(p.by_prism and p.runner.fallback_calls == 0 for p in attn), table
+        assert not any("scaled_dot_product_attention" in f.op for f in r.fallbacks), table
