@@ -145,39 +145,41 @@ def sum_loop(w: CWriter, nm: Namer, s: str, j: str, n: int, value: Callable[[str
     """``s += value(j)`` over ``j < n`` (``s`` is declared and set by the caller); ``sink(j, v)``, if given,
     is a statement that also stores each value ``v`` (softmax's exponentials). Vectorized; rows of at least
     SPLIT_MIN elements in SPLIT independent parts (see SPLIT)."""
+    def add(acc: str, jx: str, plain: str = "+=") -> None:
+        if sink is None:
+            w.line(f"{acc} = {acc} + {value(jx)};" if plain == "=" else f"{acc} += {value(jx)};")
+            return
+        e = nm("e")
+        w.line(f"const float {e} = {value(jx)};")
+        w.line(sink(jx, e))
+        w.line(f"{acc} += {e};")
+
     if n < SPLIT_MIN:
         with loops(w, [j], [n], simd=f"reduction(+:{s})"):
-            if sink is None:
-                w.line(f"{s} = {s} + {value(j)};")
-            else:
-                e = nm("e")
-                w.line(f"const float {e} = {value(j)};")
-                w.line(sink(j, e))
-                w.line(f"{s} += {e};")
+            add(s, j, plain="=")
         return
     q, idx = _quarters(j, n)
     parts = [nm("p") for _ in range(SPLIT)]
     w.line(f"float {' = 0.0f, '.join(parts)} = 0.0f;")
     with loops(w, [j], [q], simd=f"reduction(+:{','.join(parts)})"):
         for p, jx in zip(parts, idx):
-            if sink is None:
-                w.line(f"{p} += {value(jx)};")
-            else:
-                e = nm("e")
-                w.line(f"const float {e} = {value(jx)};")
-                w.line(sink(jx, e))
-                w.line(f"{p} += {e};")
-    w.line(f"{s} += ({parts[0]} + {parts[1]}) + ({parts[2]} + {parts[3]});")
+            add(p, jx)
+    w.line(f"{s} += {_pairwise(parts)};")
     if n % SPLIT:  # the last n % SPLIT elements
         with loops(w, [j], [n - SPLIT * q], simd=None):
-            jt = f"({j} + {SPLIT * q})"
-            if sink is None:
-                w.line(f"{s} += {value(jt)};")
-            else:
-                e = nm("e")
-                w.line(f"const float {e} = {value(jt)};")
-                w.line(sink(jt, e))
-                w.line(f"{s} += {e};")
+            add(s, f"({j} + {SPLIT * q})")
+
+
+def _pairwise(parts: Sequence[str]) -> str:
+    """The sum of the SPLIT parts, pairwise: ``(p0 + p1) + (p2 + p3)``."""
+    return f"({parts[0]} + {parts[1]}) + ({parts[2]} + {parts[3]})"
+
+
+def _max_step(w: CWriter, v: str, m: str, nan: str, value: str) -> None:
+    """``v = value; m = max(m, v)``, setting the NaN flag ``nan`` if ``v`` is NaN."""
+    w.line(f"const float {v} = {value};")
+    w.line(f"{m} = {v} > {m} ? {v} : {m};")
+    w.line(f"{nan} |= {v} != {v};")
 
 
 def max_loop(w: CWriter, nm: Namer, m: str, j: str, n: int, value: Callable[[str], str]) -> None:
@@ -190,9 +192,7 @@ def max_loop(w: CWriter, nm: Namer, m: str, j: str, n: int, value: Callable[[str
         v, nan = nm("v"), nm("nan")
         w.line(f"int {nan} = {m} != {m};")
         with loops(w, [j], [n], simd=f"reduction(max:{m}) reduction(|:{nan})"):
-            w.line(f"const float {v} = {value(j)};")
-            w.line(f"{m} = {v} > {m} ? {v} : {m};")
-            w.line(f"{nan} |= {v} != {v};")
+            _max_step(w, v, m, nan, value(j))
     else:
         # per part a running max and a running sum: the sum is NaN whenever a NaN was read (or +inf and -inf
         # both were), so the NaN flag costs one add per vector instead of a compare and an OR (gcc also
@@ -215,7 +215,7 @@ def max_loop(w: CWriter, nm: Namer, m: str, j: str, n: int, value: Callable[[str
         for p in parts:
             w.line(f"{m} = {p} > {m} ? {p} : {m};")
         zt = nm("z")
-        w.line(f"const float {zt} = ({sums[0]} + {sums[1]}) + ({sums[2]} + {sums[3]});")
+        w.line(f"const float {zt} = {_pairwise(sums)};")
         with w.block(f"if ({zt} != {zt})"):
             v = nm("v")
             with loops(w, [j], [SPLIT * q], simd=f"reduction(|:{nan})"):
@@ -224,9 +224,7 @@ def max_loop(w: CWriter, nm: Namer, m: str, j: str, n: int, value: Callable[[str
         if n % SPLIT:
             v = nm("v")
             with loops(w, [j], [n - SPLIT * q], simd=None):
-                w.line(f"const float {v} = {value(f'({j} + {SPLIT * q})')};")
-                w.line(f"{m} = {v} > {m} ? {v} : {m};")
-                w.line(f"{nan} |= {v} != {v};")
+                _max_step(w, v, m, nan, value(f"({j} + {SPLIT * q})"))
     w.line(f"if ({nan}) {m} = NAN;")
 
 
