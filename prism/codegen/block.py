@@ -189,16 +189,24 @@ class BlockLowering:
             return None
         save = cs[0]
         k, om, fm = save.arg
-        if (self.out_elems[k] != "f32" or any(e is None and self.grid[p] > 1 for p, e in enumerate(om))
+        if (self.out_elems[k] != "f32" or self.partial_dims(om)
                 or self.phase[n] not in (("loop",) if fm is not None else ("inv", "post"))
                 or _ints(save.shape) != _ints(n.shape)):
             return None
-        shape = _ints(self.bg.output_shapes[k])
-        off, step = self.region(shape, _ints(save.shape), om, fm)
-        if fm is not None:
-            off = f"{off} + it * {step}"
+        shape, tile, off = self.save_region(save)
         self.saved.add(save)
-        return View(f"({out_ptrs[k]} + {off})", _ints(save.shape), contiguous_strides(shape), "f32")
+        return View(f"({out_ptrs[k]} + {off})", tile, contiguous_strides(shape), "f32")
+
+    def partial_dims(self, om: tuple) -> list[int]:
+        """The grid dims a save with output map ``om`` sums over (each block writes a partial-sum slot)."""
+        return [p for p, e in enumerate(om) if e is None and self.grid[p] > 1]
+
+    def save_region(self, n: Node) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+        """(output shape, tile, offset expression of this block's (and iteration's) tile) of save ``n``."""
+        k, om, fm = n.arg
+        shape, tile = _ints(self.bg.output_shapes[k]), _ints(n.shape)
+        off, step = self.region(shape, tile, om, fm)
+        return shape, tile, (f"{off} + it * {step}" if fm is not None else off)
 
     def lower_iter(self, n: Node, in_ptrs: list[str]) -> None:
         idx, im, fm = n.arg
@@ -219,11 +227,9 @@ class BlockLowering:
         if n in self.saved:  # written in place by its source (direct_target)
             return
         k, om, fm = n.arg
-        shape = _ints(self.bg.output_shapes[k])
-        tile = _ints(n.shape)
-        off, step = self.region(shape, tile, om, fm)
+        shape, tile, off = self.save_region(n)
         base = out_ptrs[k]
-        red = [p for p, e in enumerate(om) if e is None and self.grid[p] > 1]
+        red = self.partial_dims(om)
         if red:  # partial sums: each block writes its own slot, added after the grid
             slots = math.prod(self.grid[p] for p in red)
             numel = math.prod(shape)
@@ -235,8 +241,6 @@ class BlockLowering:
             self.partial.append((k, slots * numel))
             self.final.append(self._partial_sum(k, pw, shape, slots, out_ptrs[k]))
         phase = "loop" if fm is not None else "post"
-        if fm is not None:
-            off = f"{off} + it * {step}"
         target = View(f"({base} + {off})", tile, contiguous_strides(shape), "f32" if red else self.out_elems[k])
         LP.assign(self.w[phase], self.nm, target, self.vals[n.src[0]])
 
