@@ -1,10 +1,12 @@
-"""Shared helpers of the CPU-tier tests (tolerance, float64 references of the workloads)."""
+"""Shared helpers of the CPU-tier tests (tolerance, float64 references of the workloads, a split-K block graph)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+import prism
 from prism.codegen.isa import ISAS, cpu_flags
+from prism.ir import BlockBuilder
 from prism.workloads import WORKLOADS
 
 # fp32 kernels against a float64 reference: the largest error, relative to the largest reference value.
@@ -48,3 +50,20 @@ def input_mib(wid: str, si: int) -> float:
 def supported_isas() -> list[str]:
     flags = cpu_flags()
     return [name for name, isa in ISAS.items() if all(f in flags for f in isa.required_flags)]
+
+
+def split_k_graph(row_sums: bool = False) -> prism.Graph:
+    """Y = X @ W as a block graph over (column blocks, K splits ``S``): blocks of one column range add their
+    partial products (a workspace of partial-sum slots and per-thread scratch). ``row_sums``: also the
+    output T, Y's row sums."""
+    g = prism.Graph()
+    X, W = g.input("X", (6, 128)), g.input("W", (128, 96))
+    bb = BlockBuilder(grid=(2, "S"), forloop=2, inputs=[X, W])
+    x = bb.iter(0, imap=(None, 1), fmap=1)
+    w = bb.iter(1, imap=(1, 0), fmap=0)
+    bb.save(bb.accumulate("sum", bb.matmul(x, w)), omap=(1, None))
+    (y,) = g.customized(bb.build(), [X, W])
+    g.output(y, "Y")
+    if row_sums:
+        g.output(g.sum(y, 1), "T")
+    return g

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cg_helpers import assert_close, supported_isas
+from cg_helpers import assert_close, split_k_graph, supported_isas
 
 import prism
 from prism.ir import BlockBuilder, MapVar
@@ -31,14 +31,7 @@ def check(g: prism.Graph, rng: np.random.Generator, params: dict | None = None, 
 
 def test_split_k_partial_sums(rng: np.random.Generator) -> None:
     """Grid (column blocks, K splits): blocks of one column range add their partial products."""
-    g = prism.Graph()
-    X, W = g.input("X", (6, 128)), g.input("W", (128, 96))
-    bb = BlockBuilder(grid=(2, "S"), forloop=2, inputs=[X, W])
-    x = bb.iter(0, imap=(None, 1), fmap=1)
-    w = bb.iter(1, imap=(1, 0), fmap=0)
-    bb.save(bb.accumulate("sum", bb.matmul(x, w)), omap=(1, None))
-    (y,) = g.customized(bb.build(), [X, W])
-    g.output(y, "Y")
+    g = split_k_graph()
     for s in (1, 4):
         check(g, rng, params={"S": s})
 

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from cg_helpers import split_k_graph
 
 torch = pytest.importorskip("torch")
 
 import prism  # noqa: E402
 from prism.errors import InputError  # noqa: E402
-from prism.ir import BlockBuilder  # noqa: E402
 from prism.runtime import fastcall  # noqa: E402
 
 pytestmark = pytest.mark.cpu
@@ -31,16 +31,7 @@ def fresh() -> Iterator[None]:
 
 def _split_k() -> prism.Kernel:
     """A block graph whose kernel uses a workspace and per-thread scratch (the K splits' partial sums)."""
-    g = prism.Graph()
-    X, W = g.input("X", (6, 128)), g.input("W", (128, 96))
-    bb = BlockBuilder(grid=(2, "S"), forloop=2, inputs=[X, W])
-    x = bb.iter(0, imap=(None, 1), fmap=1)
-    w = bb.iter(1, imap=(1, 0), fmap=0)
-    bb.save(bb.accumulate("sum", bb.matmul(x, w)), omap=(1, None))
-    (y,) = g.customized(bb.build(), [X, W])
-    g.output(y, "Y")
-    g.output(g.sum(y, 1), "T")
-    k = prism.compile(g, params={"S": 4})
+    k = prism.compile(split_k_graph(row_sums=True), params={"S": 4})
     v = k.specialize()
     assert v.gen.ws_floats > 0 and v.gen.scratch_floats > 0
     return k
