@@ -152,6 +152,16 @@ static int grow_workspace(Launcher* self, long need) {
     return 0;
 }
 
+/* the one positional argument of a call, of exactly ``type`` (borrowed); NULL with a TypeError otherwise */
+static PyObject* sole_arg(PyObject* args, PyObject* kw, PyTypeObject* type, const char* message) {
+    if ((kw != NULL && PyDict_GET_SIZE(kw) != 0) || PyTuple_GET_SIZE(args) != 1
+            || !PyObject_TypeCheck(PyTuple_GET_ITEM(args, 0), type)) {
+        PyErr_SetString(PyExc_TypeError, message);
+        return NULL;
+    }
+    return PyTuple_GET_ITEM(args, 0);
+}
+
 /* allocate the outputs, run the kernel on ins[0..nin) and them; a new list of the outputs */
 static PyObject* launcher_run(Launcher* self, PyObject* const* ins, Py_ssize_t nin) {
     void* stack[16];
@@ -205,12 +215,8 @@ fail:
 }
 
 static PyObject* Launcher_call(Launcher* self, PyObject* args, PyObject* kw) {
-    if ((kw != NULL && PyDict_GET_SIZE(kw) != 0) || PyTuple_GET_SIZE(args) != 1
-            || !PyList_Check(PyTuple_GET_ITEM(args, 0))) {
-        PyErr_SetString(PyExc_TypeError, "a launcher takes one argument, the list of input tensors");
-        return NULL;
-    }
-    PyObject* ins = PyTuple_GET_ITEM(args, 0);
+    PyObject* ins = sole_arg(args, kw, &PyList_Type, "a launcher takes one argument, the list of input tensors");
+    if (ins == NULL) return NULL;
     return launcher_run(self, PySequence_Fast_ITEMS(ins), PyList_GET_SIZE(ins));
 }
 
@@ -297,12 +303,9 @@ static int attr_is(PyObject* o, PyObject* name, PyObject* want) {
 }
 
 static PyObject* Piece_call(Piece* self, PyObject* args, PyObject* kw) {
-    if ((kw != NULL && PyDict_GET_SIZE(kw) != 0) || PyTuple_GET_SIZE(args) != 1
-            || !PyTuple_Check(PyTuple_GET_ITEM(args, 0))) {
-        PyErr_SetString(PyExc_TypeError, "a Piece takes one argument, the tuple of the piece's arguments");
-        return NULL;
-    }
-    PyObject* argv = PyTuple_GET_ITEM(args, 0);
+    PyObject* argv = sole_arg(args, kw, &PyTuple_Type,
+                              "a Piece takes one argument, the tuple of the piece's arguments");
+    if (argv == NULL) return NULL;
     Py_ssize_t nargs = PyTuple_GET_SIZE(argv);
     PyObject* g = PyObject_CallNoArgs(self->grad_enabled);
     if (g == NULL) return NULL;
@@ -460,12 +463,9 @@ static int guard_one(Guard* self, PyObject* a, PyObject* sp) {
 }
 
 static PyObject* Guard_call(Guard* self, PyObject* args, PyObject* kw) {
-    if ((kw != NULL && PyDict_GET_SIZE(kw) != 0) || PyTuple_GET_SIZE(args) != 1
-            || !PyTuple_Check(PyTuple_GET_ITEM(args, 0))) {
-        PyErr_SetString(PyExc_TypeError, "a Guard takes one argument, the tuple of the call's arguments");
-        return NULL;
-    }
-    PyObject* argv = PyTuple_GET_ITEM(args, 0);
+    PyObject* argv = sole_arg(args, kw, &PyTuple_Type,
+                              "a Guard takes one argument, the tuple of the call's arguments");
+    if (argv == NULL) return NULL;
     if (PyTuple_GET_SIZE(argv) != PyTuple_GET_SIZE(self->specs)) Py_RETURN_FALSE;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(argv); i++) {
         int r = guard_one(self, PyTuple_GET_ITEM(argv, i), PyTuple_GET_ITEM(self->specs, i));
