@@ -522,8 +522,8 @@ def _fold_broadcasts(units: list[Unit]) -> list[Unit]:
         for k, op in enumerate(operands):
             f = source(op.node, u.node) if op.perm is None else None
             if f is not None:
-                identity = identity and _static_shape(f[0]) is not None and _static_shape(f[0]) == \
-                    _static_shape(op.node)
+                src = _static_shape(f[0])
+                identity = identity and src is not None and src == _static_shape(op.node)
                 operands[k] = Operand(f[0])
                 extra += [t for t in f[1] if t not in extra]
         if not extra:
