@@ -991,6 +991,10 @@ def _sdpa(c: Conv) -> Lowered:
         qq, kk, vv = t[i], t[j], t[m]
         lead, (hq, rows, dh) = qq.shape[:-3], qq.shape[-3:]
         hk = D.div_exact(hq, group)
+
+        def by_group(x: Tensor) -> Tensor:  # [.., heads, L, S] -> [.., KV heads, group, L, S] (shared: [.., 1, 1, ..])
+            xs = x.shape
+            return g.reshape(x, (*xs[:-3], hk, group, *xs[-2:]) if mask_heads != 1 else (*xs[:-3], 1, 1, *xs[-2:]))
         bias = None if mi is None else t[mi]
         attends = None  # 1 where a query attends to some key (bool masks: the mask's row max)
         if bias is not None and bool_mask:  # True: attend; False: -inf
@@ -1002,10 +1006,8 @@ def _sdpa(c: Conv) -> Lowered:
             qq = g.reshape(qq, (*lead, hk, group, rows, dh))
             kk = g.reshape(kk, (*kk.shape[:-2], 1, *kk.shape[-2:]))
             vv = g.reshape(vv, (*vv.shape[:-2], 1, *vv.shape[-2:]))
-            bs = bias.shape
-            if len(bs) >= 3:  # [.., heads, L, S] -> [.., KV heads, group, L, S] (shared: [.., 1, 1, L, S])
-                bias = g.reshape(bias, (*bs[:-3], hk, group, *bs[-2:]) if mask_heads != 1 else
-                                 (*bs[:-3], 1, 1, *bs[-2:]))
+            if len(bias.shape) >= 3:
+                bias = by_group(bias)
         s = g.mul_scalar(g.matmul(qq, g.transpose(kk, -1, -2)), scale)
         if bias is not None:
             s = g.add(s, bias)
@@ -1014,9 +1016,7 @@ def _sdpa(c: Conv) -> Lowered:
             if attends is None:
                 attends = g.compare(g.max(s, -1), "ne", float("-inf"))
             elif group > 1 and len(attends.shape) >= 3:  # [.., heads, L, 1] as the scores' [.., hk, group, L, 1]
-                ash = attends.shape
-                attends = g.reshape(attends, (*ash[:-3], hk, group, *ash[-2:]) if mask_heads != 1 else
-                                    (*ash[:-3], 1, 1, *ash[-2:]))
+                attends = by_group(attends)
             o = g.mask_select(attends, o)
         if group > 1:
             o = g.reshape(o, (*lead, hq, rows, o.shape[-1]))
