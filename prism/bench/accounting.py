@@ -5,8 +5,9 @@ Conventions (documented in docs/bench.md):
   intermediate ever reaches DRAM. It is the traffic of a perfectly fused kernel.
 - flops: 2 per multiply-accumulate of a matmul; 1 per output element of each element-wise op
   (transcendentals such as exp or sigmoid count 1); 1 per input element of a reduction; the composites
-  as their expansion: rms_norm 3 per element (square, sum, divide), softmax 5 (max, subtract, exp, sum,
-  divide). Layout ops (permute, reshape, concat, split) are free.
+  as their expansion: rms_norm 3 per element (square, sum, divide), layer_norm 6 (sum, subtract,
+  square, sum, subtract again, multiply), softmax 5 (max, subtract, exp, sum, divide). Layout ops
+  (permute, reshape, concat, split) are free.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from prism.ir import dims as D
 from prism.ir.graph import Graph
 from prism.ir.node import Node
 
-COMPOSITE_FLOPS = {"rms_norm": 3, "softmax": 5}
+COMPOSITE_FLOPS = {"rms_norm": 3, "layer_norm": 6, "softmax": 5}
 REDUCTIONS = frozenset({"sum", "max", "mean"})
 FREE = frozenset({"input", "output", "permute", "reshape", "concat", "split"})
 

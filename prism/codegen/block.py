@@ -34,6 +34,7 @@ from prism.codegen.tiles import ELEMENTWISE, Expr, Operand, View, contiguous_str
 from prism.errors import UnsupportedError
 from prism.ir.block import BlockGraph
 from prism.ir.node import Node
+from prism.ir.ops import OPS
 
 ALIGN = 16  # floats: scratch tiles start on 64-byte boundaries
 # Threads of a block graph's grid loop: one per PAR_WORK units of work (elements the kernel reads and
@@ -59,7 +60,8 @@ def _ints(shape: tuple) -> tuple[int, ...]:
     return tuple(int(d) for d in shape)
 
 
-_DIRECT = frozenset({"sum", "max", "mean", "rms_norm", "softmax"})  # BlockLowering.direct_target
+_ROWWISE = frozenset(n for n, o in OPS.items() if o.group == "composite")   # loops.rowwise: one C loop each
+_DIRECT = frozenset({"sum", "max", "mean", *_ROWWISE})  # BlockLowering.direct_target
 
 
 def consumers(nodes: list[Node]) -> dict[Node, list[Node]]:
@@ -418,10 +420,10 @@ def lower_layout_or_reduce(n: Node, vals: dict[Node, Operand], w: CWriter, nm: N
         post = (lambda s: f"{s} / {c_float(cnt)}") if op == "mean" else None
         LP.reduce(w, nm, t, src, dim, "max" if op == "max" else "sum", post=post, par=par)
         return t
-    if op in ("rms_norm", "softmax"):
+    if op in _ROWWISE:
         src = as_view(vals[n.src[0]])
         t = alloc(shape)
-        LP.rowwise(w, nm, t, src, n.arg[0], op, eps=n.arg[1] if op == "rms_norm" else 0.0, par=par)
+        LP.rowwise(w, nm, t, src, n.arg[0], op, eps=n.arg[1] if len(n.arg) > 1 else 0.0, par=par)
         return t
     if op == "permute":
         return as_view(vals[n.src[0]]).permute(n.arg[0])

@@ -314,7 +314,8 @@ def _join(base: str, var: str, stride: int) -> str:
 
 def rowwise(w: CWriter, nm: Namer, target: View, src: View, axis: int, kind: str, eps: float = 0.0,
             par: str | None = None) -> None:
-    """``rms_norm`` (x / sqrt(mean(x^2) + eps)) or ``softmax`` (exp(x - max) / sum) along ``axis``.
+    """``rms_norm`` (x / sqrt(mean(x^2) + eps)), ``layer_norm`` ((x - mean) / sqrt(mean((x - mean)^2) + eps))
+    or ``softmax`` (exp(x - max) / sum) along ``axis``.
 
     Per row: the statistics in one vectorized pass, then the normalized row (softmax stores the
     exponentials first and scales them in place by the reciprocal of their sum).
@@ -347,6 +348,17 @@ def rowwise(w: CWriter, nm: Namer, target: View, src: View, axis: int, kind: str
             w.line(f"{q} = sqrtf({q} / {c_float(n)} + {c_float(eps)});")
             with loops(w, [j], [n]):
                 w.line(f"{tj} = {xj} / {q};")
+        elif kind == "layer_norm":
+            # three passes over the row (it is in L1 after the first): the mean, the centred variance (not
+            # E[x^2] - mean^2, which cancels catastrophically when |mean| >> std), the normalized row
+            mu, v, r = nm("mu"), nm("v"), nm("r")
+            w.line(f"float {mu} = 0.0f, {v} = 0.0f;")
+            sum_loop(w, nm, mu, j, n, x)
+            w.line(f"{mu} = {mu} / {c_float(n)};")
+            sum_loop(w, nm, v, j, n, lambda jx: f"({x(jx)} - {mu}) * ({x(jx)} - {mu})")
+            w.line(f"const float {r} = 1.0f / sqrtf({v} / {c_float(n)} + {c_float(eps)});")
+            with loops(w, [j], [n]):
+                w.line(f"{tj} = ({xj} - {mu}) * {r};")
         elif kind == "softmax":
             m, s = nm("m"), nm("s")
             w.line(f"float {m} = -INFINITY, {s} = 0.0f;")

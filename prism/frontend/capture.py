@@ -35,7 +35,7 @@ from prism.ir.graph import Graph
 from prism.ir.node import Node, toposort
 from prism.ir.ops import OPS
 
-HEAVY = frozenset(("matmul", "sum", "mean", "max", "softmax", "rms_norm"))
+HEAVY = frozenset(("matmul", "sum", "mean", "max", "softmax", "rms_norm", "layer_norm"))
 
 
 @dataclass

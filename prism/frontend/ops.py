@@ -610,12 +610,6 @@ def log_softmax(g: OpMethods, x: Tensor, d: int) -> Tensor:
     return g.sub(s, g.log(g.sum(g.exp(s), d)))
 
 
-def layer_norm(g: OpMethods, x: Tensor, eps: float) -> Tensor:
-    """(x - mean) / sqrt(var + eps) over the last dim (biased variance, as PyTorch)."""
-    c = g.sub(x, g.mean(x, -1))
-    return g.mul(c, g.rsqrt(g.add_scalar(g.mean(g.square(c), -1), eps)))
-
-
 def l2_norm(g: OpMethods, x: Tensor, d: int) -> Tensor:
     return g.sqrt(g.sum(g.square(x), d))
 
@@ -698,7 +692,7 @@ def _layer_norm(c: Conv) -> Lowered:
     m = c.tensor(b) if b is not None else None
 
     def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
-        y = layer_norm(g, t[i], e)
+        y = g.layer_norm(t[i], e, -1)   # one row-wise operator (prism.ir.ops): one pass per row in C
         y = g.mul(y, t[k]) if k is not None else y
         return g.add(y, t[m]) if m is not None else y
     return Lowered("layer_norm", "compute", c.operands, emit)

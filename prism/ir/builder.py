@@ -153,6 +153,10 @@ class OpMethods:
         return self._apply("rms_norm", (x,), (_norm_dim(dim, self._own(x, "rms_norm").rank, "rms_norm"),
                                               float(eps)))
 
+    def layer_norm(self, x: Tensor, eps: float = 1e-5, dim: int = -1) -> Tensor:
+        return self._apply("layer_norm", (x,), (_norm_dim(dim, self._own(x, "layer_norm").rank, "layer_norm"),
+                                                float(eps)))
+
     def softmax(self, x: Tensor, dim: int = -1) -> Tensor:
         return self._apply("softmax", (x,), (_norm_dim(dim, self._own(x, "softmax").rank, "softmax"),))
 

@@ -352,15 +352,24 @@ def _rms_norm(g: Any, x: Any, dim: int, eps: float) -> Any:
     return g.div(x, g.sqrt(g.add_scalar(g.mean(g.square(x), dim), eps)))
 
 
+def _layer_norm(g: Any, x: Any, dim: int, eps: float) -> Any:
+    c = g.sub(x, g.mean(x, dim))
+    return g.mul(c, g.rsqrt(g.add_scalar(g.mean(g.square(c), dim), eps)))
+
+
 def _softmax(g: Any, x: Any, dim: int) -> Any:
     e = g.exp(g.sub(x, g.max(x, dim)))
     return g.div(e, g.sum(e, dim))
 
 
-# Row-wise composites: IR operators (their kernels need dedicated accumulators: online softmax, the rms
-# statistic) whose meaning is stated once, as a decomposition into other operators; the reference, the
-# verifier's terms and the JAX translation are derived from it (see decompose).
+# Row-wise composites: IR operators (their kernels need dedicated accumulators or row passes: online
+# softmax, the rms statistic, layer_norm's centred variance) whose meaning is stated once, as a
+# decomposition into other operators; the reference, the verifier's terms, the search's abstract value
+# and the JAX translation are derived from it (see decompose).
 register("rms_norm", "composite", 1, ("dim", "eps"), _rowwise, "x / sqrt(mean(x*x, dim) + eps)", decomp=_rms_norm)
+register("layer_norm", "composite", 1, ("dim", "eps"), _rowwise,
+         "(x - mean(x, dim)) * rsqrt(mean((x - mean)^2, dim) + eps) (biased variance; no weight or bias)",
+         decomp=_layer_norm)
 register("softmax", "composite", 1, ("dim",), _rowwise, "exp(x - max) / sum(exp(x - max)) over dim",
          decomp=_softmax)
 register("permute", "layout", 1, ("perm",), _permute, "Reorders dims (transpose is a permute).")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
 from prism.errors import UnsupportedError
-from prism.ir.ops import OPS
+from prism.ir.ops import OPS, decompose
 
 T = TypeVar("T")
 
@@ -30,7 +30,8 @@ CONST = "c"
 ELEMENTWISE = tuple(n for n, o in OPS.items() if o.elementwise)
 BINARY = tuple(n for n, o in OPS.items() if o.group == "binary")
 IDENTITY = ("permute", "reshape", "output", "result", "save", "iter")
-SUPPORTED = frozenset((*ELEMENTWISE, *IDENTITY, "input", "matmul", "sum", "mean", "max", "rms_norm", "softmax"))
+COMPOSITE = tuple(n for n, o in OPS.items() if o.decomp is not None)
+SUPPORTED = frozenset((*ELEMENTWISE, *IDENTITY, *COMPOSITE, "input", "matmul", "sum", "mean", "max"))
 WHY_UNSUPPORTED = {
     "concat": "concatenation places data by position, which the size-free abstract algebra cannot see",
     "split": "a split part depends on positions, which the size-free abstract algebra cannot see",
@@ -71,6 +72,8 @@ def op_expr(alg: Algebra[T], op: str, arg: tuple, srcs: Sequence[T | None]) -> T
     if op == "softmax":
         e = alg.u("exp", a)
         return alg.b("div", e, alg.u("sum", e))
+    if d is not None and d.decomp is not None:  # other composites (layer_norm): their decomposition's value
+        return decompose(op, lambda o, s, r: op_expr(alg, o, r, s), list(srcs[:d.arity or len(srcs)]), arg)
     raise UnsupportedError(f"operator {op!r} is not supported by search: "
                            f"{WHY_UNSUPPORTED.get(op, 'it has no abstract expression')}; "
                            f"supported: {sorted(SUPPORTED - set(IDENTITY[2:]))}")

@@ -3,9 +3,11 @@
 The operator set is *the program's own operators* (with their attributes: ``mul_scalar``'s constant,
 ``permute``'s permutation, ``rms_norm``'s eps and dim, ``reshape``'s target shape), *the operators their
 definitions are made of* (``rms_norm`` -> mul, mean/sum, sqrt, div; ``softmax`` -> max, sub, exp, sum,
-div), *matmul's* building blocks, and every for-loop accumulator of ``prism.ir.block.ACCUMULATORS``
-(``rms`` with the program's eps). Operators whose abstract expression uses a head that does not occur
-in the target's saturated e-graph are dropped up front (they could never pass the sub-expression test).
+div; ``layer_norm`` is searched as itself: it has no for-loop accumulator, and its parts would only add
+the two-kernel forms that its one pass per row beats), *matmul's* building blocks, and every for-loop
+accumulator of ``prism.ir.block.ACCUMULATORS`` (``rms`` with the program's eps). Operators whose
+abstract expression uses a head that does not occur in the target's saturated e-graph are dropped up
+front (they could never pass the sub-expression test).
 Nothing here looks at which workload the program is.
 """
 
@@ -16,10 +18,11 @@ from typing import Any
 
 from prism.errors import PrismError
 from prism.ir.block import ACCUMULATORS
+from prism.ir.ops import OPS
 from prism.search.abstract import BINARY, TreeAlgebra, acc_expr, heads, op_expr
 
 REDUCE = ("sum", "mean", "max")
-ROWWISE = ("rms_norm", "softmax")
+ROWWISE = tuple(n for n, o in OPS.items() if o.group == "composite")  # rms_norm, layer_norm, softmax
 COMMUTATIVE = frozenset(("add", "mul", "maximum"))
 BLOCK_EXCLUDED = frozenset(("reshape", "concat", "split"))  # layout changes a tile cannot express
 FREE_OPS = ("reshape",)  # a contiguous reshape is a view: no kernel launch, no traffic

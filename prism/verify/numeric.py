@@ -55,6 +55,7 @@ from prism.ir import dims as D
 from prism.ir.block import BlockGraph
 from prism.ir.dtypes import DType, float32, of_array, round_to
 from prism.ir.graph import Graph
+from prism.ir.ops import OPS
 
 RTOL = 1e-4
 KINDS = ("normal", "negated", "hostile", "tiny")
@@ -504,7 +505,7 @@ def reduction_length(reference: Graph, env: Mapping[str, int]) -> int:
     for n in reference.nodes:
         if n.op == "matmul":
             k = max(k, D.evaluate(n.src[0].shape[-1], env))
-        elif n.op in ("sum", "max", "mean", "softmax", "rms_norm"):
+        elif n.op in ("sum", "max", "mean") or OPS[n.op].group == "composite":
             k = max(k, D.evaluate(n.src[0].shape[n.arg[0]], env))
     return k
 

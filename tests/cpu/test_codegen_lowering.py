@@ -316,6 +316,35 @@ def test_long_rows_reduce_in_parts_with_nan_inf_and_tails(isa: str, n: int) -> N
         assert np.max(np.abs(o[finite] - r[finite])) <= 2e-6 * scale, k
 
 
+@pytest.mark.parametrize("n", [5, 64, 67, 1027])
+@pytest.mark.parametrize("isa", supported_isas())
+def test_layer_norm_rows_against_float64_with_hostile_rows(isa: str, n: int) -> None:
+    """The row-wise layer_norm loop (mean, centred variance, normalized row) against float64: rows whose
+    mean is 1e4 times their spread (E[x^2] - mean^2 would cancel to noise or a negative variance), constant
+    rows (variance 0: the output is 0, not NaN), NaN and +-inf rows, and short rows and tails of n % 4."""
+    g = prism.Graph()
+    X = g.input("X", (8, n))
+    g.output(g.layer_norm(X, 1e-5), "L")
+    x = np.random.default_rng(n).standard_normal((8, n)).astype(np.float32)
+    x[1] = (1e4 + x[1]).astype(np.float32)          # |mean| >> std
+    x[2] = (-3e5 + 8.0 * x[2]).astype(np.float32)
+    x[3] = 2.5                                       # constant row
+    x[4, n // 2] = np.nan
+    x[5, n - 1] = np.inf
+    x[6] = (x[6] * 1e-20).astype(np.float32)        # tiny: eps dominates
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = g.evaluate({"X": x}, dtype=np.float64)["L"]
+        out = prism.compile(g, isa=isa)(X=x)
+    assert np.isnan(out[4]).all() and np.isnan(out[5]).all() == np.isnan(ref[5]).all()
+    ok = [0, 1, 2, 3, 6, 7]
+    assert np.all(out[3] == 0.0)
+    # float32 sums of n terms: the centred values carry the rounding of the mean (|mean| * 2^-24 relative
+    # to the row's spread: 1e4 / 1 * 6e-8 = 6e-4 on row 1)
+    err = np.abs(out[ok] - ref[ok])
+    bound = np.array([2e-6, 2e-3, 2e-3, 0.0, 2e-6, 2e-6])[:, None] * np.sqrt(max(1, n / 64))
+    assert np.all(err <= bound), (np.max(err, axis=1), bound[:, 0])
+
+
 @pytest.mark.parametrize("isa", supported_isas())
 def test_long_row_max_when_its_nan_check_sum_overflows(isa: str) -> None:
     """max_loop's parts keep a running sum whose NaN sends the row to an exact NaN search: rows whose sums

@@ -50,7 +50,7 @@ def one_op(op: str) -> tuple[Graph, dict[str, np.ndarray]]:
         arrays["w"] = rng.random((6, 3)).astype(np.float32)
         out = g.matmul(x, w)
     elif d.group in ("reduction", "composite"):
-        out = getattr(g, op)(x, dim=-1) if op != "rms_norm" else g.rms_norm(x, 1e-6, -1)
+        out = getattr(g, op)(x, 1e-6, -1) if OPS[op].attrs == ("dim", "eps") else getattr(g, op)(x, dim=-1)
     elif op == "permute":
         out = g.permute(x, (1, 0))
     elif op == "reshape":

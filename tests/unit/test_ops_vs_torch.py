@@ -258,6 +258,24 @@ def test_rms_norm_against_torch_functional(rng, eps: float, dtype: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("eps", [1e-5, 1e-2])
+def test_layer_norm_against_torch_functional(rng, eps: float, dtype: str) -> None:
+    arrays = {"x": rand(rng, 2, 5, 16) * 3.0 + 7.0}   # a mean far from 0: the variance is centred
+    got = run(lambda g, x: g.layer_norm(x, eps=eps), arrays, dtype)
+    close(got, Fn.layer_norm(torch_of(arrays, dtype)[0], (16,), eps=eps), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [0, 1, -2])
+def test_layer_norm_over_other_dims(rng, dim: int, dtype: str) -> None:
+    arrays = {"x": rand(rng, 3, 4, 6)}
+    got = run(lambda g, x: g.layer_norm(x, 1e-5, dim), arrays, dtype)
+    (t,) = torch_of(arrays, dtype)
+    c = t - t.mean(dim, keepdim=True)
+    close(got, c / torch.sqrt((c * c).mean(dim, keepdim=True) + 1e-5), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dim", [0, 1, 2, -1, -2])
 def test_softmax(rng, dim: int, dtype: str) -> None:
     arrays = {"x": rand(rng, 3, 4, 6)}
@@ -326,7 +344,7 @@ def test_split(rng, sizes: tuple, dim: int, dtype: str) -> None:
 # --- registry coverage: adding an operator without a reference or a test fails here -----------------------
 
 # Ops with a dedicated test above (besides the UNARY/BINARY tables).
-DEDICATED = {"matmul", "sum", "max", "mean", "rms_norm", "softmax", "permute", "reshape", "concat", "split"}
+DEDICATED = {"matmul", "sum", "max", "mean", "rms_norm", "layer_norm", "softmax", "permute", "reshape", "concat", "split"}
 
 
 def test_every_compute_op_has_a_numpy_reference() -> None:

@@ -34,7 +34,7 @@ def _op_table(jax: Any, jnp: Any) -> dict[str, Callable[[list, tuple], Any]]:
         "sum": lambda a, arg: jnp.sum(a[0], axis=arg[0], keepdims=True),
         "max": lambda a, arg: jnp.max(a[0], axis=arg[0], keepdims=True),
         "mean": lambda a, arg: jnp.mean(a[0], axis=arg[0], keepdims=True),
-        # softmax as users write it in JAX (the library's own); rms_norm from its decomposition below
+        # softmax as users write it in JAX (the library's own); the other composites from their decomposition
         "softmax": lambda a, arg: jax.nn.softmax(a[0], axis=arg[0]),
         "permute": lambda a, arg: jnp.transpose(a[0], arg[0]),
         "reshape": lambda a, arg: jnp.reshape(a[0], _ints(arg[0])),
@@ -42,7 +42,8 @@ def _op_table(jax: Any, jnp: Any) -> dict[str, Callable[[list, tuple], Any]]:
         "split": lambda a, arg: jax.lax.slice_in_dim(a[0], sum(_ints(arg[1][:arg[2]])),
                                                      sum(_ints(arg[1][:arg[2] + 1])), axis=arg[0]),
     }
-    table["rms_norm"] = lambda a, arg: decompose("rms_norm", lambda op, s, r: table[op](s, r), a, tuple(arg))
+    for name in [k for k, o in OPS.items() if o.decomp is not None and k not in table]:  # rms_norm, layer_norm
+        table[name] = (lambda c: lambda a, arg: decompose(c, lambda op, s, r: table[op](s, r), a, tuple(arg)))(name)
     return table
 
 

@@ -66,6 +66,11 @@ def _lower(b: _Builder, op: str, ins: list[str], arg: tuple) -> str:
         dim, eps = arg
         ms = b.reduce("ReduceMean", b.op("Mul", [ins[0], ins[0]]), dim)
         return b.op("Div", [ins[0], b.op("Sqrt", [b.op("Add", [ms, b.const(np.array(eps, dtype=np.float32))])])])
+    if op == "layer_norm":  # spelled out (ONNX's LayerNormalization needs a scale tensor of the row's size)
+        dim, eps = arg
+        c = b.op("Sub", [ins[0], b.reduce("ReduceMean", ins[0], dim)])
+        var = b.reduce("ReduceMean", b.op("Mul", [c, c]), dim)
+        return b.op("Div", [c, b.op("Sqrt", [b.op("Add", [var, b.const(np.array(eps, dtype=np.float32))])])])
     if op == "softmax":
         return b.op("Softmax", ins, axis=arg[0])
     if op == "permute":
