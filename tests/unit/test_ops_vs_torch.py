@@ -344,7 +344,8 @@ def test_split(rng, sizes: tuple, dim: int, dtype: str) -> None:
 # --- registry coverage: adding an operator without a reference or a test fails here -----------------------
 
 # Ops with a dedicated test above (besides the UNARY/BINARY tables).
-DEDICATED = {"matmul", "sum", "max", "mean", "rms_norm", "layer_norm", "softmax", "permute", "reshape", "concat", "split"}
+DEDICATED = {"matmul", "sum", "max", "mean", "rms_norm", "layer_norm", "softmax", "permute", "reshape", "concat",
+             "split"}
 
 
 def test_every_compute_op_has_a_numpy_reference() -> None:

@@ -112,3 +112,19 @@ def test_a_wrong_analysis_fact_fails_the_self_check() -> None:
                     ({"x": ("a", "b"), "k": -2},))
     with pytest.raises(SelfCheckError, match="rank"):
         check_fact(bad_rank, 0)
+
+
+def test_egglog_text_is_cut_between_commands_only() -> None:
+    """The verifier feeds egglog its rule set in pieces (egraph._execute: memory grows with each parsed
+    program's size times its commands): pieces join back to the text, each ends after a complete command,
+    and parentheses inside strings and comments do not count."""
+    from prism.verify.egraph import _chunks, _rules_text, declarations
+
+    text = declarations() + "\n" + _rules_text(None)
+    pieces = _chunks(text, 1000)
+    assert "".join(pieces) == text and len(pieces) > 10
+    egraph = pytest.importorskip("egglog.bindings").EGraph()
+    for p in pieces:
+        assert p.strip().endswith(")")
+        egraph.parse_program(p)  # each piece is a program of its own (raises on a cut command)
+    assert _chunks('(a "x(" b) ; c ( d\n(e "))")', 1) == ['(a "x(" b)', ' ; c ( d\n(e "))")']
