@@ -431,3 +431,19 @@ def test_import_prism_does_not_import_torch_and_the_backend_name_registers_eithe
     assert _run(f"import {mod} as m; print(callable(m.{fn}))") == "True"
     assert _run(f"import prism, torch, torch._dynamo; {reg}") == "True"        # torch imported after prism
     assert _run(f"import torch, torch._dynamo, prism; {reg}") == "True"        # torch imported before
+
+
+def test_a_units_new_operators_include_an_interned_node_built_by_an_earlier_unit() -> None:
+    """_new_ops walks from a unit's result down to its operands; a node an earlier unit built from the same
+    operands (interned: the same object) is still this unit's work, as the whole-graph rule says."""
+    from prism.frontend.capture import _Builder, _new_ops
+
+    b = _Builder("t")
+    x = b.g.input("x", (4, 8))
+    m1 = b.g.mean(x, -1)
+    assert sorted(n.op for n in _new_ops(b, m1, [x])) == ["mean"]
+    s = b.g.add(b.g.mean(x, -1), x)            # the same mean(x) node again, and an add
+    assert sorted(n.op for n in _new_ops(b, s, [x])) == ["add", "mean"]
+    y = b.g.relu(b.g.mul_scalar(s, 2.0))       # nothing of the earlier units is reached
+    assert sorted(n.op for n in _new_ops(b, y, [s])) == ["mul_scalar", "relu"]
+    assert _new_ops(b, (s, y), [s, y]) == []
