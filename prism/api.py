@@ -36,7 +36,7 @@ from prism.runtime.kernel import compile as compile_graph
 from prism.tune.contention import contended
 from prism.tune.machine import Machine, detect
 from prism.tune.stats import STATS
-from prism.tune.tuner import TOP_K, TUNE_VERSION, Row, Tuned, TuneResult, tune
+from prism.tune.tuner import TOP_K, TUNE_VERSION, Row, Tuned, TuneResult, candidate_key, tune
 from prism.verify.numeric import forget_normal_reference
 
 LOG = logging.getLogger("prism")
@@ -89,6 +89,7 @@ class Options:
 
 SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
 BUDGET_TOP_K = 2      # candidates tuned when the call's time budget is already spent
+RETUNE_ROUNDS = 2     # further tunings of a shape whose measured candidates all failed the final check
 
 
 def _log_slow(what: str, seconds: float, parts: Mapping[str, float], limit: float | None) -> None:
@@ -489,12 +490,27 @@ class SuperKernel:
                 LOG.warning("prism: the time_limit of %g s is spent: tuning %r at %s with %d candidates instead of %d",
                             self.options.time_limit, self.program.name, shape, BUDGET_TOP_K, top_k)
                 top_k = BUDGET_TOP_K
-        with _status(console, self.options.verbose, f"tuning at {shape}") as update:
-            tuned = tune([i.graph for i in self.implementations], self.program, env, self.machine,
-                         top_k=top_k, budget_s=budget, progress=update)
-        t1 = time.perf_counter()
+        tried: set[tuple] = set()
+        rounds = 0
         try:
-            spec = self._pick(env, tuned)
+            while True:
+                with _status(console, self.options.verbose, f"tuning at {shape}") as update:
+                    tuned = tune([i.graph for i in self.implementations], self.program, env, self.machine,
+                                 top_k=top_k, budget_s=budget, progress=update, skip=tried)
+                t1 = time.perf_counter()
+                try:
+                    spec = self._pick(env, tuned)
+                    break
+                except NoVerifiedKernelError as e:
+                    # every measured candidate failed the final check: tune the next ones, if any are left
+                    # (never an unchecked kernel; the error names each failure when none is left)
+                    tried |= {candidate_key(row.sgraph, row.params) for row in tuned.result.rows}
+                    rounds += 1
+                    # at most RETUNE_ROUNDS more: when that many rounds all fail, something systematic is
+                    # wrong (a pool of 40 candidates tuned one at a time took minutes)
+                    if len(tuned.result.rows) >= tuned.result.candidates or rounds > RETUNE_ROUNDS:
+                        raise
+                    LOG.warning("prism: %s", str(e).splitlines()[0] + "; tuning the next candidates")
         finally:
             forget_normal_reference()   # the shared draw and float64 reference of this shape: memory back
         parts = {k: v for k, v in tuned.result.seconds.items() if k != "total"}

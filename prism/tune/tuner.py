@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,7 +33,12 @@ from prism.verify.numeric import max_error, normal_reference
 # the old one may rank differently; tune/4: a tile permuted into a right matmul operand (an input view's
 # iterator) is streamed, not resident: wide weight tiles pass the cache filter
 TUNE_VERSION = "tune/4"
-TOP_K = 6          # candidates compiled and measured per shape (default)
+# candidates compiled and measured per shape (default). 4, not 6: over 169 stored tunings of 147 programs
+# (corpus, models, suite; 2026-11-26) the fastest of the first 4 selected was within 0.6 % of the fastest of
+# 6 (geometric mean; p90 1.9 %, worst 11 %, one [256, 512] row program): the last two rarely win by more
+# than the noise, and compiling and measuring them was a third of a model's tuning time. Where every
+# measured candidate fails the final check, the next ones are tuned (SuperKernel._tune).
+TOP_K = 4
 Progress = Callable[[str], None]
 
 
@@ -175,6 +180,11 @@ def family(g: Graph) -> tuple:
     return tuple(out)
 
 
+def candidate_key(sgraph: int, params: Mapping[str, Any]) -> tuple:
+    """A candidate's identity across tunings of one shape: its sGraph and map/size parameters."""
+    return (sgraph, tuple(sorted(params.items())))
+
+
 def select(instances: Sequence[Instance], k: int) -> list[Instance]:
     """The ``k`` instances to compile and measure, in four passes, each in predicted order while room
     remains: (1) the best instance of every *family* (:func:`family`: e.g. flash attention and its
@@ -231,8 +241,10 @@ class Tuned:
 
 def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Machine, *, top_k: int = TOP_K,
          workers: int | None = None, budget_s: float | None = None, seed: int = 0,
-         progress: Progress | None = None, measure_s: float = 0.4) -> Tuned:
-    """Tune ``sgraphs`` (verified implementations of ``program``) at batch dims ``env`` on machine ``m``."""
+         progress: Progress | None = None, measure_s: float = 0.4,
+         skip: Collection[tuple] = ()) -> Tuned:
+    """Tune ``sgraphs`` (verified implementations of ``program``) at batch dims ``env`` on machine ``m``.
+    ``skip``: candidates (:func:`candidate_key`) already tried; the others are selected."""
     if top_k < 1:
         raise PrismError(f"top_k must be >= 1, got {top_k}")
     t0 = time.perf_counter()
@@ -243,7 +255,7 @@ def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Ma
         raise PrismError(f"tune: give values for the program's dims {missing}")
     expected = expected_shapes(program, env)
     insts: list[Instantiation] = [instantiate(g, env, m, i, expected) for i, g in enumerate(sgraphs)]
-    pool = [x for r in insts for x in r.kept]
+    pool = [x for r in insts for x in r.kept if candidate_key(x.sgraph, x.params) not in skip]
     seconds = {"instantiate": time.perf_counter() - t0}
     per = [{"sgraph": r.sgraph, "kept": len(r.kept), "dropped": len(r.dropped), "relaxed": r.relaxed,
             "invalid": r.invalid, "failure": r.failure, "values": r.values} for r in insts]

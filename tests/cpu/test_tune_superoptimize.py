@@ -288,3 +288,48 @@ def test_derive_adapts_the_winners_sizes_to_a_length_they_do_not_divide() -> Non
     except PrismError:
         fits = False
     assert fits == (s17.params == s16.params)
+
+
+def test_when_every_measured_candidate_fails_the_final_check_the_next_ones_are_tuned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """top_k candidates are measured; if the final numeric check rejects all of them, the tuner measures
+    the next ones (never an unchecked kernel); after api.RETUNE_ROUNDS more failing rounds it raises."""
+    from prism import api
+
+    clear_memory_caches()
+    k = prism.superoptimize(_program(), limits=LIMITS, top_k=1)
+    real = api.SuperKernel._check
+    rejected: list[tuple] = []
+
+    def first_rejected(self, impl, env, params, kernel, tuned=None):  # type: ignore[no-untyped-def]
+        c = real(self, impl, env, params, kernel, tuned)
+        if not rejected:   # the first candidate checked: rejected as a wrong kernel would be
+            rejected.append((impl.index, dict(params)))
+            return _Failed(c)
+        return c
+
+    monkeypatch.setattr(api.SuperKernel, "_check", first_rejected)
+    x = _inputs(24, seed=3)
+    _check(k(**x), x)
+    spec = k.specialize(n=24)
+    assert spec.check.passed and len(rejected) == 1
+    assert (spec.implementation.index, spec.params) != rejected[0]
+
+    checked = []
+    monkeypatch.setattr(api.SuperKernel, "_check", lambda *a, **kw: checked.append(1) or _Failed(None))
+    with pytest.raises(api.NoVerifiedKernelError, match="final numeric check"):
+        k.specialize(n=40)
+    assert len(checked) == 1 + api.RETUNE_ROUNDS  # top_k=1: one candidate per round
+
+
+class _Failed:
+    """A check result that did not pass."""
+
+    passed = False
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.checks: list = []
+
+    def __str__(self) -> str:
+        return "FAIL (rejected by the test)"
