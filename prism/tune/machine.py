@@ -111,10 +111,10 @@ _LOCK = threading.Lock()
 
 
 def _measure(threads: int, cores: int, llc: int) -> dict[str, float]:
-    from prism.tune.native import TRIAD_FLOATS, TRIAD_REPS, Limits
+    from prism.tune.native import TRIAD_REPS, Limits
     lim = Limits.load(threads)
-    one = dataclasses.replace(lim, threads=1)
     bw = lim.triad_bandwidth()
+    one = dataclasses.replace(lim, threads=1)   # the same arrays, first-touched by the threads above
     bw1 = one.triad_bandwidth() if threads > 1 else bw
     # Other processes only ever lower a figure, and on a shared machine a T-thread run loses whole
     # scheduler quanta; the machine can do at least T times its one-thread peak on T distinct cores.
@@ -130,7 +130,7 @@ def _measure(threads: int, cores: int, llc: int) -> dict[str, float]:
             lib.prism_bench_triad(2, t)  # warm the lines into the cache
             best[t] = 3 * 4 * small / lib.prism_bench_triad(TRIAD_REPS * 20, t)
         cache_bw = max(best[threads], best[1] * min(threads, cores))
-        lib.prism_bench_triad_init(TRIAD_FLOATS, threads)
+    lim.release()  # nothing of the measurement stays in memory (the arrays are 192 MiB)
     # more threads cannot lower the machine's bandwidth: a lower figure is contention from other processes
     return {"bandwidth": max(bw, bw1), "bandwidth_1": min(bw, bw1), "peak_flops": peak,
             "cache_bandwidth": max(cache_bw, bw, bw1)}

@@ -77,6 +77,12 @@ int prism_bench_triad_init(long n, int nthreads) {
     return 0;
 }
 
+void prism_bench_triad_free(void) {
+    free(ta); free(tb); free(tc);
+    ta = tb = tc = 0;
+    tn = 0;
+}
+
 /* best-of-reps seconds of a[i] = b[i] + s*c[i] with ordinary (temporal) stores */
 double prism_bench_triad(int reps, int nthreads) {
     double best = 1e30;
@@ -112,7 +118,8 @@ def _load_lib() -> ctypes.CDLL:
     """The probes, compiled and cached like every generated kernel (prism.runtime.cache: checksummed,
     atomic, a private fallback directory when the cache is read-only)."""
     from prism.runtime.cache import load
-    lib, _ = load(_SOURCE, ("prism_bench_peak", "prism_bench_triad", "prism_bench_triad_init"))
+    lib, _ = load(_SOURCE, ("prism_bench_peak", "prism_bench_triad", "prism_bench_triad_init",
+                            "prism_bench_triad_free"))
     return lib
 
 
@@ -124,6 +131,7 @@ class Limits:
     method: str
     _lib: ctypes.CDLL | None = None
     _np_arrays: tuple[np.ndarray, ...] | None = None
+    _ready: bool = False    # the triad arrays are allocated (the C library's are shared: see release)
 
     @classmethod
     def load(cls, threads: int, use_c: bool = True) -> Limits:
@@ -141,11 +149,27 @@ class Limits:
                 lib.prism_bench_triad_init.argtypes = [ctypes.c_long, ctypes.c_int]
                 lib.prism_bench_triad.restype = ctypes.c_double
                 lib.prism_bench_triad.argtypes = [ctypes.c_int, ctypes.c_int]
-                if lib.prism_bench_triad_init(TRIAD_FLOATS, threads) != 0:
-                    raise MemoryError(f"could not allocate the triad arrays (3 x {TRIAD_FLOATS * 4 >> 20} MiB)")
+                lib.prism_bench_triad_free.restype = None
                 return cls(threads, f"C ({cc_version(cc)}, -O3 -march=native -fopenmp, OpenMP)", lib)
-        arrays = tuple(np.full(TRIAD_FLOATS, v, dtype=np.float32) for v in (0.0, 1.0, 2.0, 0.0))
-        return cls(threads, "NumPy fallback (no C compiler): lower bounds", None, arrays)
+        return cls(threads, "NumPy fallback (no C compiler): lower bounds", None)
+
+    def _arrays(self) -> None:
+        """Allocate (and first-touch) the triad arrays if they are not: :meth:`release` frees them."""
+        if self._lib is not None:
+            if self._lib.prism_bench_triad_init(TRIAD_FLOATS, self.threads) != 0:
+                raise MemoryError(f"could not allocate the triad arrays (3 x {TRIAD_FLOATS * 4 >> 20} MiB)")
+        else:
+            self._np_arrays = tuple(np.full(TRIAD_FLOATS, v, dtype=np.float32) for v in (0.0, 1.0, 2.0, 0.0))
+        self._ready = True
+
+    def release(self) -> None:
+        """Free the triad arrays (192 MiB; the C library keeps one set for every Limits of the process): the
+        tuner measures the machine once and then keeps nothing of it (a model's first start-up held them
+        to the end: +192 MiB of its memory added)."""
+        if self._lib is not None:
+            self._lib.prism_bench_triad_free()
+        self._np_arrays = None
+        self._ready = False
 
     def peak_flops(self, seconds: float = 0.5) -> float:
         """Peak FP32 FLOP/s: the best of 3 runs of an FMA loop sized to take about ``seconds``."""
@@ -162,6 +186,8 @@ class Limits:
         """DRAM bandwidth in bytes/s, STREAM convention: 3 arrays x 4 bytes per element (no write-allocate
         traffic counted), best of ``TRIAD_REPS``."""
         nbytes = 3 * 4 * TRIAD_FLOATS
+        if not self._ready:
+            self._arrays()
         if self._lib is not None:
             return nbytes / self._lib.prism_bench_triad(TRIAD_REPS, self.threads)
         assert self._np_arrays is not None

@@ -91,3 +91,27 @@ def test_threads_are_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     assert m.threads == 1
     r = tune([hand], prog, ENV, m, top_k=2, measure_s=0.05).result
     assert r.machine["threads"] == 1 and r.best.status == "ok"
+
+
+def test_machine_measurement_keeps_no_memory() -> None:
+    """The triad's arrays (3 x 64 MiB) are freed after measuring, and allocated again when measured again
+    (a model's first start-up kept them to the end of the process: +192 MiB)."""
+    import ctypes
+    import os
+
+    from prism.tune.native import TRIAD_FLOATS, Limits
+
+    def rss_mib() -> float:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    lim = Limits.load(1)
+    before = rss_mib()
+    assert lim.triad_bandwidth() > 0
+    held = rss_mib() - before
+    assert held >= 0.8 * 3 * 4 * TRIAD_FLOATS / 2**20
+    lim.release()
+    assert rss_mib() - before < 0.1 * held
+    assert lim.triad_bandwidth() > 0   # measured again after a release
+    lim.release()
