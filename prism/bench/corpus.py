@@ -101,6 +101,25 @@ class _RMSNormHand:
         return RMSNorm()
 
 
+class _LayerNormHand:
+    """nanoGPT/minGPT-era layer norm written out: the mean, the biased variance, weight and bias."""
+
+    def __new__(cls) -> Any:
+        torch = _t()
+
+        class LayerNorm(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.weight = torch.nn.Parameter(torch.rand(D, generator=_gen(8)) + 0.5)
+                self.bias = torch.nn.Parameter(torch.rand(D, generator=_gen(9)) - 0.5)
+
+            def forward(self, x: Any) -> Any:
+                u = x.mean(-1, keepdim=True)
+                s = (x - u).pow(2).mean(-1, keepdim=True)
+                return self.weight * ((x - u) / torch.sqrt(s + 1e-5)) + self.bias
+        return LayerNorm()
+
+
 def _layer_norm_module() -> Any:
     torch = _t()
     m = torch.nn.LayerNorm(D)
@@ -157,6 +176,7 @@ def _programs() -> list[Program]:
         P("layer_norm_module", "norm", lambda: (_layer_norm_module(), (_x(ROWS * 4, D),))),
         P("F_layer_norm", "norm", _weights(lambda x, w, b: F.layer_norm(x, (D,), w + 1, b), (ROWS * 4, D), (D,),
                                            (D,))),
+        P("layer_norm_by_hand", "norm", lambda: (_LayerNormHand(), (_x(ROWS * 4, D),))),
         P("rms_norm_by_hand", "norm", lambda: (_RMSNormHand(), (_x(ROWS * 4, D),))),
         P("rms_norm_module", "norm", lambda: (_rmsnorm_module(), (_x(ROWS * 4, D),))),
         P("F_normalize", "norm", _fn(lambda x: F.normalize(x, dim=-1), (ROWS * 4, D))),

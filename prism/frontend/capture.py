@@ -434,6 +434,78 @@ def _fuse_rms(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
     return [u for u in out if u.node not in absorbed]
 
 
+def _fuse_layer_norm(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
+    """A layer norm written out -> one layer_norm unit:
+    ``(x - mean(x, d)) / sqrt(mean((x - mean(x, d))^2, d) + eps)`` (or ``* rsqrt(...)``), the centred value
+    computed once or twice, its square as ``square``/``pow(2)``/``c * c``, every mean over the same dim with
+    keepdim (the biased variance, as ``F.layer_norm``). Only where no intermediate has a use outside the
+    pattern: a layer norm written out is 9 operators with its weight and bias, one more than a block holds
+    (two kernels reading x three times), and one row-wise operator as a unit."""
+    def src(u: Unit | None, k: int = 0) -> Any:
+        if u is None or len(u.lowered.operands) <= k or u.lowered.operands[k].perm is not None:
+            return None
+        return u.lowered.operands[k].node
+
+    def centred(c: Any) -> tuple[Any, Any, int] | None:
+        """(x, the mean node, its dim) when ``c`` is ``x - mean(x, d, keepdim)``."""
+        cu = by_node.get(c)
+        if cu is None or _sig(cu) != ("sub",) or len(cu.lowered.operands) != 2:
+            return None
+        x, m = src(cu, 0), src(cu, 1)
+        mu = by_node.get(m)
+        sig = _sig(mu)
+        if x is None or mu is None or len(sig) != 3 or sig[0] != "mean" or sig[2] is not True or src(mu) is not x:
+            return None
+        return x, m, sig[1]
+
+    out: list[Unit] = []
+    absorbed: set[Any] = set()
+    for u in units:
+        sig = u.lowered.sig
+        if sig[:1] not in (("mul",), ("div",)) or len(u.lowered.operands) != 2 or u.node in absorbed:
+            out.append(u)
+            continue
+        match = None
+        for k in ((0,) if sig == ("div",) else (0, 1)):
+            c, r = src(u, k), src(u, 1 - k)
+            ru = by_node.get(r)
+            if ru is None or _sig(ru) != (("sqrt",) if sig == ("div",) else ("rsqrt",)):
+                continue
+            cx = centred(c)
+            au = by_node.get(src(ru))
+            if cx is None or au is None or _sig(au)[:1] != ("add_scalar",):
+                continue
+            x, _, d = cx
+            vu = by_node.get(src(au))
+            if vu is None or _sig(vu) != ("mean", d, True):
+                continue
+            su = by_node.get(src(vu))
+            if su is None:
+                continue
+            c2 = src(su)
+            if not (_sig(su) == ("square",) or (_sig(su) == ("mul",) and len(su.lowered.operands) == 1)):
+                continue
+            cx2 = centred(c2)
+            if cx2 is None or cx2[0] is not x or cx2[2] != d:
+                continue
+            byid = {p.id: p for p in [*(by_node[n] for n in (c, cx[1], c2, cx2[1])), su, vu, au, ru]}
+            parts = sorted(byid.values(), key=lambda p: p.id)
+            inside = {p.node for p in parts} | {u.node}
+            if any(user not in inside for p in parts for user in p.node.users):
+                continue  # an intermediate is used elsewhere: it stays computed where it is
+            match = (x, d, _sig(au)[1], parts)
+            break
+        if match is None:
+            out.append(u)
+            continue
+        x, d, eps, parts = match
+        low = Lowered("layer_norm", "compute", [Operand(x)],
+                      lambda g, t, e=eps, dd=d: g.layer_norm(t[0], e, dd), ("layer_norm",))
+        out.append(Unit(u.id, u.node, low, [m for p in parts for m in p.members] + u.members))
+        absorbed.update(p.node for p in parts)
+    return [u for u in out if u.node not in absorbed]
+
+
 def _compose(inner: tuple[int, ...] | None, outer: tuple[int, ...] | None) -> tuple[int, ...] | None:
     """``permute(permute(x, inner), outer) == permute(x, result)`` (None: no permutation)."""
     if inner is None:
@@ -640,7 +712,7 @@ def _capture_once(gm: Any, persistent_inputs: set[int] | None, env: SymbolEnv) -
         units.append(Unit(len(units), n, low, [n]))
     units = _masks(units, fallbacks)
     by_node = {u.node: u for u in units}
-    units = _fuse_rms(units, by_node)
+    units = _fuse_rms(_fuse_layer_norm(units, by_node), by_node)
     units = _fold_broadcasts(_fold_transposes(units))
     graph, units, failed, names, identified = _trial(gm, units, env)
     fallbacks += failed

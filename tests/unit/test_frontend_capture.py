@@ -164,6 +164,46 @@ def test_rms_pattern_with_a_shared_intermediate_is_not_fused() -> None:
     assert "rms_norm" not in [u.op for u in cap.units]
 
 
+class _LN(torch.nn.Module):
+    """Layer norms as users write them out (nanoGPT-style, ConvNeXt's channels-first, c * rsqrt)."""
+
+    def __init__(self, variant: str) -> None:
+        super().__init__()
+        self.variant = variant
+        self.weight = torch.nn.Parameter(torch.rand(8) + 0.5)
+        self.bias = torch.nn.Parameter(torch.rand(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.variant == "twice_pow_div":
+            u = x.mean(-1, keepdim=True)
+            s = (x - u).pow(2).mean(-1, keepdim=True)
+            return (x - u) / torch.sqrt(s + 1e-5) * self.weight + self.bias
+        if self.variant == "shared_mul_rsqrt":
+            c = x - torch.mean(x, dim=-1, keepdim=True)
+            return self.weight * (c * torch.rsqrt((c * c).mean(-1, keepdim=True) + 1e-6)) + self.bias
+        # channels first ([N, C, H, W] normalized over C, ConvNeXt's LayerNorm; its affine part indexes the
+        # weight with None, which this test's evaluation of the captured graph cannot feed)
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        return (x - u) / torch.sqrt(s + 1e-6)
+
+
+@pytest.mark.parametrize("variant", ["twice_pow_div", "shared_mul_rsqrt", "channels_first"])
+def test_layer_norm_forms_become_one_operator(variant: str) -> None:
+    x = _r(2, 8, 3, 5) if variant == "channels_first" else _r(2, 3, 8) * 3.0 + 5.0
+    cap = _check(_LN(variant), x)
+    assert [n.op for n in cap.graph.nodes].count("layer_norm") == 1
+    assert not any(n.op in ("mean", "sqrt", "rsqrt") for n in cap.graph.nodes)
+
+
+def test_layer_norm_pattern_with_a_shared_intermediate_is_not_fused() -> None:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        u = x.mean(-1, keepdim=True)
+        return (x - u) / torch.sqrt((x - u).pow(2).mean(-1, keepdim=True) + 1e-5), u  # the mean is an output
+    cap = _check(fn, _r(2, 8))
+    assert "layer_norm" not in [u.op for u in cap.units]
+
+
 @pytest.mark.parametrize("gqa", [False, True])
 @pytest.mark.parametrize("scale", [None, 0.3])
 def test_scaled_dot_product_attention(gqa: bool, scale: float | None) -> None:
