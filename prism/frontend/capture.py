@@ -437,8 +437,9 @@ def _fuse_rms(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
 def _fuse_layer_norm(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
     """A layer norm written out -> one layer_norm unit:
     ``(x - mean(x, d)) / sqrt(mean((x - mean(x, d))^2, d) + eps)`` (or ``* rsqrt(...)``), the centred value
-    computed once or twice, its square as ``square``/``pow(2)``/``c * c``, every mean over the same dim with
-    keepdim (the biased variance, as ``F.layer_norm``). Only where no intermediate has a use outside the
+    computed once or twice, its square as ``square``/``pow(2)``/``c * c``, or the variance as
+    ``x.var(d, keepdim=True, unbiased=False)``; every mean over the same dim with keepdim (the biased
+    variance, as ``F.layer_norm``). Only where no intermediate has a use outside the
     pattern: a layer norm written out is 9 operators with its weight and bias, one more than a block holds
     (two kernels reading x three times), and one row-wise operator as a unit."""
     def src(u: Unit | None, k: int = 0) -> Any:
@@ -477,18 +478,22 @@ def _fuse_layer_norm(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
                 continue
             x, _, d = cx
             vu = by_node.get(src(au))
-            if vu is None or _sig(vu) != ("mean", d, True):
-                continue
-            su = by_node.get(src(vu))
-            if su is None:
-                continue
-            c2 = src(su)
-            if not (_sig(su) == ("square",) or (_sig(su) == ("mul",) and len(su.lowered.operands) == 1)):
-                continue
-            cx2 = centred(c2)
-            if cx2 is None or cx2[0] is not x or cx2[2] != d:
-                continue
-            byid = {p.id: p for p in [*(by_node[n] for n in (c, cx[1], c2, cx2[1])), su, vu, au, ru]}
+            if vu is not None and _sig(vu) == ("var", d, True, 0.0) and src(vu) is x:
+                var_parts = [vu]            # x.var(d, keepdim=True, unbiased=False)
+            else:
+                if vu is None or _sig(vu) != ("mean", d, True):
+                    continue
+                su = by_node.get(src(vu))
+                if su is None:
+                    continue
+                c2 = src(su)
+                if not (_sig(su) == ("square",) or (_sig(su) == ("mul",) and len(su.lowered.operands) == 1)):
+                    continue
+                cx2 = centred(c2)
+                if cx2 is None or cx2[0] is not x or cx2[2] != d:
+                    continue
+                var_parts = [by_node[c2], by_node[cx2[1]], su, vu]
+            byid = {p.id: p for p in [by_node[c], by_node[cx[1]], *var_parts, au, ru]}
             parts = sorted(byid.values(), key=lambda p: p.id)
             inside = {p.node for p in parts} | {u.node}
             if any(user not in inside for p in parts for user in p.node.users):

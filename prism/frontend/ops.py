@@ -134,6 +134,7 @@ SIGS: dict[str, tuple[str, ...]] = {
     "max": ("input", "dim", "keepdim"), "min": ("input", "dim", "keepdim"),
     "values": ("input", "attr"), "indices": ("input", "attr"),
     "logsumexp": ("input", "dim", "keepdim"),
+    "var": ("input", "dim", "unbiased", "keepdim"), "std": ("input", "dim", "unbiased", "keepdim"),
     "log_softmax": ("input", "dim", "_third", "dtype"), "_log_softmax": ("input", "dim", "half_to_float"),
     "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"),
     "norm": ("input", "p", "dim", "keepdim", "dtype"), "vector_norm": ("input", "ord", "dim", "keepdim", "dtype"),
@@ -651,6 +652,45 @@ def _result_attr(c: Conv) -> Lowered:
     op = Operand(x)
     c.operands.append(op)
     return Lowered(c.call.name, "layout", c.operands, lambda g, t: t[0][k])
+
+
+@_conv("var", "std")
+def _var_std(c: Conv) -> Lowered:
+    """``var``/``std`` over one or several dims: the mean of the squared deviations from the mean (centred,
+    not E[x^2] - mean^2), times n / (n - correction); ``unbiased=`` or ``correction=`` (default 1)."""
+    x, name = c.get("input"), c.call.name
+    unbiased, corr = c.get("unbiased", None), c.get("correction", None)
+    if unbiased is not None and not isinstance(unbiased, bool):
+        raise Unsupported(f"{name}: unbiased must be a constant bool")
+    corr = c.number(corr, "correction") if corr is not None else (0.0 if unbiased is False else 1.0)
+    dims, keep = _reduce_dims(c, x, c.get("dim", None)), _keepdim(c)
+    i = c.tensor(x)
+
+    def mean(g: OpMethods, y: Tensor, n: Any) -> Tensor:
+        if len(dims) == 1:
+            return g.mean(y, dims[0])
+        if not isinstance(n, int):
+            raise Unsupported(f"{name}: over several dims of symbolic size")
+        for d in dims:
+            y = g.sum(y, d)
+        return g.mul_scalar(y, 1.0 / n)
+
+    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+        y = t[i]
+        n = D.product([y.shape[d] for d in dims])
+        v = mean(g, g.square(g.sub(y, mean(g, y, n))), n)
+        if corr:
+            if not isinstance(n, int):
+                raise Unsupported(f"{name}: correction={corr:g} over a dim of symbolic size")
+            if n <= corr:
+                raise Unsupported(f"{name}: correction={corr:g} over {n} elements (PyTorch gives NaN or inf)")
+            v = g.mul_scalar(v, n / (n - corr))
+        v = g.sqrt(v) if name == "std" else v
+        if not keep:
+            v = g.reshape(v, tuple(s for k, s in enumerate(y.shape) if k not in dims))
+        return v
+    sig = (name, dims[0] - c.rank(x), keep, corr) if len(dims) == 1 else ()
+    return Lowered(name, "compute", c.operands, emit, sig)
 
 
 @_conv("amin")

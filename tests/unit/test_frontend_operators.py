@@ -21,7 +21,7 @@ from prism.frontend.capture import capture  # noqa: E402
 pytestmark = pytest.mark.unit
 
 
-def _check(fn: Callable[..., Any] | torch.nn.Module, *args: torch.Tensor) -> None:
+def _check(fn: Callable[..., Any] | torch.nn.Module, *args: torch.Tensor) -> Any:
     gm = torch.fx.symbolic_trace(fn)
     cap = capture(gm, list(args), None)
     assert not cap.fallbacks, [(f.op, f.reason) for f in cap.fallbacks]
@@ -42,6 +42,7 @@ def _check(fn: Callable[..., Any] | torch.nn.Module, *args: torch.Tensor) -> Non
     r = ref.detach().numpy()
     assert got.shape == r.shape, (got.shape, r.shape)
     np.testing.assert_allclose(got, r, rtol=1e-5, atol=1e-5 * max(1.0, float(np.max(np.abs(r)))))
+    return cap
 
 
 X = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)) * 3
@@ -84,6 +85,11 @@ FUNCTIONS: dict[str, Callable[[Any], Any]] = {
     "Tensor.log_softmax": lambda x: x.log_softmax(0),
     "torch.log_softmax": lambda x: torch.log_softmax(x, 1),
     "F.layer_norm": lambda x: F.layer_norm(x, (16,)),
+    "Tensor.var": lambda x: (x * 3 + 50).var(-1),
+    "torch.var.biased.keepdim": lambda x: torch.var(x, 0, keepdim=True, unbiased=False),
+    "torch.var.correction": lambda x: torch.var(x, dim=1, correction=0),
+    "Tensor.std": lambda x: x.std(dim=-1, keepdim=True),
+    "torch.std.two_dims": lambda x: torch.std(x, (0, 1)),
     "Tensor.norm": lambda x: x.norm(dim=-1),
     "torch.norm.p1": lambda x: torch.norm(x, p=1, dim=1, keepdim=True),
     "torch.linalg.vector_norm": lambda x: torch.linalg.vector_norm(x, dim=-1),
@@ -116,6 +122,14 @@ LOSSES: dict[str, Callable[..., Any]] = {
     "bce_logits": lambda a, b: F.binary_cross_entropy_with_logits(a * 4, torch.sigmoid(b)),
     "mean_all": lambda a, b: ((a - b) ** 2).mean(),
 }
+
+
+def test_layer_norm_written_with_var_is_one_layer_norm() -> None:
+    """``(x - mean) / sqrt(var(unbiased=False) + eps)`` is a layer norm: one operator (capture's fuser)."""
+    cap = _check(lambda x: (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False)
+                                                                      + 1e-5), X * 4 + 9)
+    assert [n.op for n in cap.graph.nodes].count("layer_norm") == 1
+    assert not any(n.op in ("mean", "sqrt") for n in cap.graph.nodes)
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
