@@ -382,14 +382,17 @@ def _sig(unit: Unit | None) -> tuple:
     return unit.lowered.sig if unit is not None else ()
 
 
+def _src(u: Unit | None, k: int = 0) -> Any:
+    """The FX node of operand ``k`` of ``u`` read as it is (None: no such operand, or it is transposed)."""
+    if u is None or len(u.lowered.operands) <= k or u.lowered.operands[k].perm is not None:
+        return None
+    return u.lowered.operands[k].node
+
+
 def _fuse_rms(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
     """x * rsqrt(mean(square(x), -1, keepdim) + eps) / x / sqrt(...) -> one rms_norm unit."""
     def only_user(n: Any, user: Any) -> bool:
         return list(n.users) == [user]
-
-    def src(u: Unit, k: int = 0) -> Any:
-        return u.lowered.operands[k].node if len(u.lowered.operands) > k and \
-            u.lowered.operands[k].perm is None else None
 
     out: list[Unit] = []
     absorbed: set[Any] = set()
@@ -399,26 +402,26 @@ def _fuse_rms(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
             continue
         match = None
         for k in (0, 1):
-            x, r = src(u, k), src(u, 1 - k)
+            x, r = _src(u, k), _src(u, 1 - k)
             if u.lowered.sig == ("div",) and k != 0:
                 continue
             ru = by_node.get(r)
             want = ("sqrt",) if u.lowered.sig == ("div",) else ("rsqrt",)
             if ru is None or _sig(ru) != want or not only_user(r, u.node):
                 continue
-            a = src(ru)
+            a = _src(ru)
             au = by_node.get(a)
             if au is None or _sig(au)[:1] != ("add_scalar",) or not only_user(a, r):
                 continue
-            m = src(au)
+            m = _src(au)
             mu = by_node.get(m)
             if mu is None or _sig(mu) != ("mean", -1, True) or not only_user(m, a):
                 continue
-            s = src(mu)
+            s = _src(mu)
             su = by_node.get(s)
             if su is None or not only_user(s, m):
                 continue
-            if not ((_sig(su) == ("square",) and src(su) is x) or (_sig(su) == ("mul",) and src(su) is x
+            if not ((_sig(su) == ("square",) and _src(su) is x) or (_sig(su) == ("mul",) and _src(su) is x
                     and len(su.lowered.operands) == 1)):
                 continue
             match = (x, _sig(au)[1], [su, mu, au, ru])
@@ -442,20 +445,15 @@ def _fuse_layer_norm(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
     variance, as ``F.layer_norm``). Only where no intermediate has a use outside the
     pattern: a layer norm written out is 9 operators with its weight and bias, one more than a block holds
     (two kernels reading x three times), and one row-wise operator as a unit."""
-    def src(u: Unit | None, k: int = 0) -> Any:
-        if u is None or len(u.lowered.operands) <= k or u.lowered.operands[k].perm is not None:
-            return None
-        return u.lowered.operands[k].node
-
     def centred(c: Any) -> tuple[Any, Any, int] | None:
         """(x, the mean node, its dim) when ``c`` is ``x - mean(x, d, keepdim)``."""
         cu = by_node.get(c)
         if cu is None or _sig(cu) != ("sub",) or len(cu.lowered.operands) != 2:
             return None
-        x, m = src(cu, 0), src(cu, 1)
+        x, m = _src(cu, 0), _src(cu, 1)
         mu = by_node.get(m)
         sig = _sig(mu)
-        if x is None or mu is None or len(sig) != 3 or sig[0] != "mean" or sig[2] is not True or src(mu) is not x:
+        if x is None or mu is None or len(sig) != 3 or sig[0] != "mean" or sig[2] is not True or _src(mu) is not x:
             return None
         return x, m, sig[1]
 
@@ -468,25 +466,25 @@ def _fuse_layer_norm(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
             continue
         match = None
         for k in ((0,) if sig == ("div",) else (0, 1)):
-            c, r = src(u, k), src(u, 1 - k)
+            c, r = _src(u, k), _src(u, 1 - k)
             ru = by_node.get(r)
             if ru is None or _sig(ru) != (("sqrt",) if sig == ("div",) else ("rsqrt",)):
                 continue
             cx = centred(c)
-            au = by_node.get(src(ru))
+            au = by_node.get(_src(ru))
             if cx is None or au is None or _sig(au)[:1] != ("add_scalar",):
                 continue
             x, _, d = cx
-            vu = by_node.get(src(au))
-            if vu is not None and _sig(vu) == ("var", d, True, 0.0) and src(vu) is x:
+            vu = by_node.get(_src(au))
+            if vu is not None and _sig(vu) == ("var", d, True, 0.0) and _src(vu) is x:
                 var_parts = [vu]            # x.var(d, keepdim=True, unbiased=False)
             else:
                 if vu is None or _sig(vu) != ("mean", d, True):
                     continue
-                su = by_node.get(src(vu))
+                su = by_node.get(_src(vu))
                 if su is None:
                     continue
-                c2 = src(su)
+                c2 = _src(su)
                 if not (_sig(su) == ("square",) or (_sig(su) == ("mul",) and len(su.lowered.operands) == 1)):
                     continue
                 cx2 = centred(c2)

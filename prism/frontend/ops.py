@@ -536,6 +536,20 @@ def _reduce_dims(c: Conv, x: Any, dim: Any) -> list[int]:
     return out
 
 
+def _mean_over(g: OpMethods, y: Tensor, dims: list[int]) -> Tensor:
+    """The mean of ``y`` over ``dims`` (keepdim). Over several dims of static size, the sums' total scaled
+    once: the search finds kernels for chained sums, not for a mean of means (measured: NoVerifiedKernelError
+    for ((a - b) ** 2).mean()); otherwise one mean per dim."""
+    n = D.product([y.shape[d] for d in dims])
+    if len(dims) > 1 and isinstance(n, int):
+        for d in dims:
+            y = g.sum(y, d)
+        return g.mul_scalar(y, 1.0 / n)
+    for d in dims:
+        y = g.mean(y, d)
+    return y
+
+
 def _reduction(prism_op: str) -> Callable[[Conv], Lowered]:
     def fn(c: Conv) -> Lowered:
         x = c.get("input")
@@ -549,13 +563,8 @@ def _reduction(prism_op: str) -> Callable[[Conv], Lowered]:
 
         def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
             y = t[i]
-            n = D.product([y.shape[d] for d in dims])
-            if prism_op == "mean" and len(dims) > 1 and isinstance(n, int):
-                # a mean over several dims is the sums' total scaled once: the search finds kernels for chained
-                # sums, not for a mean of means (measured: NoVerifiedKernelError for ((a - b) ** 2).mean())
-                for d in dims:
-                    y = g.sum(y, d)
-                y = g.mul_scalar(y, 1.0 / n)
+            if prism_op == "mean":
+                y = _mean_over(g, y, dims)
             else:
                 for d in dims:
                     y = getattr(g, prism_op)(y, d)
@@ -666,19 +675,12 @@ def _var_std(c: Conv) -> Lowered:
     dims, keep = _reduce_dims(c, x, c.get("dim", None)), _keepdim(c)
     i = c.tensor(x)
 
-    def mean(g: OpMethods, y: Tensor, n: Any) -> Tensor:
-        if len(dims) == 1:
-            return g.mean(y, dims[0])
-        if not isinstance(n, int):
-            raise Unsupported(f"{name}: over several dims of symbolic size")
-        for d in dims:
-            y = g.sum(y, d)
-        return g.mul_scalar(y, 1.0 / n)
-
     def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
         y = t[i]
         n = D.product([y.shape[d] for d in dims])
-        v = mean(g, g.square(g.sub(y, mean(g, y, n))), n)
+        if len(dims) > 1 and not isinstance(n, int):
+            raise Unsupported(f"{name}: over several dims of symbolic size")
+        v = _mean_over(g, g.square(g.sub(y, _mean_over(g, y, dims))), dims)
         if corr:
             if not isinstance(n, int):
                 raise Unsupported(f"{name}: correction={corr:g} over a dim of symbolic size")

@@ -112,7 +112,6 @@ def _chunks(text: str, limit: int = CHUNK_CHARS) -> list[str]:
     ``;`` comments do not count."""
     out: list[str] = []
     depth, start, in_str, comment = 0, 0, False, False
-    last_end = 0
     for i, ch in enumerate(text):
         if comment:
             comment = ch != "\n"
@@ -126,11 +125,9 @@ def _chunks(text: str, limit: int = CHUNK_CHARS) -> list[str]:
             depth += 1
         elif ch == ")":
             depth -= 1
-            if depth == 0:
-                last_end = i + 1
-                if last_end - start >= limit:
-                    out.append(text[start:last_end])
-                    start = last_end
+            if depth == 0 and i + 1 - start >= limit:
+                out.append(text[start:i + 1])
+                start = i + 1
     if text[start:].strip():
         out.append(text[start:])
     return out
