@@ -90,3 +90,12 @@ def get(name: str | ISA | None) -> ISA:
         return ISAS[name]
     except KeyError:
         raise UnsupportedError(f"unknown SIMD path {name!r}; use one of {sorted(ISAS)}") from None
+
+
+def bf16_dot(isa: ISA) -> bool:
+    """Whether the kernels of ``isa`` may use ``vdpbf16ps`` (AVX512_BF16: 32 bfloat16 products summed in
+    pairs into 16 float32 lanes per instruction) for bfloat16 x bfloat16 contractions. ``PRISM_BF16_DOT=0``
+    turns it off (the tests run both paths on a machine that has it)."""
+    if isa.name != "avx512" or os.environ.get("PRISM_BF16_DOT", "").strip() == "0":
+        return False
+    return "avx512_bf16" in cpu_flags()

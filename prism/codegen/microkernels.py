@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from prism.codegen.isa import ISA
+from prism.codegen.isa import ISA, bf16_dot
 from prism.codegen.tiles import ctype, ld
 
 # Software prefetch of B, PF_ROWS rows ahead, into L2 (prefetcht1). A weight tile is a column strip of a
@@ -369,8 +369,21 @@ def nt_sig(elems: tuple[str, str] = F32) -> str:
 NT_SHAPES = {"avx512": ((4, 4), (2, 8), (1, 16)), "avx2": ((2, 4), (1, 8)), "portable": ((1, 1),)}
 
 
+def nt_dot(isa: ISA, elems: tuple[str, str]) -> bool:
+    """Whether the nt kernels of ``elems`` sum with ``vdpbf16ps``: both operands stored as bfloat16 on a
+    machine with AVX512_BF16. One instruction multiplies 32 bfloat16 pairs exactly and adds them in pairs
+    into 16 float32 lanes (two float32 additions per lane, as two FMAs would): the same sums as widening
+    both operands and using FMAs, in a third of the instructions (no widening loads). Only for bfloat16
+    on both sides: a float32 operand would have to be rounded to bfloat16 (a precision the program did
+    not ask for) or split into two or three bfloat16 parts, which costs more than the widening it saves.
+    The nt form needs no repacking: its lanes are summed whole at the end, so which k pairs a lane
+    holds does not matter."""
+    return elems == ("bf16", "bf16") and bf16_dot(isa)
+
+
 def nt_name(isa: ISA, r: int, j: int, elems: tuple[str, str] = F32, prefetch: bool = True) -> str:
-    return f"pr_nt_{isa.name}_{r}x{j}" + _suffix(elems) + ("" if prefetch or not isa.vector or r * j == 1 else "_npf")
+    return (f"pr_nt_{isa.name}_{r}x{j}" + _suffix(elems) + ("_dp" if nt_dot(isa, elems) else "")
+            + ("" if prefetch or not isa.vector or r * j == 1 else "_npf"))
 
 
 def nt_helpers(isa: ISA) -> tuple[str, str]:
@@ -412,9 +425,14 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     vt = isa.vtype
     hs = "pr_hsum16" if W == 16 else "pr_hsum8"
     ch, gr = W * ACC_CHUNK, W * ACC_ROWS  # elements of K per chunk and per group
+    dot = nt_dot(isa, elems)
+    # S: elements of K per step (vdpbf16ps takes two per lane, so a lane still sums K / W products per chunk)
+    S = 2 * W if dot else W
+    fma = (lambda a, b, c: f"_mm512_dpbf16_ps({c}, {a}, {b})") if dot else v.fma
+    lt = "__m512bh" if dot else vt  # the type of a loaded operand vector
     # steps per prefetch: one prefetch per key per 64-byte line of Bt (a prefetch per step issued the
     # same line up to 8 times over for int8 keys)
-    U = max(1, 64 // (W * ITEMSIZE[eb]))
+    U = max(1, 64 // (S * ITEMSIZE[eb]))
 
     def levels(tot: str, grp: str, chunk: str, add: Callable[[str, str], str]) -> str:
         """The chunk loop's last two levels, stated once for both kernel forms: the chunk sum starts or
@@ -424,26 +442,35 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
 
     def mload_of(elem: str) -> str:
         """A masked load of the K tail (``km``: the float32 mask; typed storage: the count K - K0)."""
+        if dot:
+            return "(__m512bh)_mm512_maskz_loadu_epi16(km, {p})"
         if elem != "f32":
             return v.load("{p}", "K - K0", elem)
         return "_mm512_maskz_loadu_ps(km, {p})" if W == 16 else "_mm256_maskload_ps({p}, km)"
-    if W == 16:
+    if dot:
+        mtail = "(__mmask32)((1u << (K % 32)) - 1)"
+        mtype = "__mmask32"
+    elif W == 16:
         mtail = "(__mmask16)((1u << (K % 16)) - 1)"
         mtype = "__mmask16"
     else:
         mtail = "_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(K % 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))"
         mtype = "__m256i"
+    if dot:
+        full = ("(__m512bh)_mm512_loadu_si512((const void*)({p}))",) * 2
+    else:
+        full = (v.load("{p}", 0, ea), v.load("{p}", 0, eb))
     if R * J == 1:  # a single dot product (tails): one accumulator, its lanes added per chunk
         return f"""PR_INLINE void {name}{sig} {{
   float s = 0.0f, g = 0.0f;
   float t[{W}] __attribute__((aligned(64)));
   for (long k0 = 0; k0 < K; k0 += {ch}) {{
-    const long k1 = pr_minl(K, k0 + {ch}), K0 = k1 - (k1 - k0) % {W};
+    const long k1 = pr_minl(K, k0 + {ch}), K0 = k1 - (k1 - k0) % {S};
     {vt} acc = {v.zero()};
-    for (long k = k0; k < K0; k += {W}) acc = {v.fma(v.load("A + k", 0, ea), v.load("Bt + k", 0, eb), "acc")};
+    for (long k = k0; k < K0; k += {S}) acc = {fma(full[0].format(p="A + k"), full[1].format(p="Bt + k"), "acc")};
     if (K0 < k1) {{
       const {mtype} km = {mtail}; (void)km;
-      acc = {v.fma(mload_of(ea).format(p="A + K0"), mload_of(eb).format(p="Bt + K0"), "acc")};
+      acc = {fma(mload_of(ea).format(p="A + K0"), mload_of(eb).format(p="Bt + K0"), "acc")};
     }}
     {v.store("t", "acc")}
     float cs_ = 0.0f;
@@ -458,7 +485,7 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     L = [f"PR_INLINE void {name}{sig} {{",
          f"  {vt} tot = {v.zero()}, grp = {v.zero()};",
          f"  for (long k0 = 0; k0 < K; k0 += {ch}) {{",
-         f"    const long k1 = pr_minl(K, k0 + {ch}), K0 = k1 - (k1 - k0) % {W};",
+         f"    const long k1 = pr_minl(K, k0 + {ch}), K0 = k1 - (k1 - k0) % {S};",
          f"    {vt} " + ", ".join(f"acc{i} = {v.zero()}" for i in range(W)) + ";",
          "    long k = k0;"]
 
@@ -466,27 +493,26 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
         la, lb = loads
         L.append("     {")
         for r in range(R):
-            L.append(f"      {vt} a{r} = {la.format(p=f'A + {r} * sa0 + {k}')};")
+            L.append(f"      {lt} a{r} = {la.format(p=f'A + {r} * sa0 + {k}')};")
         if J > 1:  # as for B: keep the A vectors in registers
             L.append("      __asm__(\"\" : " + ", ".join(f'\"+v\"(a{r})' for r in range(R)) + ");")
         for j in range(J):
             if prefetch_keys:
                 L.append(f"      __builtin_prefetch(Bt + {PF_KEYS + j} * sb0 + {k}, 0, 2);")
-            L.append(f"      {{ {vt} b = {lb.format(p=f'Bt + {j} * sb0 + {k}')};")
+            L.append(f"      {{ {lt} b = {lb.format(p=f'Bt + {j} * sb0 + {k}')};")
             if R > 1:
                 L.append('        __asm__("" : "+v"(b));')
             for r in range(R):
                 a = r * J + j
-                L.append(f"        acc{a} = {v.fma(f'a{r}', 'b', f'acc{a}')};")
+                L.append(f"        acc{a} = {fma(f'a{r}', 'b', f'acc{a}')};")
             L.append("      }")
         L.append("     }")
-    full = (v.load("{p}", 0, ea), v.load("{p}", 0, eb))
-    L.append(f"    for (; k + {W * U} <= K0; k += {W * U}) {{")
+    L.append(f"    for (; k + {S * U} <= K0; k += {S * U}) {{")
     for u in range(U):
-        step(full, f"k + {u * W}" if u else "k", prefetch and u == 0)
+        step(full, f"k + {u * S}" if u else "k", prefetch and u == 0)
     L.append("    }")
     if U > 1:
-        L.append(f"    for (; k < K0; k += {W}) {{")
+        L.append(f"    for (; k < K0; k += {S}) {{")
         step(full, "k", False)
         L.append("    }")
     L.append("    if (K0 < k1) {")

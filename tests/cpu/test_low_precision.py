@@ -15,7 +15,9 @@ import pytest
 from cg_helpers import supported_isas
 
 import prism
+from prism.codegen.isa import cpu_flags
 from prism.errors import InputError
+from prism.ir import BlockBuilder
 from prism.ir.dtypes import bfloat16, round_to
 from prism.runtime.kernel import compile as compile_graph
 from prism.verify.numeric import (
@@ -185,6 +187,31 @@ def test_generated_code_against_float64(isa: str, case: str) -> None:
         if "s" in inputs:
             inputs["s"] = (np.abs(inputs["s"].astype(np.float32)) / 100).astype(np.float32)
         _check(g, inputs, isa)
+
+
+@pytest.mark.skipif("avx512_bf16" not in cpu_flags(), reason="this machine has no AVX512_BF16 (vdpbf16ps)")
+@pytest.mark.parametrize("dot", ["1", "0"], ids=["vdpbf16ps", "widening"])
+@pytest.mark.parametrize("shape", [(1, 2100, 37), (5, 67, 45), (9, 1100, 40)], ids=["gemv-long-k", "tails", "rows"])
+def test_bfloat16_dot_product_kernels(monkeypatch: pytest.MonkeyPatch, dot: str,
+                                      shape: tuple[int, int, int]) -> None:
+    """x @ W^T with both operands bfloat16: with AVX512_BF16 the nt kernels sum with ``vdpbf16ps`` (pairs of
+    products into float32 lanes), ``PRISM_BF16_DOT=0`` keeps the widening loads; both against float64 on
+    ordinary, hostile and tiny inputs, K across chunk boundaries and with tails of every kind."""
+    monkeypatch.setenv("PRISM_BF16_DOT", dot)
+    M, K, N = shape
+    g = prism.Graph(f"nt-bf16-{M}x{K}x{N}-dot{dot}")
+    X, W = g.input("x", (M, K), "bfloat16"), g.input("w", (N, K), "bfloat16")
+    bb = BlockBuilder(grid=(1,), forloop=1, inputs=[X, W])      # W read as stored: the nt kernels
+    xv, wv = bb.iter(0), bb.iter(1)
+    bb.save(bb.matmul(xv, bb.transpose(wv, 0, 1)), omap=(None,))
+    (y,) = g.customized(bb.build(), [X, W])
+    g.output(g.cast(y, "bfloat16"))
+    src = compile_graph(g, isa="avx512").source
+    assert "pr_nt_avx512" in src
+    assert ("_mm512_dpbf16_ps" in src) == (dot == "1")
+    rng = np.random.default_rng(K)
+    for scale in (1.0, 30.0, 1e-3):
+        _check(g, {"x": _draw(rng, (M, K), "bfloat16", scale), "w": _draw(rng, (N, K), "bfloat16")}, "avx512")
 
 
 @pytest.mark.parametrize("isa", supported_isas())
