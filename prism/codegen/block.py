@@ -97,18 +97,41 @@ class BlockLowering:
         self.saved: set[Node] = set()           # saves whose source wrote the output tile itself
 
     # --- helpers -----------------------------------------------------------------------------
-    def alloc(self, shape: tuple[int, ...]) -> View:
+    def alloc(self, shape: tuple[int, ...], elem: str = "f32") -> View:
         off = self.scratch
-        self.scratch += -(-max(1, math.prod(shape)) // ALIGN) * ALIGN
-        return View.dense(f"(S + {off})", shape)
+        floats = -(-max(1, math.prod(shape)) * mk.ITEMSIZE[elem] // 4)
+        self.scratch += -(-floats // ALIGN) * ALIGN
+        return View.dense(f"(S + {off})" if elem == "f32" else f"(({ctype(elem)}*)(S + {off}))", shape, elem)
 
-    def view(self, val: Operand, phase: str) -> View:
-        """A view of ``val``, materializing a fused expression into scratch if needed."""
+    def view(self, val: Operand, phase: str, elem: str = "f32") -> View:
+        """A view of ``val``, materializing a fused expression into scratch (stored as ``elem``) if needed."""
         if isinstance(val, View):
             return val
-        t = self.alloc(val.shape)
+        t = self.alloc(val.shape, elem)
         LP.assign(self.w[phase], self.nm, t, val)
         return t
+
+    def operand_elem(self, n: Node) -> str:
+        """How a value materialized for several consumers is stored: bfloat16 when every consumer is a
+        matmul that reads it as a bfloat16 operand (``operands``), else float32."""
+        cs = self.cons[n]
+        ok = bool(cs) and n.dtype.name == "bfloat16" and mk.nt_dot(self.sup.isa, ("bf16", "bf16"))
+        return "bf16" if ok and all(c.op == "matmul" and all(s.dtype.name == "bfloat16" for s in c.src)
+                                    for c in cs) else "f32"
+
+    def operands(self, n: Node, phase: str) -> tuple[View, View]:
+        """The two operands of matmul ``n`` as views. Where both are bfloat16 values of the program and the
+        machine sums bfloat16 pairs in one instruction (``mk.nt_dot``), an operand computed here is stored
+        as bfloat16 (rounded once, as the program's dtype says; PyTorch stores it so too): a float32 operand
+        would leave the product on the widening path at half the rate (the 128-token prefill of a bfloat16
+        Llama's MLP: rms_norm(x) * w is the gate and up projections' operand). The numeric check's allowance
+        for a low-precision program counts this rounding (``verify.numeric.ROUNDINGS``)."""
+        vals = [self.vals[s] for s in n.src]
+        bf16 = [s.dtype.name == "bfloat16" and (not isinstance(v, View) or v.elem == "bf16")
+                for s, v in zip(n.src, vals)]
+        elem = "bf16" if all(bf16) and mk.nt_dot(self.sup.isa, ("bf16", "bf16")) else "f32"
+        a, b = (self.view(v, phase, elem) for v in vals)
+        return a, b
 
     def inline(self, n: Node) -> bool:
         if n.op not in ELEMENTWISE:
@@ -165,11 +188,11 @@ class BlockLowering:
                 self.lower_acc(n, smax_src)
             elif n.op in ELEMENTWISE:
                 e = Expr(n.op, n.arg, tuple(self.vals[s] for s in n.src), _ints(n.shape))
-                self.vals[n] = e if self.inline(n) else self.view(e, self.phase[n])
+                self.vals[n] = e if self.inline(n) else self.view(e, self.phase[n], self.operand_elem(n))
             elif n.op == "matmul":
                 if not self.fused_matmul(n):
                     w = self.w[self.phase[n]]
-                    a, b = (self.view(self.vals[s], self.phase[n]) for s in n.src)
+                    a, b = self.operands(n, self.phase[n])
                     c = self.alloc(_ints(n.shape))
                     emit_matmul(w, self.nm, self.sup, c, a, b, scratch=self.scratch_ptr)
                     self.vals[n] = c
@@ -285,7 +308,7 @@ class BlockLowering:
         st = self.alloc(_ints(n.shape))
         if kind == "sum":
             if self.fused_matmul(x):
-                a, b = (self.view(self.vals[s], "loop") for s in x.src)
+                a, b = self.operands(x, "loop")
                 emit_matmul(body, nm, self.sup, st, a, b, beta="(it > 0)", scratch=self.scratch_ptr,
                             outer=("it", self.F))
             else:

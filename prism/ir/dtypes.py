@@ -6,10 +6,13 @@ Storage types: ``float32`` (the working type), ``bfloat16`` and ``float16`` (low
 The mixed-precision rule: a tensor's dtype is how it is *stored* when it is stored (a program's inputs and
 outputs). Every operator computes in float32 (or float64 in the reference's accuracy mode) on the values
 of its operands, and matmuls and reductions accumulate in float32 whatever their operands' dtype; a value
-is rounded to a narrower type only where the program says so: an explicit ``cast``, and a program output
-of that dtype. Intermediates that Prism materializes between its own kernels are float32. This is what
-users expect of low-precision inference (bfloat16 checkpoints, int8 weight-only) and is at least as
-accurate as PyTorch eager, which rounds every operator's result to the tensor's dtype.
+is rounded to a narrower type only where the program says so: an explicit ``cast``, a program output
+of that dtype, and (on machines with AVX512_BF16) a bfloat16 value of the program that a kernel stores as
+a bfloat16 matmul operand for ``vdpbf16ps`` (``codegen/block.py``). Intermediates that Prism materializes
+between its own kernels are float32. This is what users expect of low-precision inference (bfloat16
+checkpoints, int8 weight-only) and is at least as accurate as PyTorch eager, which rounds every operator's
+result to the tensor's dtype (the numeric check's allowance is that rounding error:
+``verify.numeric.rounding_allowance``).
 
 NumPy has no bfloat16: ``ml_dtypes`` (the package JAX uses for it) provides the array type.
 """

@@ -214,6 +214,61 @@ def test_bfloat16_dot_product_kernels(monkeypatch: pytest.MonkeyPatch, dot: str,
         _check(g, {"x": _draw(rng, (M, K), "bfloat16", scale), "w": _draw(rng, (N, K), "bfloat16")}, "avx512")
 
 
+def _llama_mlp(M: int = 48, D: int = 256, F: int = 96) -> tuple[prism.Graph, prism.Graph]:
+    """Llama's bfloat16 MLP gate as the program (``h = bf16(rms_norm(x)) * w``, ``silu(h @ Wg^T) * (h @ Wu^T)``)
+    and as one block: h computed in the block, read by both products."""
+    def ins(g: prism.Graph) -> list:
+        return [g.input("x", (M, D), "bfloat16"), g.input("w", (D,), "bfloat16"),
+                g.input("wg", (F, D), "bfloat16"), g.input("wu", (F, D), "bfloat16")]
+    ref = prism.Graph("llama_mlp_bf16")
+    x, w, wg, wu = ins(ref)
+    h = ref.mul(ref.cast(ref.rms_norm(ref.cast(x, "float32")), "bfloat16"), w)
+    ref.output(ref.mul(ref.silu(ref.matmul(h, ref.permute(wg, (1, 0)))), ref.matmul(h, ref.permute(wu, (1, 0)))))
+    cand = prism.Graph("llama_mlp_bf16_block")
+    X = ins(cand)
+    bb = BlockBuilder(grid=(1,), forloop=1, inputs=X)
+    x, w, wg, wu = (bb.iter(i) for i in range(4))
+    h = bb.mul(bb.cast(bb.rms_norm(x), "bfloat16"), w)
+    bb.save(bb.mul(bb.silu(bb.matmul(h, bb.transpose(wg, 0, 1))), bb.matmul(h, bb.transpose(wu, 0, 1))),
+            omap=(None,))
+    (o,) = cand.customized(bb.build(), X)
+    cand.output(o)
+    return ref, cand
+
+
+def test_rounding_allowance_follows_the_programs_roundings() -> None:
+    """The allowance is at least two roundings of the output's dtype and at least the rounding error of the
+    program run as PyTorch runs it (every bfloat16 value stored): 8 eps for Llama's MLP (cast 1, h 2, each
+    product 3, silu 4, the output 4 + 3 + 1); a plain matmul keeps 2 eps."""
+    ref, _ = _llama_mlp()
+    assert rounding_allowance(ref, "out0") == 8 * 2.0 ** -8
+    g = prism.Graph()
+    g.output(g.matmul(g.input("x", (4, 64), "bfloat16"), g.input("w", (64, 8), "bfloat16")))
+    assert rounding_allowance(g, "out0") == 2 * 2.0 ** -8
+
+
+@pytest.mark.skipif("avx512_bf16" not in cpu_flags(), reason="this machine has no AVX512_BF16 (vdpbf16ps)")
+def test_a_bfloat16_matmul_operand_computed_in_the_kernel_is_stored_as_bfloat16() -> None:
+    """With vdpbf16ps, h (computed in the block, read by two products) is stored as bfloat16 and both
+    products take the bfloat16 pair instruction; the kernel passes the numeric check of the program (its
+    error, ~0.015 at K = 256, is eager PyTorch's), and without the instruction h stays float32."""
+    ref, cand = _llama_mlp()
+    src = compile_graph(cand, isa="avx512").source
+    assert "pr_nt_avx512_4x4_bf16_bf16_dp(" in src and "_f32_bf16" not in src
+    r = numeric_check(cand, ref, runners=[compiled_runner(lambda g, p: compile_graph(g, isa="avx512"))])
+    assert r.passed, str(r)
+
+
+def test_without_the_pair_instruction_a_bfloat16_operand_stays_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRISM_BF16_DOT", "0")
+    ref, cand = _llama_mlp()
+    isa = "avx512" if "avx512" in supported_isas() else supported_isas()[0]
+    src = compile_graph(cand, isa=isa).source
+    assert "_dp(" not in src and "uint16_t*)(S +" not in src
+    r = numeric_check(cand, ref, runners=[compiled_runner(lambda g, p: compile_graph(g, isa=isa))])
+    assert r.passed, str(r)
+
+
 @pytest.mark.parametrize("isa", supported_isas())
 def test_nonfinite_values_propagate_through_low_precision(isa: str) -> None:
     g = prism.Graph()
