@@ -37,6 +37,9 @@ from prism.ir.node import Node
 from prism.ir.ops import OPS
 
 ALIGN = 16  # floats: scratch tiles start on 64-byte boundaries
+# A value read by several consumers is computed again in each when its fused expression costs at most this
+# many flops per element (OpDef.flops; a subtraction 1, exp ~ 12): cheaper than storing it and reading it back.
+RECOMPUTE_FLOPS = 2
 # Threads of a block graph's grid loop: one per PAR_WORK units of work (elements the kernel reads and
 # writes, plus a matmul's multiply-adds / 8), at most one per block. An OpenMP fork/join costs 1-3 µs on
 # this machine, and when another process holds a core a second thread made a 128-element kernel wait
@@ -138,8 +141,21 @@ class BlockLowering:
             return False
         cs = self.cons[n]
         if len(cs) != 1:
+            return self.recompute(n)
+        return self.inline_into(n, cs[0])
+
+    def recompute(self, n: Node) -> bool:
+        """Whether a value of several consumers is computed again in each instead of stored once: where it
+        is cheap (at most RECOMPUTE_FLOPS per element over its fused expression) and every consumer would
+        take it inline. A stored tile costs a write and a read back per consumer; recomputing it reads its
+        leaves again instead (log_softmax's ``x - max``: a 64 KB tile per block written and read twice)."""
+        cs = self.cons[n]
+        flops = OPS[n.op].flops + sum(_flops(self.vals[x]) for x in n.src)
+        if not cs or flops > RECOMPUTE_FLOPS:
             return False
-        c = cs[0]
+        return all(self.phase[c] == self.phase[n] and self.inline_into(n, c) for c in cs)
+
+    def inline_into(self, n: Node, c: Node) -> bool:
         if c.op in ELEMENTWISE or c.op in ("sum", "max", "mean"):
             return self.phase[c] == self.phase[n] and (c.op not in ELEMENTWISE or _ints(c.shape) == _ints(n.shape))
         if c.op == "save":
@@ -472,3 +488,10 @@ def lower_layout_or_reduce(n: Node, vals: dict[Node, Operand], w: CWriter, nm: N
             start += size
         return t
     raise UnsupportedError(f"no C lowering for operator {op!r}")
+
+
+def _flops(v: Operand) -> int:
+    """Flops per element of a fused expression (0 for a stored tile)."""
+    if isinstance(v, View):
+        return 0
+    return OPS[v.op].flops + sum(_flops(x) for x in v.srcs)

@@ -393,3 +393,30 @@ def test_row_max_and_softmax_propagate_nan_and_keep_infinities(isa: str) -> None
                                                                                    o[fin] == -np.inf)
         finite = np.isfinite(r)
         assert np.max(np.abs(o[finite] - r[finite])) <= 1e-6
+
+
+def test_a_cheap_value_of_several_consumers_is_recomputed(rng: np.random.Generator,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """log_softmax's ``x - max`` (1 flop per element) read by the exp-sum and by the output is computed in
+    each instead of stored in a scratch tile and read back; with recomputation off it is stored. Both exact
+    against float64."""
+    from prism.codegen import block
+
+    g = prism.Graph()
+    X = g.input("X", (32, 96))
+    bb = BlockBuilder(grid=(4,), forloop=1, inputs=[X])
+    x = bb.iter(0, imap=(0,))
+    d = bb.sub(x, bb.max(x, 1))
+    bb.save(bb.sub(d, bb.log(bb.sum(bb.exp(d), 1))), omap=(0,))
+    (y,) = g.customized(bb.build(), [X])
+    g.output(y, "Y")
+
+    def scratch() -> int:
+        src = prism.compile(g).source
+        return int(src.split("#define PRISM_SCRATCH_FLOATS ")[1].split("L")[0])
+    recomputed = scratch()
+    check(g, rng)
+    monkeypatch.setattr(block, "RECOMPUTE_FLOPS", 0)
+    stored = scratch()
+    check(g, rng)
+    assert stored >= recomputed + 8 * 96, (stored, recomputed)   # the [8, 96] tile of x - max
