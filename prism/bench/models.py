@@ -32,8 +32,9 @@ within ``LOGITS_RTOL`` (then the report notes where the tokens part). ``--dtype 
 int8 weight-only (``prism.quantize_weights``, the LM head included); every system runs the same int8 weights
 and computes in float32, so the tokens must equal eager's.
 
-llama.cpp is a baseline of this benchmark where ``llama-cpp-python`` and ``gguf`` are installed (not in CI);
-without them the report says so.
+llama.cpp is a baseline of this benchmark where ``PRISM_LLAMA_CPP`` names a built llama.cpp tree (not in
+CI; ``prism/bench/llamacpp.py``): the same weights as GGUF, timed by ``llama-bench`` between the rounds;
+without it the report says so.
 """
 
 from __future__ import annotations
@@ -45,12 +46,15 @@ import gc
 import json
 import mmap
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 SYSTEMS = ("eager", "compile", "prism")
@@ -164,11 +168,14 @@ class SystemResult:
     prism_pieces: int | None = None
     stats: dict[str, int] = field(default_factory=dict)   # Prism: searches, tunings, compiles of start-up
     new_length_s: list[float] = field(default_factory=list)  # first call at a new prompt length less the next
+    tps: list[float] = field(default_factory=list)   # decode tokens/s measured directly (llama-bench)
 
     def ttft(self) -> float | None:
         return statistics.median(self.ttft_ms) if self.ttft_ms else None
 
     def decode_tps(self, new_tokens: int) -> float | None:
+        if self.tps:
+            return statistics.median(self.tps)
         if not self.total_ms or not self.two_ms:
             return None
         per = [(t - f) / (new_tokens - 2) for t, f in zip(self.total_ms, self.two_ms)]
@@ -283,6 +290,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
             f"+{r.memory_mib:.0f} MiB, {r.status}")
         calls[sysname] = model
     res.bandwidth.append(read_bandwidth())
+    lcpp = _llama_cpp_setup(spec, dtype, res, log)
     with torch.inference_mode():
         for k in range(rounds):
             order = list(calls)
@@ -299,6 +307,8 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 res.systems[sysname].ttft_ms.append((t1 - t0) * 1e3)
                 res.systems[sysname].two_ms.append((t2 - t1) * 1e3)
                 res.systems[sysname].total_ms.append((t3 - t2) * 1e3)
+            if lcpp is not None:
+                _llama_cpp_round(lcpp, prompt, new_tokens, res, log)
             log(f"{name}: round {k + 1}/{rounds}")
     res.bandwidth.append(read_bandwidth())
     with torch.inference_mode():  # new prompt lengths: what a new length adds to the time to first token
@@ -313,12 +323,55 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 res.systems[sysname].new_length_s.append((t1 - t0) - (t2 - t1))
             log(f"{name}: prompt length {prompt + extra}: " + ", ".join(
                 f"{s} +{r.new_length_s[-1]:.2f} s" for s, r in res.systems.items() if r.new_length_s))
-    try:
-        import llama_cpp  # noqa: F401
-        res.notes.append("llama.cpp is installed, but its GGUF export is not wired into this benchmark yet")
-    except ImportError:
-        res.notes.append("llama.cpp: not installed (llama-cpp-python and gguf; not part of CI)")
+    if lcpp is not None:
+        shutil.rmtree(lcpp[2], ignore_errors=True)
     return res
+
+
+def _llama_cpp_setup(spec: ModelSpec, dtype: str, res: ModelResult, log: Callable[[str], None]
+                     ) -> tuple[Any, Path, str] | None:
+    """(tree, GGUF, its work dir) of the llama.cpp baseline (prism/bench/llamacpp.py), or None with the
+    reason in the notes. The GGUF holds the same seeded weights, written from the float32 model."""
+    from prism.bench import llamacpp
+    tree, why = llamacpp.find()
+    if tree is None:
+        res.notes.append(why)
+        return None
+    work = Path(tempfile.mkdtemp(prefix="prism-llamacpp-"))
+    try:
+        log(f"{res.name}: llama.cpp: writing the model as GGUF ({llamacpp.OUTTYPE[dtype]}) ...")
+        gguf = llamacpp.export_gguf(tree, build(spec, dtype="float32"), dtype, work)
+    except Exception as e:  # the baseline failing must not stop the others
+        res.systems["llama.cpp"] = SystemResult(status=f"failed: {type(e).__name__}: {str(e)[:200]}")
+        shutil.rmtree(work, ignore_errors=True)
+        return None
+    shutil.rmtree(work / "hf", ignore_errors=True)
+    res.systems["llama.cpp"] = SystemResult()
+    res.notes.append(f"llama.cpp: {tree.root} ({llamacpp.OUTTYPE[dtype]} GGUF of the same weights), llama-bench in "
+                     "its own process between the rounds; prefill = its prompt test, decode = its generation "
+                     "after a KV cache of the prompt's length")
+    return tree, gguf, str(work)
+
+
+def _llama_cpp_round(lcpp: tuple[Any, Path, str], prompt: int, new_tokens: int, res: ModelResult,
+                     log: Callable[[str], None]) -> None:
+    from prism.bench import llamacpp
+    r = res.systems["llama.cpp"]
+    try:
+        got = llamacpp.run(lcpp[0], lcpp[1], prompt, new_tokens, torch_threads())
+    except Exception as e:
+        r.status = f"failed: {type(e).__name__}: {str(e)[:200]}"
+        return
+    if "pp" in got:
+        r.ttft_ms.append(prompt / got["pp"] * 1e3)
+    if "tg" in got:
+        r.tps.append(got["tg"])
+    log(f"{res.name}: llama.cpp: prompt {got.get('pp', 0):.1f} tok/s, decode {got.get('tg', 0):.2f} tok/s")
+
+
+def torch_threads() -> int:
+    import torch
+    return torch.get_num_threads()
 
 
 def _f(x: float | None, spec: str = "{:.1f}") -> str:

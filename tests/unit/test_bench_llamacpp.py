@@ -1,0 +1,43 @@
+"""The llama.cpp baseline of the model benchmark: its set-up says why it is absent, its output is read by
+test (prompt vs generation), and a system measured by llama-bench reports its tokens/s as measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prism.bench import llamacpp
+from prism.bench.models import SystemResult
+
+
+def _test(n_prompt: int, n_gen: int, ts: float) -> dict:
+    return {"n_prompt": n_prompt, "n_gen": n_gen, "n_depth": 128 if n_gen else 0, "avg_ts": ts,
+            "model_type": "llama ?B BF16", "n_threads": 2}
+
+
+def test_llama_bench_output_is_read_by_test() -> None:
+    out = json.dumps([_test(128, 0, 441.55), _test(0, 32, 34.64)])
+    assert llamacpp.parse(out) == {"pp": 441.55, "tg": 34.64}
+    assert llamacpp.parse(json.dumps([_test(16, 4, 99.0)])) == {}   # a combined test is neither
+
+
+def test_absent_or_incomplete_tree_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("PRISM_LLAMA_CPP", raising=False)
+    tree, why = llamacpp.find()
+    assert tree is None and "PRISM_LLAMA_CPP" in why
+    monkeypatch.setenv("PRISM_LLAMA_CPP", str(tmp_path))
+    tree, why = llamacpp.find()
+    assert tree is None and "llama-bench" in why and "convert_hf_to_gguf.py" in why
+
+
+def test_precisions_map_to_gguf_types() -> None:
+    assert llamacpp.OUTTYPE == {"float32": "f32", "bfloat16": "bf16", "int8w": "q8_0"}
+
+
+def test_a_directly_measured_decode_rate_is_reported_as_measured() -> None:
+    r = SystemResult(tps=[30.0, 34.0, 32.0])
+    assert r.decode_tps(32) == 32.0
+    timed = SystemResult(two_ms=[100.0], total_ms=[400.0])
+    assert timed.decode_tps(32) == pytest.approx(1e3 / (300.0 / 30))
