@@ -82,6 +82,9 @@ MODELS: dict[str, ModelSpec] = {
 }
 DEFAULT = ("llama-1b",)
 NEW_LENGTHS = (13, 29)   # prompt + these: the first new length (Dynamo's dynamic graph), then another
+# tokens decoded past the KV lengths the rounds saw (each a new length: a system that specializes kernels to
+# shapes pays for every one; the rounds repeat their lengths and do not show it)
+FRESH_TOKENS = 8
 QUICK = ("llama-small",)
 
 
@@ -169,6 +172,7 @@ class SystemResult:
     stats: dict[str, int] = field(default_factory=dict)   # Prism: searches, tunings, compiles of start-up
     new_length_s: list[float] = field(default_factory=list)  # first call at a new prompt length less the next
     tps: list[float] = field(default_factory=list)   # decode tokens/s measured directly (llama-bench)
+    fresh_tps: float | None = None   # decode tokens/s at KV lengths not seen before (FRESH_TOKENS past them)
 
     def ttft(self) -> float | None:
         return statistics.median(self.ttft_ms) if self.ttft_ms else None
@@ -226,7 +230,7 @@ def _first_difference(a: Any, b: Any) -> int:
 
 def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: int,
               log: Callable[[str], None], new_lengths: tuple[int, ...] = NEW_LENGTHS,
-              dtype: str = "float32") -> ModelResult:
+              dtype: str = "float32", fresh_tokens: int = FRESH_TOKENS) -> ModelResult:
     import torch
 
     from prism.frontend import clear_reports, reports
@@ -323,6 +327,19 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 res.systems[sysname].new_length_s.append((t1 - t0) - (t2 - t1))
             log(f"{name}: prompt length {prompt + extra}: " + ", ".join(
                 f"{s} +{r.new_length_s[-1]:.2f} s" for s, r in res.systems.items() if r.new_length_s))
+    if fresh_tokens > 0:  # decode past every KV length seen: what a longer generate() pays per token
+        with torch.inference_mode():
+            for sysname, model in calls.items():
+                t0 = time.perf_counter()
+                model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+                t1 = time.perf_counter()
+                n = new_tokens + fresh_tokens
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+                t2 = time.perf_counter()
+                extra = (t2 - t1) - (t1 - t0)
+                res.systems[sysname].fresh_tps = fresh_tokens / extra if extra > 0 else None
+            log(f"{name}: decode at new KV lengths: " + ", ".join(
+                f"{s} {_f(r.fresh_tps, '{:.2f}')} tok/s" for s, r in res.systems.items() if s in calls))
     if lcpp is not None:
         shutil.rmtree(lcpp[2], ignore_errors=True)
     return res
@@ -389,8 +406,8 @@ def markdown(results: list[ModelResult], meta: dict[str, Any]) -> str:
                   f"{m.decode_bytes / 1e9:.2f} GB read per decode step; read bandwidth {_f(bw)} GB/s; prompt "
                   f"{m.prompt} tokens, {m.new_tokens} new)", "",
                   "| system | start-up s | warm-up s | new lengths s | memory added MiB | prefill ms | prefill tok/s | "
-                  "decode tok/s | decode vs eager | roofline | status |",
-                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+                  "decode tok/s | decode vs eager | roofline | decode tok/s, new KV lengths | status |",
+                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         eager_tps = m.systems["eager"].decode_tps(m.new_tokens) if "eager" in m.systems else None
         for s, r in m.systems.items():
             tps, ttft = r.decode_tps(m.new_tokens), r.ttft()
@@ -399,7 +416,7 @@ def markdown(results: list[ModelResult], meta: dict[str, Any]) -> str:
                          f"{_f(ttft)} | "
                          f"{_f(m.prompt / ttft * 1e3 if ttft else None)} | {_f(tps, '{:.2f}')} | "
                          f"{_f(tps / eager_tps if tps and eager_tps else None, '{:.2f}x')} | "
-                         f"{_f(m.roofline(s), '{:.2f}')} | {r.status} |")
+                         f"{_f(m.roofline(s), '{:.2f}')} | {_f(r.fresh_tps, '{:.2f}')} | {r.status} |")
         p = m.systems.get("prism")
         if p is not None and p.share is not None:
             st = ", ".join(f"{k} {v}" for k, v in p.stats.items())
@@ -470,7 +487,11 @@ def main(args: Any, threads: int) -> int:
               f"{list(DTYPES)} models)", file=sys.stderr)
         return 2
     meta["dtype"] = dtype
-    results = [run_model(n, MODELS[n], prompt, new, rounds, log, lengths, dtype) for n in names]
+    fresh = FRESH_TOKENS if getattr(args, "fresh_tokens", None) is None else args.fresh_tokens
+    if fresh < 0:
+        print("prism bench --models: --fresh-tokens must be >= 0", file=sys.stderr)
+        return 2
+    results = [run_model(n, MODELS[n], prompt, new, rounds, log, lengths, dtype, fresh) for n in names]
     meta["load_after"] = os.getloadavg()[0]
     print(markdown(results, meta))
     if args.json:

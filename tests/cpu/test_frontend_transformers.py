@@ -93,6 +93,8 @@ def test_models_bench_on_the_tiny_llama(tmp_path: Any, capsys: pytest.CaptureFix
     assert set(m["systems"]) == {"eager", "compile", "prism"}
     for s in m["systems"].values():
         assert s["status"] == "ok" and len(s["ttft_ms"]) == len(s["two_ms"]) == len(s["total_ms"]) == 1
+        assert s["fresh_tps"] is not None and s["fresh_tps"] > 0   # decode past the KV lengths seen
+    assert "new KV lengths" in text
     p = m["systems"]["prism"]
     assert 0.5 < p["share"] <= 1.0 and p["prism_pieces"] > 0
     assert any("embedding" in k for k in p["kept"])
