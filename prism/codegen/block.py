@@ -128,7 +128,7 @@ class BlockLowering:
         as bfloat16 (rounded once, as the program's dtype says; PyTorch stores it so too): a float32 operand
         would leave the product on the widening path at half the rate (the 128-token prefill of a bfloat16
         Llama's MLP: rms_norm(x) * w is the gate and up projections' operand). The numeric check's allowance
-        for a low-precision program counts this rounding (``verify.numeric.ROUNDINGS``)."""
+        for a low-precision program counts this rounding (``verify.numeric.rounding_allowance``)."""
         vals = [self.vals[s] for s in n.src]
         bf16 = [s.dtype.name == "bfloat16" and (not isinstance(v, View) or v.elem == "bf16")
                 for s, v in zip(n.src, vals)]
