@@ -64,8 +64,6 @@ def export_gguf(tree: LlamaCpp, model: Any, dtype: str, workdir: Path) -> Path:
     import sentencepiece as spm
     hf = workdir / "hf"
     out = workdir / f"model-{OUTTYPE[dtype]}.gguf"
-    if out.exists():
-        return out
     hf.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(hf, safe_serialization=True)
     text = workdir / "tokenizer.txt"

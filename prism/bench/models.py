@@ -294,7 +294,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
             f"+{r.memory_mib:.0f} MiB, {r.status}")
         calls[sysname] = model
     res.bandwidth.append(read_bandwidth())
-    lcpp = _llama_cpp_setup(spec, dtype, res, log)
+    lcpp = _llama_cpp_setup(spec, dtype, base if dtype == "float32" else None, res, log)
     with torch.inference_mode():
         for k in range(rounds):
             order = list(calls)
@@ -345,10 +345,11 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
     return res
 
 
-def _llama_cpp_setup(spec: ModelSpec, dtype: str, res: ModelResult, log: Callable[[str], None]
-                     ) -> tuple[Any, Path, str] | None:
+def _llama_cpp_setup(spec: ModelSpec, dtype: str, float32_model: Any, res: ModelResult,
+                     log: Callable[[str], None]) -> tuple[Any, Path, Path] | None:
     """(tree, GGUF, its work dir) of the llama.cpp baseline (prism/bench/llamacpp.py), or None with the
-    reason in the notes. The GGUF holds the same seeded weights, written from the float32 model."""
+    reason in the notes. The GGUF holds the same seeded weights, written from the float32 model (the run's
+    own for a float32 run, else built again from the seed)."""
     from prism.bench import llamacpp
     tree, why = llamacpp.find()
     if tree is None:
@@ -357,7 +358,8 @@ def _llama_cpp_setup(spec: ModelSpec, dtype: str, res: ModelResult, log: Callabl
     work = Path(tempfile.mkdtemp(prefix="prism-llamacpp-"))
     try:
         log(f"{res.name}: llama.cpp: writing the model as GGUF ({llamacpp.OUTTYPE[dtype]}) ...")
-        gguf = llamacpp.export_gguf(tree, build(spec, dtype="float32"), dtype, work)
+        model = float32_model if float32_model is not None else build(spec, dtype="float32")
+        gguf = llamacpp.export_gguf(tree, model, dtype, work)
     except Exception as e:  # the baseline failing must not stop the others
         res.systems["llama.cpp"] = SystemResult(status=f"failed: {type(e).__name__}: {str(e)[:200]}")
         shutil.rmtree(work, ignore_errors=True)
@@ -367,15 +369,17 @@ def _llama_cpp_setup(spec: ModelSpec, dtype: str, res: ModelResult, log: Callabl
     res.notes.append(f"llama.cpp: {tree.root} ({llamacpp.OUTTYPE[dtype]} GGUF of the same weights), llama-bench in "
                      "its own process between the rounds; prefill = its prompt test, decode = its generation "
                      "after a KV cache of the prompt's length")
-    return tree, gguf, str(work)
+    return tree, gguf, work
 
 
-def _llama_cpp_round(lcpp: tuple[Any, Path, str], prompt: int, new_tokens: int, res: ModelResult,
+def _llama_cpp_round(lcpp: tuple[Any, Path, Path], prompt: int, new_tokens: int, res: ModelResult,
                      log: Callable[[str], None]) -> None:
+    import torch
+
     from prism.bench import llamacpp
     r = res.systems["llama.cpp"]
     try:
-        got = llamacpp.run(lcpp[0], lcpp[1], prompt, new_tokens, torch_threads())
+        got = llamacpp.run(lcpp[0], lcpp[1], prompt, new_tokens, torch.get_num_threads())
     except Exception as e:
         r.status = f"failed: {type(e).__name__}: {str(e)[:200]}"
         return
@@ -385,10 +389,6 @@ def _llama_cpp_round(lcpp: tuple[Any, Path, str], prompt: int, new_tokens: int, 
         r.tps.append(got["tg"])
     log(f"{res.name}: llama.cpp: prompt {got.get('pp', 0):.1f} tok/s, decode {got.get('tg', 0):.2f} tok/s")
 
-
-def torch_threads() -> int:
-    import torch
-    return torch.get_num_threads()
 
 
 def _f(x: float | None, spec: str = "{:.1f}") -> str:
