@@ -228,6 +228,18 @@ def _first_difference(a: Any, b: Any) -> int:
     return int(diff[0]) if len(diff) else -1
 
 
+def _step_clock() -> tuple[Any, list[float]]:
+    """A logits-processor list that records when each decode step's logits are ready, and that record."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+    stamps: list[float] = []
+
+    class Clock(LogitsProcessor):
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            stamps.append(time.perf_counter())
+            return scores
+    return LogitsProcessorList([Clock()]), stamps
+
+
 def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: int,
               log: Callable[[str], None], new_lengths: tuple[int, ...] = NEW_LENGTHS,
               dtype: str = "float32", fresh_tokens: int = FRESH_TOKENS) -> ModelResult:
@@ -329,15 +341,13 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 f"{s} +{r.new_length_s[-1]:.2f} s" for s, r in res.systems.items() if r.new_length_s))
     if fresh_tokens > 0:  # decode past every KV length seen: what a longer generate() pays per token
         with torch.inference_mode():
+            n = new_tokens + fresh_tokens
             for sysname, model in calls.items():
-                t0 = time.perf_counter()
-                model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
-                t1 = time.perf_counter()
-                n = new_tokens + fresh_tokens
-                model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-                t2 = time.perf_counter()
-                extra = (t2 - t1) - (t1 - t0)
-                res.systems[sysname].fresh_tps = fresh_tokens / extra if extra > 0 else None
+                clock, t = _step_clock()  # steps timed inside one generate(): a difference of two calls
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n,  # times came out <= 0 under load
+                               logits_processor=clock, **kw)
+                if len(t) == n:  # token i >= new_tokens is decoded at a KV length never seen before
+                    res.systems[sysname].fresh_tps = fresh_tokens / (t[n - 1] - t[new_tokens - 1])
             log(f"{name}: decode at new KV lengths: " + ", ".join(
                 f"{s} {_f(r.fresh_tps, '{:.2f}')} tok/s" for s, r in res.systems.items() if s in calls))
     if lcpp is not None:
