@@ -72,7 +72,7 @@ class Specialization:
 
     @property
     def source(self) -> str:
-        return self.kernel.source
+        return self.kernel.source_at(self.env)
 
 
 @dataclass
@@ -87,6 +87,7 @@ class Options:
     derive: bool = False                # a new shape near a tuned one takes its winner (SuperKernel._derive)
 
 
+TEMPLATE_CHECKS = 3   # served shapes of a template checked numerically before its other shapes reuse the checks
 SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
 BUDGET_TOP_K = 2      # candidates tuned when the call's time budget is already spent
 RETUNE_ROUNDS = 2     # further tunings of a shape whose measured candidates all failed the final check
@@ -313,6 +314,8 @@ class SuperKernel:
         self._lock = threading.Lock()
         self._machine: Machine | None = None
         self._disk_anchors: list[tuple[dict[str, int], TuneResult]] | None = None
+        self._kernels: dict[tuple, Kernel] = {}   # (sGraph, params) -> kernel of every shape (_kernel)
+        self._keys: tuple[str, list[str]] | None = None   # the program's and the sGraphs' keys (_cache_path)
 
     @property
     def stop_reason(self) -> str:
@@ -360,11 +363,12 @@ class SuperKernel:
 
     def _cache_path(self, env: Mapping[str, int]) -> tuple[Any, dict[str, Any]]:
         m = self.machine
+        if self._keys is None:   # serializing the program and its sGraphs: 0.4 ms each, at every new shape
+            self._keys = (self.program.key, [i.graph.key for i in self.implementations])
         shapes = {k: [int(D.evaluate(d, env)) for d in n.shape] for k, n in self.program.inputs.items()}
-        material = {"v": TUNE_VERSION, "program": self.program.key, "sgraphs": [i.graph.key for i in
-                                                                                 self.implementations],
+        material = {"v": TUNE_VERSION, "program": self._keys[0], "sgraphs": self._keys[1],
                     "shapes": shapes, "machine": m.fingerprint, "threads": m.threads, "isa": m.isa}
-        path = store.root() / "results" / self.program.key / (store.digest(material)[:32] + ".json")
+        path = store.root() / "results" / self._keys[0] / (store.digest(material)[:32] + ".json")
         return path, material
 
     def _build(self, env: dict[str, int]) -> Specialization:
@@ -410,10 +414,10 @@ class SuperKernel:
                 best = (dist, aenv, res)
         if best is None:
             return None
-        spec = self._from_cached(env, best[2])
+        spec = self._from_cached(env, best[2], template=True)
         if spec is None:  # e.g. its grid sizes do not divide the new dims (157 is prime; 141 = 3 * 47)
             params = self._nearest_params(env, best[2].best)
-            spec = (self._from_cached(env, best[2], params)
+            spec = (self._from_cached(env, best[2], params, template=True)
                     if params is not None and params != best[2].best.params else None)
         if spec is None:
             return None
@@ -578,23 +582,49 @@ class SuperKernel:
         raise NoVerifiedKernelError("no tuned candidate passed the final numeric check at "
                                     f"{env}:\n  " + "\n  ".join(failures or ["no candidate was measured"]))
 
-    def _from_cached(self, env: dict[str, int], cached: TuneResult,
-                     params: Mapping[str, Any] | None = None) -> Specialization | None:
+    def _from_cached(self, env: dict[str, int], cached: TuneResult, params: Mapping[str, Any] | None = None,
+                     template: bool = False) -> Specialization | None:
         """``cached``'s winner (with ``params`` instead of its own where given) compiled at ``env`` and
-        numerically checked there; None when it does not compile or fails the check."""
+        numerically checked there; None when it does not compile or fails the check. ``template``: compiled
+        through the kernel shared by every shape of the winner (:meth:`_kernel`: a template of the guard
+        region where the code allows) -- for shapes that were not measured; a tuned shape gets its own."""
         row: Row = cached.best
         if not 0 <= row.sgraph < len(self.implementations):
             return None
         impl = self.implementations[row.sgraph]
         params = dict(row.params if params is None else params)
+        t = None
         try:
-            kernel = compile_graph(impl.graph.instantiate({**env, **params}))
+            if template:
+                kernel = self._kernel(impl, params)
+                t = kernel.specialize(**env).template
+            else:
+                kernel = compile_graph(impl.graph.instantiate({**env, **params}))
         except PrismError:
             return None
+        if t is not None and len(t.checks) >= TEMPLATE_CHECKS:
+            # the code that runs here is the template's, validated as plain generation's text at this shape
+            # (its guards hold) and checked at TEMPLATE_CHECKS shapes of its region: no check of its own
+            from prism.verify.numeric import NumericResult
+            STATS.template_served += 1
+            check = NumericResult(True, tuple(c for r in t.checks for c in r.checks),
+                                  tuple(i for r in t.checks for i in r.instantiations), 0.0)
+            return Specialization(env, impl, params, kernel, cached, check, True)
         check = self._check(impl, env, params, kernel)
         if not check.passed:
             return None
+        if t is not None:
+            t.checks.append(check)
         return Specialization(env, impl, params, kernel, cached, check, True)
+
+    def _kernel(self, impl: Implementation, params: Mapping[str, Any]) -> Kernel:
+        """The kernel of ``impl`` with ``params`` for every shape (one per pair, kept): a new shape is compiled
+        through it, from a template of its guard region where the code allows (runtime/kernel.py)."""
+        key = (impl.index, tuple(sorted((k, repr(v)) for k, v in params.items())))
+        k = self._kernels.get(key)
+        if k is None:
+            k = self._kernels[key] = compile_graph(impl.graph, dict(params), templates=True)
+        return k
 
     # --- reporting -------------------------------------------------------------------------------
     def explain(self, **dims: int) -> str:

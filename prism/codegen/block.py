@@ -35,6 +35,7 @@ from prism.errors import UnsupportedError
 from prism.ir.block import BlockGraph
 from prism.ir.node import Node
 from prism.ir.ops import OPS
+from prism.ir.traced import as_int
 
 ALIGN = 16  # floats: scratch tiles start on 64-byte boundaries
 # A value read by several consumers is computed again in each when its fused expression costs at most this
@@ -60,7 +61,7 @@ class BlockFunction:
 
 
 def _ints(shape: tuple) -> tuple[int, ...]:
-    return tuple(int(d) for d in shape)
+    return tuple(as_int(d) for d in shape)
 
 
 _ROWWISE = frozenset(n for n, o in OPS.items() if o.group == "composite")   # loops.rowwise: one C loop each
@@ -338,7 +339,7 @@ class BlockLowering:
                 src = Expr("square", (), (src,), _ints(x.shape))
             LP.reduce(body, nm, st, src, len(st.shape) - 1, "max" if kind == "max" else "sum", mode="acc")
             if kind == "rms":
-                count = int(x.shape[-1]) * self.F
+                count = as_int(x.shape[-1]) * self.F
                 (eps,) = params
                 r = nm("r")
                 post.line(f"for (long {r} = 0; {r} < {st.numel}; {r}++) "
@@ -399,7 +400,7 @@ class BlockLowering:
         work += sum(math.prod(_ints(s)) for s in self.bg.output_shapes)
         for n in self.bg.nodes:
             if n.op == "matmul":
-                work += nblk * self.F * math.prod(_ints(n.shape)) * int(n.src[0].shape[-1]) // 8
+                work += nblk * self.F * math.prod(_ints(n.shape)) * as_int(n.src[0].shape[-1]) // 8
         par = max(1, min(nblk, work // PAR_WORK))
         w = CWriter()
         params = ([f"const {ctype(e)}* restrict {p}" for p, e in zip(in_ptrs, self.in_elems)]
@@ -455,7 +456,7 @@ def lower_layout_or_reduce(n: Node, vals: dict[Node, Operand], w: CWriter, nm: N
         (dim,) = n.arg
         src = vals[n.src[0]]
         t = alloc(shape)
-        cnt = int(n.src[0].shape[dim])
+        cnt = as_int(n.src[0].shape[dim])
         post = (lambda s: f"{s} / {c_float(cnt)}") if op == "mean" else None
         LP.reduce(w, nm, t, src, dim, "max" if op == "max" else "sum", post=post, par=par)
         return t
@@ -476,14 +477,14 @@ def lower_layout_or_reduce(n: Node, vals: dict[Node, Operand], w: CWriter, nm: N
         return v
     if op == "split":
         dim, sizes, index = n.arg
-        start = sum(int(s) for s in sizes[:index])
-        return as_view(vals[n.src[0]]).slice(dim, start, int(sizes[index]))
+        start = sum(as_int(s) for s in sizes[:index])
+        return as_view(vals[n.src[0]]).slice(dim, start, as_int(sizes[index]))
     if op == "concat":
         (dim,) = n.arg
         t = alloc(shape)
         start = 0
         for s in n.src:
-            size = int(s.shape[dim])
+            size = as_int(s.shape[dim])
             LP.assign(w, nm, t.slice(dim, start, size), vals[s], par=par)
             start += size
         return t

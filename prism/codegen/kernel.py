@@ -26,6 +26,7 @@ from prism.codegen.tiles import ELEMENTWISE, Expr, Operand, View, ctype, elem_of
 from prism.errors import UnsupportedError
 from prism.ir.graph import Graph
 from prism.ir.node import Node
+from prism.ir.traced import as_int
 
 CODEGEN_VERSION = "1"  # bump when generated code changes meaning (part of the cache key via the source)
 
@@ -46,7 +47,7 @@ class Generated:
 
 def _ints(shape: tuple) -> tuple[int, ...]:
     try:
-        return tuple(int(d) for d in shape)
+        return tuple(as_int(d) for d in shape)
     except TypeError:
         raise UnsupportedError(f"cannot generate code for symbolic shape {shape}; bind the symbols first") from None
 
@@ -212,8 +213,8 @@ class _KernelLowering:
     def assemble(self) -> Generated:
         w = CWriter()
         w.line(f"/* prism kernel ({self.isa.name}); codegen v{CODEGEN_VERSION} */")
-        w.line(f"#define PRISM_WS_FLOATS {self.ws}L")
-        w.line(f"#define PRISM_SCRATCH_FLOATS {self.scratch}L")
+        w.line(f"#define PRISM_WS_FLOATS ((long){self.ws})")
+        w.line(f"#define PRISM_SCRATCH_FLOATS ((long){self.scratch})")
         w.line("")
         sup = self.sup.text()
         if sup:

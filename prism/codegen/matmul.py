@@ -25,6 +25,7 @@ from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.isa import ISA
 from prism.codegen.loops import PAR_MIN, assign, make_nest, offset
 from prism.codegen.tiles import View, ctype, ld
+from prism.ir.traced import concrete
 
 # nt calls over the whole K up to this many rows of C (see emit_matmul)
 NT_WHOLE_K_ROWS = 8
@@ -48,10 +49,12 @@ class Support:
     def nn(self, mr: int, nv: int, tail: int, blocked: bool = False, elems: tuple[str, str] = mk.F32) -> str:
         """The nn micro-kernel; ``blocked`` for calls whose K may exceed ``mk.ACC_CHUNK``; ``elems``: the
         storage of A and B."""
+        mr, nv, tail = concrete(mr), concrete(nv), concrete(tail)   # they shape the micro-kernel's text
         return self.need(mk.nn_name(self.isa, mr, nv, tail, blocked, elems),
                          mk.nn_kernel(self.isa, mr, nv, tail, blocked, elems))
 
     def nt(self, r: int, j: int, elems: tuple[str, str] = mk.F32, prefetch: bool = True) -> str:
+        r, j = concrete(r), concrete(j)   # they shape the micro-kernel's text
         if self.isa.vector and r * j > 1:
             self.need(*mk.nt_helpers(self.isa))
         return self.need(mk.nt_name(self.isa, r, j, elems, prefetch), mk.nt_kernel(self.isa, r, j, elems, prefetch))

@@ -30,6 +30,7 @@ from fractions import Fraction
 from typing import Union
 
 from prism.errors import DimError, InconclusiveDimError
+from prism.ir.traced import Traced
 
 # Atom encodings (tuples sort without mixing types at the same position):
 #   ("v", name)                  a size symbol
@@ -250,6 +251,8 @@ def _k(x: DimLike) -> object:
 
 
 def _memo(op: str, a: DimLike, b: DimLike, fn: Callable[[], DimLike]) -> DimLike:
+    if a.__class__ is Traced or b.__class__ is Traced:  # keyed by value, a traced int would find a plain result
+        return fn()
     key = (op, _k(a), _k(b))
     r = _MEMO.get(key)
     if r is None:

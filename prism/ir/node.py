@@ -8,12 +8,28 @@ are shared automatically. ``arg`` holds the operator's attributes as a hashable 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prism.ir.dims import DimLike, format_shape
 from prism.ir.dtypes import DType
 
 _INTERN: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# Part of every interning key: None, or the trace whose Traced sizes (prism/ir/traced.py) are being built. A
+# traced node must never be found as an untraced one of the same value (that would drop the trace) nor the
+# other way round, so nodes built inside a trace scope are interned apart.
+_SCOPE: list[object] = [None]
+
+
+@contextmanager
+def interning_scope(scope: object) -> Iterator[None]:
+    """Nodes built inside are interned apart from every other scope's (see ``_SCOPE``)."""
+    prev, _SCOPE[0] = _SCOPE[0], scope
+    try:
+        yield
+    finally:
+        _SCOPE[0] = prev
 
 
 class Node:
@@ -26,7 +42,7 @@ class Node:
 
     def __new__(cls, op: str, src: tuple[Node, ...], arg: Any, shape: tuple[DimLike, ...],
                 dtype: DType | None) -> Node:
-        key = (op, src, arg, shape, dtype)
+        key = (op, src, arg, shape, dtype, _SCOPE[0])
         n = _INTERN.get(key)
         if n is None:
             n = object.__new__(cls)

@@ -74,6 +74,8 @@ typedef struct {
     PyObject* out_dtypes; /* tuple: per output, its dtype */
     PyObject* threads;    /* prism.runtime.kernel.num_threads: the unusual PRISM_NUM_THREADS values */
     long ws_floats, scratch_floats;
+    Py_ssize_t nwords;    /* a template's runtime dims, passed after the io pointers (codegen/template.py) */
+    void* words[8];
     float* ws;            /* owned, 64-byte aligned */
     long ws_cap;          /* floats allocated */
     PyThread_type_lock lock;
@@ -95,11 +97,21 @@ static void Launcher_dealloc(Launcher* self) {
 
 static int Launcher_init(Launcher* self, PyObject* args, PyObject* kw) {
     unsigned long long entry;
-    PyObject *empty, *default_dtype, *out_args, *out_kw, *out_dtypes, *threads;
-    if (!PyArg_ParseTuple(args, "KiOOO!O!O!Oll", &entry, &self->max_threads, &empty, &default_dtype,
+    PyObject *empty, *default_dtype, *out_args, *out_kw, *out_dtypes, *threads, *words = NULL;
+    if (!PyArg_ParseTuple(args, "KiOOO!O!O!Oll|O!", &entry, &self->max_threads, &empty, &default_dtype,
                           &PyTuple_Type, &out_args, &PyTuple_Type, &out_kw, &PyTuple_Type, &out_dtypes, &threads,
-                          &self->ws_floats, &self->scratch_floats))
+                          &self->ws_floats, &self->scratch_floats, &PyTuple_Type, &words))
         return -1;
+    self->nwords = words == NULL ? 0 : PyTuple_GET_SIZE(words);
+    if (self->nwords > 8) {
+        PyErr_SetString(PyExc_ValueError, "Launcher: at most 8 runtime dims");
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < self->nwords; j++) {
+        long v = PyLong_AsLong(PyTuple_GET_ITEM(words, j));
+        if (v == -1 && PyErr_Occurred()) return -1;
+        self->words[j] = (void*)(intptr_t)v;
+    }
     if (PyTuple_GET_SIZE(out_args) != PyTuple_GET_SIZE(out_kw)
             || PyTuple_GET_SIZE(out_args) != PyTuple_GET_SIZE(out_dtypes)) {
         PyErr_SetString(PyExc_ValueError, "Launcher: out_args, out_kw and out_dtypes differ in length");
@@ -164,9 +176,11 @@ static PyObject* sole_arg(PyObject* args, PyObject* kw, PyTypeObject* type, cons
 
 /* allocate the outputs, run the kernel on ins[0..nin) and them; a new list of the outputs */
 static PyObject* launcher_run(Launcher* self, PyObject* const* ins, Py_ssize_t nin) {
-    void* stack[16];
-    void** ptrs = nin + self->nout <= 16 ? stack : PyMem_Malloc(sizeof(void*) * (size_t)(nin + self->nout));
+    void* stack[24];
+    const Py_ssize_t nptr = nin + self->nout + self->nwords;
+    void** ptrs = nptr <= 24 ? stack : PyMem_Malloc(sizeof(void*) * (size_t)nptr);
     if (ptrs == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t j = 0; j < self->nwords; j++) ptrs[nin + self->nout + j] = self->words[j];
     PyObject* outs = PyList_New(self->nout);
     if (outs == NULL) goto fail;
     for (Py_ssize_t i = 0; i < nin; i++) {

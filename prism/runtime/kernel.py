@@ -24,7 +24,7 @@ import numpy as np
 
 from prism.codegen import isa as ISA_
 from prism.codegen.kernel import Generated, generate
-from prism.errors import InputError, UnsupportedError
+from prism.errors import InputError, PrismError, UnsupportedError
 from prism.ir.dtypes import DType, float32
 from prism.ir.graph import Graph
 from prism.runtime import cache, fastcall
@@ -32,6 +32,7 @@ from prism.runtime import cache, fastcall
 Params = Union[Mapping[str, object], Callable[[dict[str, int]], Mapping[str, object]], None]
 ALIGN_BYTES = 64
 ENTRY_POINTS = ("prism_entry", "prism_max_threads")  # what every generated library exports (codegen/kernel.py)
+TEMPLATE_TRIES = 3   # templates that failed (not traceable, not valid, not compilable) before a kernel stops trying
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
@@ -125,8 +126,11 @@ def _check_array(name: str, x: object, role: str, dt: DType = float32) -> _Arg:
 class Variant:
     """One concrete instantiation: generated source, loaded library, reusable workspace."""
 
-    def __init__(self, gen: Generated, lib: ctypes.CDLL, path: Path, env: dict[str, int]) -> None:
+    def __init__(self, gen: Generated, lib: ctypes.CDLL, path: Path, env: dict[str, int],
+                 words: tuple[int, ...] = ()) -> None:
         self.gen, self.lib, self.path, self.env = gen, lib, path, env
+        self.words = words  # a template's runtime dims, passed after the io pointers (codegen/template.py)
+        self.template: Any = None  # the codegen.template.Template this variant runs, if any
         self.fn = lib.prism_entry
         self.fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_int]
         self.fn.restype = ctypes.c_int
@@ -135,7 +139,7 @@ class Variant:
         self._ws_ptr = 0
         self.lock = threading.Lock()
         self.nio = len(gen.input_names) + len(gen.output_names)
-        self.ptr_type = ctypes.c_void_p * self.nio
+        self.ptr_type = ctypes.c_void_p * (self.nio + len(words))
 
     @property
     def source(self) -> str:
@@ -154,7 +158,7 @@ class Variant:
 
     def run(self, ptrs: list[int]) -> None:
         nth = num_threads(self.max_threads)
-        arr = self.ptr_type(*ptrs)
+        arr = self.ptr_type(*ptrs, *self.words)
         with self.lock:
             rc = self.fn(arr, self.workspace(nth), nth)
         if rc != 0:  # pragma: no cover - generated entries return 0
@@ -173,14 +177,15 @@ class Variant:
         if fast is not None:  # the same path in one C call (runtime/fastcall.py)
             return fast(ctypes.cast(self.fn, ctypes.c_void_p).value, self.max_threads, empty, default_dtype,
                         tuple((tuple(s),) for s in out_shapes), tuple({"dtype": d} for d in dtypes), tuple(dtypes),
-                        num_threads, self.gen.ws_floats, self.gen.scratch_floats)
+                        num_threads, self.gen.ws_floats, self.gen.scratch_floats, self.words)
         outs_spec = tuple(zip(out_shapes, dtypes))
         ptr_type, fn, lock, max_threads, workspace = self.ptr_type, self.fn, self.lock, self.max_threads, self.workspace
+        words = self.words
 
         def launch(ins: list[Any]) -> list[Any]:
             dd = default_dtype()  # empty() without a dtype argument is ~1 µs cheaper: use it where it agrees
             outs = [empty(s) if d is dd else empty(s, dtype=d) for s, d in outs_spec]
-            arr = ptr_type(*[a.data_ptr() for a in ins], *[o.data_ptr() for o in outs])
+            arr = ptr_type(*[a.data_ptr() for a in ins], *[o.data_ptr() for o in outs], *words)
             nth = num_threads(max_threads)
             with lock:
                 rc = fn(arr, workspace(nth), nth)
@@ -197,7 +202,7 @@ class Kernel:
     input is a torch tensor). ``out`` (an array for a single output, or a dict) reuses caller buffers.
     """
 
-    def __init__(self, graph: Graph, params: Params = None, isa: str | None = None) -> None:
+    def __init__(self, graph: Graph, params: Params = None, isa: str | None = None, templates: bool = False) -> None:
         if not isinstance(graph, Graph):
             raise UnsupportedError(f"prism.compile expects a prism.Graph, got {type(graph).__name__}")
         graph.check()
@@ -213,6 +218,11 @@ class Kernel:
         self._by_shapes: dict[tuple, Variant] = {}
         self._launchers: dict[tuple, Callable[[list[Any]], list[Any]]] = {}  # torch_launcher: shapes -> launch
         self._dims = graph.symbols()
+        # templates: one compiled source per guard region of the dims instead of one per value
+        # (codegen/template.py); each entry (template, params, its C text, library, path)
+        self.templates = templates and bool(self._dims) and os.environ.get("PRISM_TEMPLATES", "1") != "0"
+        self._templates: list[tuple[Any, dict[str, object], str, ctypes.CDLL, Path]] = []
+        self.template_failures: list[str] = []
         if not callable(params):
             self._check_params(dict(params or {}))
         if not self._dims:
@@ -245,6 +255,11 @@ class Kernel:
         params = self.params(dict(dims)) if callable(self.params) else dict(self.params or {})
         if callable(self.params):
             self._check_params(dict(params))
+        if self.templates:
+            v = self._from_template(dict(dims), params)
+            if v is not None:
+                self._variants[key] = v
+                return v
         g = self.graph.instantiate({**dims, **params})
         for n in g.nodes:   # the matmul micro-kernels are planned for non-empty panels
             if n.op == "matmul" and 0 in (*n.shape, *n.src[0].shape[-1:]):
@@ -256,6 +271,46 @@ class Kernel:
         v = Variant(gen, lib, path, dict(dims))
         self._variants[key] = v
         return v
+
+    def _from_template(self, dims: dict[str, int], params: dict[str, object]) -> Variant | None:
+        """The variant at ``dims`` from a compiled template whose guards hold there (tracing, validating and
+        compiling one when none does); None when the graph's code cannot be a template here (then it is
+        generated for these values). Gives up after TEMPLATE_TRIES failures."""
+        from prism.codegen.template import TemplateError, trace
+        for t, tparams, src, lib, path in self._templates:
+            if tparams == params and t.holds(dims):
+                return self._template_variant(t, dims, src, lib, path)
+        if len(self.template_failures) >= TEMPLATE_TRIES or 0 in dims.values():
+            return None
+        try:
+            t = trace(self.graph, params, dims, self.isa)
+        except TemplateError as e:
+            self.template_failures.append(f"{dims}: {e}")
+            return None
+        except PrismError:  # not valid at these dims at all: the plain path raises the error
+            return None
+        except Exception as e:  # a template is an optimization: a failure generates per value
+            self.template_failures.append(f"{dims}: {type(e).__name__}: {e}")
+            return None
+        try:
+            t.validate(self.graph, params, self.isa)
+            src = t.source()
+            lib, path = cache.load(src, ENTRY_POINTS)
+        except Exception as e:
+            self.template_failures.append(f"{dims}: {type(e).__name__}: {e}")
+            return None
+        self._templates.append((t, dict(params), src, lib, path))
+        return self._template_variant(t, dims, src, lib, path)
+
+    @staticmethod
+    def _template_variant(t: Any, dims: dict[str, int], src: str, lib: ctypes.CDLL, path: Path) -> Variant:
+        v = Variant(t.bind(dims, src), lib, path, dims, t.words(dims))
+        v.template = t
+        return v
+
+    def source_at(self, env: Mapping[str, int]) -> str:
+        """The C that runs at ``env`` (the values of the symbolic dims; {} for a fixed-shape graph)."""
+        return self.specialize(**env).source if self._dims else self.source
 
     @property
     def source(self) -> str:
@@ -372,11 +427,12 @@ class Kernel:
                 f" variants={len(self._variants)} isa={self.isa.name}>")
 
 
-def compile(graph: Graph, params: Params = None, isa: str | None = None) -> Kernel:
+def compile(graph: Graph, params: Params = None, isa: str | None = None, templates: bool = False) -> Kernel:
     """Compile a kernel graph to native code (see :class:`Kernel`).
 
     ``params``: values of the block-graph symbols (grid sizes, for-loop ranges, maps), as a dict or a
     function of the bound batch dims. ``isa``: force a SIMD path (default: the machine's best, or
-    ``PRISM_ISA``).
+    ``PRISM_ISA``). ``templates``: a new value of a symbolic dim is served by a source compiled once for
+    its guard region (codegen/template.py) where the code allows; ``PRISM_TEMPLATES=0`` turns it off.
     """
-    return Kernel(graph, params, isa)
+    return Kernel(graph, params, isa, templates)

@@ -412,8 +412,7 @@ def test_a_cheap_value_of_several_consumers_is_recomputed(rng: np.random.Generat
     g.output(y, "Y")
 
     def scratch() -> int:
-        src = prism.compile(g).source
-        return int(src.split("#define PRISM_SCRATCH_FLOATS ")[1].split("L")[0])
+        return prism.compile(g).specialize().gen.scratch_floats
     recomputed = scratch()
     check(g, rng)
     monkeypatch.setattr(block, "RECOMPUTE_FLOPS", 0)

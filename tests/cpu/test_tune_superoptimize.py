@@ -334,3 +334,37 @@ class _Failed:
 
     def __str__(self) -> str:
         return "FAIL (rejected by the test)"
+
+
+def test_derived_shapes_share_a_template_instead_of_a_compile_each() -> None:
+    """Shapes derived from one tuned winner (the same sGraph and sizes) are served by templates of their guard
+    regions (codegen/template.py): a few compiles for 29 new lengths, each kernel checked at its shape. (A
+    dim that a grid splits is not templated where the blocks' rows choose the micro-kernels: their text
+    pins the value; here n is the softmax's and the contraction's length.)"""
+    clear_memory_caches()
+    reset_stats()
+    from prism import api
+    assert api.TEMPLATE_CHECKS == 3
+    g = prism.Graph("softmax_matmul_templates")
+    X, V = g.input("X", (8, "n"), "float32"), g.input("V", ("n", 64), "float32")
+    g.output(g.matmul(g.softmax(g.mul_scalar(X, 0.125), -1), V), "Y")
+    k = prism.superoptimize(g, limits=LIMITS, derive=True)
+    rng = np.random.default_rng(1)
+    k(X=rng.standard_normal((8, 40), dtype=np.float32), V=rng.standard_normal((40, 64), dtype=np.float32))
+    compiles = STATS.compiles
+    for n in range(41, 70):
+        x = {"X": rng.standard_normal((8, n), dtype=np.float32), "V": rng.standard_normal((n, 64), dtype=np.float32)}
+        x["X"][3, n // 2] = 300.0   # hostile: one score dominates its row
+        ref = g.evaluate({a: v.astype(np.float64) for a, v in x.items()}, dtype=np.float64)["Y"]
+        y = k(**x)
+        assert np.max(np.abs(y - ref) / (np.abs(ref) + np.sqrt(np.mean(ref ** 2)))) <= 2e-4, n
+        s = k.specialize(n=n)
+        assert s.derived_from == {"n": 40} and s.check.passed and "pr_dim_n" in s.source, n
+    (kern,) = k._kernels.values()
+    assert not kern.template_failures and 1 <= len(kern._templates) <= 4
+    assert STATS.compiles == compiles   # the tuner compiled nothing more: no new length was tuned
+    # each template's first api.TEMPLATE_CHECKS shapes were checked on their own; later ones reuse them
+    checked = {tuple(sorted(e.items())) for t, *_ in kern._templates for r in t.checks for e in r.instantiations}
+    assert STATS.template_served == 29 - len(checked) and len(checked) <= 3 * len(kern._templates)
+    assert STATS.template_served >= 29 - 3 * len(kern._templates) and all(len(t.checks) <= 3 for t, *_ in
+                                                                        kern._templates)

@@ -1,6 +1,6 @@
 /* prism kernel (avx512); codegen v1 */
-#define PRISM_WS_FLOATS 0L
-#define PRISM_SCRATCH_FLOATS 320L
+#define PRISM_WS_FLOATS ((long)0)
+#define PRISM_SCRATCH_FLOATS ((long)320)
 
 /* lane j of the result = sum of the lanes of v[j] */
 PR_INLINE __m512 pr_hsum16(const __m512* v) {

@@ -1,6 +1,6 @@
 /* prism kernel (avx512); codegen v1 */
-#define PRISM_WS_FLOATS 0L
-#define PRISM_SCRATCH_FLOATS 80L
+#define PRISM_WS_FLOATS ((long)0)
+#define PRISM_SCRATCH_FLOATS ((long)80)
 
 PR_INLINE void pr_nn_avx512_4x1(long K, const float* restrict A, long sa0, long sa1, const float* restrict B, long sb0, float* restrict C, long sc0, int beta, const float* restrict cs) {
   __m512 c0_0, c1_0, c2_0, c3_0;

@@ -1,0 +1,138 @@
+"""Templates (prism/codegen/template.py): one compiled source per guard region of a graph's symbolic dims.
+
+The traced text must be what plain code generation prints at *every* value of its guard region (checked
+here over whole ranges, not only at the validation points the runtime uses), and a kernel served from a
+template must compute what the per-value kernel computes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from cg_helpers import assert_close, supported_isas
+
+import prism
+from prism.codegen import generate
+from prism.codegen.isa import get as get_isa
+from prism.codegen.template import TemplateError, trace
+from prism.ir import BlockBuilder
+from prism.ir.dtypes import as_dtype
+from prism.ir.traced import lin_const, lin_eval
+from prism.runtime import cache
+
+pytestmark = pytest.mark.cpu
+
+
+def decode_attention(dtype: str = "float32") -> prism.Graph:
+    """O = softmax(q K^T / 8) V for 4 KV heads of 4 query rows each at KV length n: a grid over heads
+    (``g``), a loop over ``F`` KV chunks with online-softmax accumulators."""
+    g = prism.Graph("decode attention")
+    Q, K, V = g.input("Q", (4, 4, 64), dtype), g.input("K", (4, "n", 64), dtype), g.input("V", (4, "n", 64), dtype)
+    bb = BlockBuilder(grid=("g",), forloop="F", inputs=[Q, K, V])
+    q = bb.iter(0, imap=(0,))
+    k = bb.iter(1, imap=(0,), fmap=1)
+    v = bb.iter(2, imap=(0,), fmap=1)
+    s = bb.mul_scalar(bb.matmul(q, bb.transpose(k, -1, -2)), 1 / math.sqrt(64))
+    bb.save(bb.div(bb.accumulate("softmax_matmul", s, v), bb.accumulate("softmax_sum", s)), omap=(0,))
+    (o,) = g.customized(bb.build(), [Q, K, V])
+    g.output(o, "O")
+    return g
+
+
+def kernel_level() -> prism.Graph:
+    """Predefined operators only: a softmax over n and a matmul contracting n (loops and micro-kernels)."""
+    g = prism.Graph("softmax then matmul over n")
+    X, W = g.input("X", (3, "n")), g.input("W", ("n", 40))
+    g.output(g.matmul(g.softmax(g.mul_scalar(X, 0.5), -1), W), "Y")
+    return g
+
+
+CASES = [(decode_attention, {"g": 2, "F": 1}), (kernel_level, {})]
+ISAS = [i for i in ("avx512", "avx2", "portable") if i in supported_isas()]
+
+
+def _inputs(g: prism.Graph, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    out = {}
+    for name, node in g.inputs.items():
+        shape = tuple(n if str(d) == "n" else int(d) for d in node.shape)
+        out[name] = rng.standard_normal(shape).astype(as_dtype(node.dtype).np)
+    return out
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("make,params", CASES, ids=["block_graph", "kernel_level"])
+def test_the_traced_text_is_plain_generation_over_its_whole_region(make, params, isa: str) -> None:
+    g, ia = make(), get_isa(isa)
+    covered = 0
+    for n0 in (70, 129):
+        t = trace(g, params, {"n": n0}, ia)
+        for n in range(1, 300):
+            if t.holds({"n": n}):
+                covered += 1
+                assert t.render({"n": n}) == generate(g.instantiate({"n": n, **params}), ia).source, (n0, n)
+    assert covered > 150   # a template serves many lengths, not one
+
+
+def test_a_size_that_escaped_the_trace_fails_validation() -> None:
+    g, ia = decode_attention(), get_isa(None)
+    t = trace(g, {"g": 2, "F": 1}, {"n": 70}, ia)
+    t.validate(g, {"g": 2, "F": 1}, ia)   # the real trace is valid
+    h = t.trace.holes[0]   # as if one size had been printed with %d: a literal, its value at 70
+    t.trace.holes[0] = lin_const(lin_eval(h, {"n": 70}))
+    with pytest.raises(TemplateError, match="escaped the trace"):
+        t.validate(g, {"g": 2, "F": 1}, ia)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_compile_serves_many_lengths_with_the_per_length_results(dtype: str,
+                                                                     rng: np.random.Generator) -> None:
+    g = decode_attention(dtype)
+    templ = prism.compile(g, {"g": 2, "F": 1}, templates=True)
+    plain = prism.compile(g, {"g": 2, "F": 1})
+    lengths = [33, 35, 37, 38, 39, 41, 43, 101, 102, 103, 250]
+    for n in lengths:
+        x = _inputs(g, n, rng)
+        if dtype == "float32":
+            x["K"][0, n // 2] = 1e4   # hostile: one score dominates its row
+        (ref,) = g.evaluate(x, dtype=np.float64, params={"g": 2, "F": 1}).values()
+        got = templ(**x)
+        assert_close(got, ref, f"template at n={n}", rtol=1e-4 if dtype == "float32" else 2e-2)
+        # the same C text with the sizes at run time; not bitwise: gcc may vectorize an `omp simd` reduction of
+        # a known trip count in another order than one of a run-time count (measured: 1 ulp at n=101)
+        assert_close(got, np.asarray(plain(**x), dtype=np.float64), f"template vs plain at n={n}", rtol=1e-5)
+    assert not templ.template_failures
+    assert 1 <= len(templ._templates) <= 3   # regions (e.g. n % 4 == 0 or not), not one per length
+    srcs = {templ.specialize(n=n).source for n in lengths}
+    assert len(srcs) == len(templ._templates) and all("pr_dim_n" in s for s in srcs)
+
+
+def test_the_launcher_passes_the_dims(rng: np.random.Generator) -> None:
+    torch = pytest.importorskip("torch")
+    g = decode_attention()
+    k = prism.compile(g, {"g": 2, "F": 1}, templates=True)
+    for n in (50, 51, 53):
+        x = _inputs(g, n, rng)
+        (ref,) = g.evaluate(x, dtype=np.float64, params={"g": 2, "F": 1}).values()
+        ins = [torch.from_numpy(x[name]) for name in k.input_names]
+        (out,) = k.torch_launcher(tuple(tuple(t.shape) for t in ins))(ins)
+        assert_close(out.numpy(), ref, f"launcher at n={n}")
+
+
+def test_templates_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
+    monkeypatch.setenv("PRISM_TEMPLATES", "0")
+    g = decode_attention()
+    k = prism.compile(g, {"g": 2, "F": 1}, templates=True)
+    x = _inputs(g, 45, rng)
+    (ref,) = g.evaluate(x, dtype=np.float64, params={"g": 2, "F": 1}).values()
+    assert_close(k(**x), ref, "no template")
+    assert not k._templates and "pr_dim_n" not in k.specialize(n=45).source
+
+
+def test_a_program_of_fixed_shape_compiles_as_before() -> None:
+    g = prism.Graph()
+    X = g.input("X", (4, 8))
+    g.output(g.exp(X), "Y")
+    k = prism.compile(g, templates=True)
+    assert not k.templates and "pr_dim_" not in k.source
+    assert cache.cache_key(k.source)   # a plain source
