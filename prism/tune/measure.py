@@ -29,6 +29,14 @@ from prism.verify.numeric import reduction_length, rounding_allowance, to_dtype,
 # Samples per candidate after which a measurement may stop early (see time_interleaved). Not a measured
 # optimum: a round number far above the three rounds slow kernels get, reached in ~0.1 s by microsecond ones.
 ENOUGH_SAMPLES = 1000
+# A measurement may also stop at a quarter of its budget, each candidate having DECIDE_SAMPLES samples, when
+# its outcome is settled: every other median is either within TIE_MARGIN of the fastest (a tie: whichever
+# is picked costs at most 3%, less than this VM's bandwidth drifts between runs) or the fastest is at most
+# DECIDED_MARGIN of it (clearly slower). Measured need: llama-small's 28 tunings at start-up spent
+# 6.7 s measuring (of 37 s), most on 4 candidates of >0.1 ms within 0.3-3% of each other.
+DECIDED_MARGIN = 0.85
+TIE_MARGIN = 1.03
+DECIDE_SAMPLES = 10
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,9 @@ def time_interleaved(fns: Sequence[Callable[[], object]], *, budget_s: float = 0
     of them alike. (No candidate is dropped early: under contention a good one can look slow for a while.)
     Once a quarter of the budget has passed and every function has ``enough`` samples, the rounds stop:
     microsecond kernels reach that in ~0.1 s (a tiny Llama's 25 tunings spent 10 s here at the full budget,
-    4.6-4.9 s with the early stop); kernels of more than ~0.1 ms use the whole budget."""
+    4.6-4.9 s with the early stop); they also stop then when the outcome is settled (``_decided``: each other
+    median within TIE_MARGIN of the fastest or at least 1 / DECIDED_MARGIN of it; DECIDE_SAMPLES samples
+    each). Kernels of more than ~0.1 ms within 3-15% of each other use the whole budget."""
     samples: list[list[float]] = [[] for _ in fns]
     per_call = []
     for f in fns:
@@ -108,6 +118,17 @@ def time_interleaved(fns: Sequence[Callable[[], object]], *, budget_s: float = 0
         r += 1
         if r >= min_rounds:
             now = time.perf_counter()
-            if now >= end or (now >= early and min(len(samples[i]) for i in live) >= enough):
+            if now >= end:
                 break
+            if now >= early:
+                least = min(len(samples[i]) for i in live)
+                if least >= enough or (least >= DECIDE_SAMPLES and _decided(samples)):
+                    break
     return [Timing(statistics.median(s), len(s)) for s in samples]
+
+
+def _decided(samples: list[list[float]]) -> bool:
+    """Whether the outcome is settled: every candidate is either tied with the fastest (within TIE_MARGIN:
+    picking it would cost at most 3%) or clearly slower (the fastest at most DECIDED_MARGIN of it)."""
+    med = sorted(statistics.median(s) for s in samples)
+    return all(m <= TIE_MARGIN * med[0] or med[0] <= DECIDED_MARGIN * m for m in med[1:])

@@ -204,10 +204,21 @@ def test_measurement_stops_early_only_with_enough_samples_of_every_candidate(
     assert min(t.calls for t in fast) >= 50
     assert 0.5 <= clock.t < 0.5 + 0.01     # a quarter of the budget, then stopped: every candidate had enough
     clock.t = 0.0
-    # a candidate of 5 ms per call cannot reach 500 samples: the whole budget is used
-    slow = measure.time_interleaved([clock.work(1e-6), clock.work(5e-3)], budget_s=0.4, block_s=1e-3, enough=500)
+    # 5 and 5.4 ms per call (8% apart) cannot reach 500 samples, and neither a winner nor a tie is settled:
+    # the whole budget is used
+    slow = measure.time_interleaved([clock.work(5e-3), clock.work(5.4e-3)], budget_s=0.4, block_s=1e-3, enough=500)
     assert clock.t >= 0.4
-    assert slow[1].calls < 500 <= slow[0].calls
+    assert max(t.calls for t in slow) < 500
+    clock.t = 0.0
+    # a tie (5 and 5.1 ms: within TIE_MARGIN) stops at a quarter of the budget
+    measure.time_interleaved([clock.work(5e-3), clock.work(5.1e-3)], budget_s=0.4, block_s=1e-3, enough=500)
+    assert 0.1 <= clock.t < 0.2
+    clock.t = 0.0
+    # a decided winner (1 us against 5 ms) stops at a quarter of the budget once each has DECIDE_SAMPLES
+    fast_slow = measure.time_interleaved([clock.work(1e-6), clock.work(5e-3)], budget_s=0.4, block_s=1e-3,
+                                         enough=500)
+    assert 0.1 <= clock.t < 0.1 + 0.01 * measure.DECIDE_SAMPLES
+    assert min(t.calls for t in fast_slow) >= measure.DECIDE_SAMPLES and fast_slow[1].calls < 500
 
 
 def _blocks(sec: float, blocks: int) -> Instance:
