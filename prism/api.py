@@ -651,7 +651,7 @@ class SuperKernel:
                       f"{' (tuning from cache)' if s.from_cache else ''}",
                       str(s.implementation.graph), "",
                       f"proof: {s.implementation.how}: {s.implementation.proof}",
-                      f"compiled check at this shape: {str(s.check).splitlines()[0]}", "",
+                      _check_line(s), "",
                       f"machine: {s.tuning.machine.get('describe', '')}", "tuning table:", s.tuning.table(), "",
                       "generated C:", s.source]
         return "\n".join(lines)
@@ -659,6 +659,17 @@ class SuperKernel:
     def __repr__(self) -> str:
         return (f"<prism.SuperKernel {self.program.name!r} inputs={list(self.input_names)} "
                 f"sgraphs={len(self.implementations)} shapes tuned={len(self._specs)}>")
+
+
+def _check_line(s: Specialization) -> str:
+    """The explain() line of a shape's final check: its own, or its template's (runtime/kernel.py)."""
+    head = str(s.check).splitlines()[0]
+    own = {k: v for k, v in s.env.items()}
+    if s.check.instantiations and not any({k: i.get(k) for k in own} == own for i in s.check.instantiations):
+        at = "; ".join(", ".join(f"{k}={i[k]}" for k in sorted(own)) for i in s.check.instantiations)
+        return (f"compiled check: served by a template of its guard region, whose code was checked at {at} "
+                f"(its text is plain generation's here): {head}")
+    return f"compiled check at this shape: {head}"
 
 
 # --- re-measuring tunings taken under contention ------------------------------------------------------

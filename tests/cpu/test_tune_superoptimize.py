@@ -368,3 +368,6 @@ def test_derived_shapes_share_a_template_instead_of_a_compile_each() -> None:
     assert STATS.template_served == 29 - len(checked) and len(checked) <= 3 * len(kern._templates)
     assert STATS.template_served >= 29 - 3 * len(kern._templates) and all(len(t.checks) <= 3 for t, *_ in
                                                                         kern._templates)
+    served = [n for n in range(41, 70) if all(i["n"] != n for i in k.specialize(n=n).check.instantiations)]
+    assert len(served) == STATS.template_served
+    assert "served by a template of its guard region" in k.explain(n=served[-1])   # says where its check ran

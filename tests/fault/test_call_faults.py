@@ -149,3 +149,25 @@ def test_prism_cache_retune_lists_and_retunes(capsys: pytest.CaptureFixture[str]
     assert cache_main(["retune", "--list"]) == 0
     assert "0 tuning entries are marked" in capsys.readouterr().out
     assert cache_main(["retune"]) == 0
+
+
+def test_a_compiler_that_rejects_templates_leaves_every_value_served(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Templates (codegen/template.py) are an optimization: a compiler that fails on them costs the kernel its
+    templates (each failure recorded, at most runtime.kernel.TEMPLATE_TRIES tries), never a value."""
+    from prism.runtime import kernel as K
+    body = ('for a in "$@"; do case "$a" in *.c) if grep -q "prism template" "$a"; then '
+            'echo "template refused" >&2; exit 1; fi;; esac; done')
+    monkeypatch.setenv("PRISM_CC", _fake_cc(tmp_path, body))
+    g = prism.Graph("fault_template")
+    X = g.input("X", (3, "n"))
+    g.output(g.softmax(g.mul_scalar(X, 0.5), -1), "Y")
+    k = prism.compile(g, templates=True)
+    rng = np.random.default_rng(0)
+    for n in range(40, 48):
+        x = rng.standard_normal((3, n)).astype(np.float32)
+        ref = g.evaluate({"X": x.astype(np.float64)}, dtype=np.float64)["Y"]
+        assert np.max(np.abs(k(X=x) - ref)) <= 1e-6, n
+        assert "pr_dim_n" not in k.specialize(n=n).source   # generated and compiled for this value
+    assert len(k.template_failures) == K.TEMPLATE_TRIES and not k._templates
+    assert all("CompileError" in f for f in k.template_failures), k.template_failures
