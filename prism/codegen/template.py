@@ -65,6 +65,8 @@ class Template:
     ws_floats: Lin
     scratch_floats: Lin
     checks: list[Any] = dataclasses.field(default_factory=list)   # numeric checks passed at served values
+    first: Any = None      # the runtime's first variant of it (whose workspace the others share)
+    launcher: Any = None   # the C launcher whose workspace and lock the others share (runtime/fastcall.py)
 
     def holds(self, env: Mapping[str, int]) -> bool:
         return self.trace.holds(env)

@@ -76,6 +76,7 @@ typedef struct {
     long ws_floats, scratch_floats;
     Py_ssize_t nwords;    /* a template's runtime dims, passed after the io pointers (codegen/template.py) */
     void* words[8];
+    PyObject* owner;      /* a Launcher whose workspace and lock this one uses (a template's variants), or NULL */
     float* ws;            /* owned, 64-byte aligned */
     long ws_cap;          /* floats allocated */
     PyThread_type_lock lock;
@@ -90,6 +91,7 @@ static void Launcher_dealloc(Launcher* self) {
     Py_XDECREF(self->out_args);
     Py_XDECREF(self->out_kw);
     Py_XDECREF(self->threads);
+    Py_XDECREF(self->owner);
     free(self->ws);
     if (self->lock) PyThread_free_lock(self->lock);
     Py_TYPE(self)->tp_free((PyObject*)self);
@@ -97,11 +99,18 @@ static void Launcher_dealloc(Launcher* self) {
 
 static int Launcher_init(Launcher* self, PyObject* args, PyObject* kw) {
     unsigned long long entry;
-    PyObject *empty, *default_dtype, *out_args, *out_kw, *out_dtypes, *threads, *words = NULL;
-    if (!PyArg_ParseTuple(args, "KiOOO!O!O!Oll|O!", &entry, &self->max_threads, &empty, &default_dtype,
+    PyObject *empty, *default_dtype, *out_args, *out_kw, *out_dtypes, *threads, *words = NULL, *owner = NULL;
+    if (!PyArg_ParseTuple(args, "KiOOO!O!O!Oll|O!O", &entry, &self->max_threads, &empty, &default_dtype,
                           &PyTuple_Type, &out_args, &PyTuple_Type, &out_kw, &PyTuple_Type, &out_dtypes, &threads,
-                          &self->ws_floats, &self->scratch_floats, &PyTuple_Type, &words))
+                          &self->ws_floats, &self->scratch_floats, &PyTuple_Type, &words, &owner))
         return -1;
+    if (owner == Py_None) owner = NULL;
+    if (owner != NULL && (Py_TYPE(owner) != Py_TYPE(self) || ((Launcher*)owner)->owner != NULL)) {
+        PyErr_SetString(PyExc_TypeError, "Launcher: the owner must be a Launcher that owns its workspace");
+        return -1;
+    }
+    Py_XINCREF(owner);
+    Py_XSETREF(self->owner, owner);
     self->nwords = words == NULL ? 0 : PyTuple_GET_SIZE(words);
     if (self->nwords > 8) {
         PyErr_SetString(PyExc_ValueError, "Launcher: at most 8 runtime dims");
@@ -209,11 +218,12 @@ static PyObject* launcher_run(Launcher* self, PyObject* const* ins, Py_ssize_t n
     long need = self->ws_floats + (long)nth * self->scratch_floats;
     if (need < 1) need = 1;
     int rc = 0, oom = 0;
+    Launcher* o = self->owner != NULL ? (Launcher*)self->owner : self;  /* whose workspace and lock */
     Py_BEGIN_ALLOW_THREADS
-    PyThread_acquire_lock(self->lock, WAIT_LOCK);
-    if (grow_workspace(self, need) != 0) oom = 1;
-    else rc = self->fn(ptrs, self->ws, nth);
-    PyThread_release_lock(self->lock);
+    PyThread_acquire_lock(o->lock, WAIT_LOCK);
+    if (grow_workspace(o, need) != 0) oom = 1;
+    else rc = self->fn(ptrs, o->ws, nth);
+    PyThread_release_lock(o->lock);
     Py_END_ALLOW_THREADS
     if (oom) { PyErr_NoMemory(); goto fail; }
     if (rc != 0) {

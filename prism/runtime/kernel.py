@@ -131,6 +131,9 @@ class Variant:
         self.gen, self.lib, self.path, self.env = gen, lib, path, env
         self.words = words  # a template's runtime dims, passed after the io pointers (codegen/template.py)
         self.template: Any = None  # the codegen.template.Template this variant runs, if any
+        # the variant whose workspace (and lock) this one uses: the first variant of its template, so that a
+        # decoder's KV lengths (a variant each) share one workspace instead of growing memory per length
+        self.ws_owner: Variant | None = None
         self.fn = lib.prism_entry
         self.fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_int]
         self.fn.restype = ctypes.c_int
@@ -147,6 +150,9 @@ class Variant:
 
     def workspace(self, nth: int) -> int:
         need = self.gen.ws_floats + nth * self.gen.scratch_floats
+        return (self.ws_owner or self)._grow(need)
+
+    def _grow(self, need: int) -> int:
         if self._ws is not None and self._ws.size >= need:
             return self._ws_ptr
         if self._ws is None or self._ws.size < need:
@@ -175,9 +181,14 @@ class Variant:
         empty, default_dtype = torch.empty, torch.get_default_dtype
         fast = fastcall.launcher_type()
         if fast is not None:  # the same path in one C call (runtime/fastcall.py)
-            return fast(ctypes.cast(self.fn, ctypes.c_void_p).value, self.max_threads, empty, default_dtype,
-                        tuple((tuple(s),) for s in out_shapes), tuple({"dtype": d} for d in dtypes), tuple(dtypes),
-                        num_threads, self.gen.ws_floats, self.gen.scratch_floats, self.words)
+            t = self.template   # a template's launchers share the first one's workspace and lock
+            launcher = fast(ctypes.cast(self.fn, ctypes.c_void_p).value, self.max_threads, empty, default_dtype,
+                            tuple((tuple(s),) for s in out_shapes), tuple({"dtype": d} for d in dtypes),
+                            tuple(dtypes), num_threads, self.gen.ws_floats, self.gen.scratch_floats, self.words,
+                            t.launcher if t is not None else None)
+            if t is not None and t.launcher is None:
+                t.launcher = launcher
+            return launcher
         outs_spec = tuple(zip(out_shapes, dtypes))
         ptr_type, fn, lock, max_threads, workspace = self.ptr_type, self.fn, self.lock, self.max_threads, self.workspace
         words = self.words
@@ -306,6 +317,10 @@ class Kernel:
     def _template_variant(t: Any, dims: dict[str, int], src: str, lib: ctypes.CDLL, path: Path) -> Variant:
         v = Variant(t.bind(dims, src), lib, path, dims, t.words(dims))
         v.template = t
+        if t.first is None:
+            t.first = v
+        else:   # one workspace and lock for every value of the template (its C entry is serialized anyway)
+            v.ws_owner, v.lock = t.first, t.first.lock
         return v
 
     def source_at(self, env: Mapping[str, int]) -> str:

@@ -107,16 +107,24 @@ def test_one_compile_serves_many_lengths_with_the_per_length_results(dtype: str,
     assert len(srcs) == len(templ._templates) and all("pr_dim_n" in s for s in srcs)
 
 
-def test_the_launcher_passes_the_dims(rng: np.random.Generator) -> None:
+def test_the_launcher_passes_the_dims_and_lengths_share_a_workspace(rng: np.random.Generator) -> None:
+    """The launchers (C where it builds) pass each value's dims; the values of one template share its first
+    variant's workspace and lock (one buffer, grown to the largest value, not one per value), also when
+    lengths alternate."""
     torch = pytest.importorskip("torch")
     g = decode_attention()
     k = prism.compile(g, {"g": 2, "F": 1}, templates=True)
-    for n in (50, 51, 53):
+    for n in (50, 51, 53, 50, 101, 51, 53):   # 101: a larger workspace, then smaller values again
         x = _inputs(g, n, rng)
         (ref,) = g.evaluate(x, dtype=np.float64, params={"g": 2, "F": 1}).values()
         ins = [torch.from_numpy(x[name]) for name in k.input_names]
         (out,) = k.torch_launcher(tuple(tuple(t.shape) for t in ins))(ins)
         assert_close(out.numpy(), ref, f"launcher at n={n}")
+        assert_close(k(**x), ref, f"ctypes path at n={n}")
+    vs = [k.specialize(n=n) for n in (50, 51, 53, 101)]
+    assert all(v.template.first is v or (v.ws_owner is v.template.first and v.lock is v.template.first.lock)
+               for v in vs)
+    assert sum(v.ws_owner is not None for v in vs) >= 4 - len(k._templates) > 0
 
 
 def test_templates_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
