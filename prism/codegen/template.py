@@ -32,7 +32,7 @@ from prism.codegen.prelude import prelude
 from prism.errors import PrismError
 from prism.ir.graph import Graph
 from prism.ir.node import interning_scope
-from prism.ir.traced import HOLE_CLOSE, HOLE_OPEN, Lin, Trace, Traced, c_name, lin_c, lin_const, lin_eval
+from prism.ir.traced import HOLE_CLOSE, HOLE_OPEN, Lin, Trace, Traced, c_name, lin_c, lin_const, lin_eval, lin_var
 
 _HOLE = re.compile(f"{HOLE_OPEN}(\\d+){HOLE_CLOSE}")
 ENTRY = "int prism_entry(void** io, float* ws, int nth)"
@@ -48,6 +48,11 @@ def _global(dim: str) -> str:
 
 class TemplateError(PrismError):
     """The graph's code cannot be written once for a region of its dims (it is generated per value)."""
+
+
+def _combine_var(dim: str, value: int) -> Lin:
+    """dim - value"""
+    return (lin_var(dim)[0], -value)
 
 
 def _lin(x: object) -> Lin:
@@ -125,6 +130,10 @@ class Template:
             if plain != self.render(env):
                 raise TemplateError(f"the text traced at {self.trace.env} differs from plain generation at {env} "
                                     "(a size escaped the trace)")
+        base = self.trace.env
+        for d in base:   # a dim no validation point varied is pinned: the template serves only what was shown
+            if all(env[d] == base[d] for env in others):
+                self.trace.guard(_combine_var(d, base[d]), "==", True)
         return others
 
 

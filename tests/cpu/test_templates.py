@@ -144,3 +144,24 @@ def test_a_program_of_fixed_shape_compiles_as_before() -> None:
     k = prism.compile(g, templates=True)
     assert not k.templates and "pr_dim_" not in k.source
     assert cache.cache_key(k.source)   # a plain source
+
+
+def test_two_dims_are_traced_and_validated_together() -> None:
+    """A program with two symbolic dims (rows b, length n): each region's text is plain generation's at every
+    (b, n) of a grid where its guards hold, and validation varied each dim (region_points)."""
+    g = prism.Graph("two dims")
+    X, W = g.input("X", ("b", "n")), g.input("W", ("n", 24))
+    g.output(g.matmul(g.softmax(X, -1), W), "Y")
+    ia = get_isa(None)
+    t = trace(g, {}, {"b": 3, "n": 37}, ia)
+    compared = t.validate(g, {}, ia)
+    assert any(e["n"] != 37 for e in compared)
+    if all(e["b"] == 3 for e in compared):   # b (the rows: they choose the micro-kernels) was not varied:
+        assert not t.holds({"b": 300, "n": 37})   # pinned by validation, not served unshown
+    served = 0
+    for b in range(1, 9):
+        for n in range(1, 90, 3):
+            if t.holds({"b": b, "n": n}):
+                served += 1
+                assert t.render({"b": b, "n": n}) == generate(g.instantiate({"b": b, "n": n}), ia).source, (b, n)
+    assert served > 1
