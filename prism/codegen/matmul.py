@@ -330,25 +330,18 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
         w.line("}")
 
 
-def nt_row_groups(isa: ISA, M: int) -> list[tuple[int, int, int]]:
-    """(first row, rows R, keys J) per row group: the widest R x J kernel first."""
-    out = []
+def nt_row_runs(isa: ISA, M: int) -> dict[int, list[tuple[int, int, int]]]:
+    """Per key-block width J, the runs of row groups as (first row, rows R, count): the widest R x J kernel
+    first, as many of each as fit. Counted by division, not a loop over the groups, so that a traced M
+    (codegen/template.py) keeps the counts as expressions: the text is one loop per run for every M of a
+    residue class (a loop per group would pin M)."""
+    out: dict[int, list[tuple[int, int, int]]] = {}
     r0 = 0
     for R, J in mk.NT_SHAPES[isa.name]:
-        while M - r0 >= R:
-            out.append((r0, R, J))
-            r0 += R
-    return out
-
-
-def _runs(rows: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """Consecutive row groups of one height as (first row, rows R, count)."""
-    out: list[tuple[int, int, int]] = []
-    for r0, R in rows:
-        if out and out[-1][1] == R and out[-1][0] + out[-1][2] * R == r0:
-            out[-1] = (out[-1][0], R, out[-1][2] + 1)
-        else:
-            out.append((r0, R, 1))
+        count = (M - r0) // R
+        if count > 0:
+            out.setdefault(J, []).append((r0, R, count))
+            r0 = r0 + count * R
     return out
 
 
@@ -363,16 +356,12 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
         w.line(f"{fn}({K}, {a} + {a_off}, {sa0}, {bt} + {jv} * {sbt}, {sbt}, {c} + {c_off} + {jv}, {sc0}, {beta}, "
                f"{csr});")
 
-    groups = nt_row_groups(sup.isa, M)
-    by_j: dict[int, list[tuple[int, int]]] = {}
-    for r0, R, J in groups:
-        by_j.setdefault(J, []).append((r0, R))
-    for J, rows in by_j.items():
+    for J, runs in nt_row_runs(sup.isa, M).items():
         nfull = N // J * J
         if nfull:
             jv = nm("j")
             with w.block(f"for (long {jv} = 0; {jv} < {nfull}; {jv} += {J})"):
-                for r0, R, count in _runs(rows):
+                for r0, R, count in runs:
                     fn = sup.nt(R, J, elems, prefetch)
                     if count == 1:
                         call(fn, jv, str(r0), str(r0 * sa0), str(r0 * sc0))
@@ -385,8 +374,8 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
         if nfull < N:
             fn = sup.nt(1, 1, elems)
             jv, rv = nm("j"), nm("r")
-            r_lo = min(r0 for r0, _ in rows)
-            r_hi = max(r0 + R for r0, R in rows)
+            r_lo = runs[0][0]
+            r_hi = runs[-1][0] + runs[-1][1] * runs[-1][2]
             with w.block(f"for (long {jv} = {nfull}; {jv} < {N}; {jv}++)"):
                 with w.block(f"for (long {rv} = {r_lo}; {rv} < {r_hi}; {rv}++)"):
                     call(fn, jv, rv, f"{rv} * {sa0}", f"{rv} * {sc0}")

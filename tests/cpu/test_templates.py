@@ -165,3 +165,24 @@ def test_two_dims_are_traced_and_validated_together() -> None:
                 served += 1
                 assert t.render({"b": b, "n": n}) == generate(g.instantiate({"b": b, "n": n}), ia).source, (b, n)
     assert served > 1
+
+
+def test_a_transposed_weight_product_is_one_template_per_residue_of_its_rows() -> None:
+    """The nt micro-kernels' row groups are counted by division (matmul.nt_row_runs), so a prefill's
+    X @ W^T is one template per residue of m modulo the widest group (a loop per group pinned m)."""
+    g = prism.Graph("q @ k.T")
+    Q, K = g.input("Q", (4, "m", 64)), g.input("K", (4, 40, 64))
+    bb = BlockBuilder(grid=(2,), forloop=1, inputs=[Q, K])
+    q, k = bb.iter(0, imap=(0,)), bb.iter(1, imap=(0,))
+    bb.save(bb.matmul(q, bb.transpose(k, -1, -2)), omap=(0,))
+    (y,) = g.customized(bb.build(), [Q, K])
+    g.output(y, "Y")
+    for name in ISAS:
+        ia = get_isa(name)
+        assert "pr_nt_" in generate(g.instantiate({"m": 141}), ia).source
+        t = trace(g, {}, {"m": 141}, ia)
+        t.validate(g, {}, ia)
+        served = [m for m in range(1, 400) if t.holds({"m": m})]
+        assert len(served) > 20 and 141 in served, name
+        for m in served[:: max(1, len(served) // 12)]:
+            assert t.render({"m": m}) == generate(g.instantiate({"m": m}), ia).source, (name, m)
