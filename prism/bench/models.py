@@ -254,6 +254,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
     kw = dict(do_sample=False, pad_token_id=0)
     calls: dict[str, Any] = {}
     ref = None
+    run0 = dataclasses.asdict(STATS)
     for sysname in SYSTEMS:
         r = res.systems[sysname] = SystemResult()
         before = rss()
@@ -301,7 +302,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
             now = dataclasses.asdict(STATS)
             r.stats = {k: now[k] - stats0[k] for k in ("searches", "search_cache_hits", "search_memory_hits",
                                                        "tunings", "tune_cache_hits", "tune_memory_hits",
-                                                       "compiles")}
+                                                       "tune_derived", "template_served", "compiles")}
         log(f"{name}: {sysname}: start-up {r.startup_s:.1f} s, warm-up {r.warmup_s:.1f} s, "
             f"+{r.memory_mib:.0f} MiB, {r.status}")
         calls[sysname] = model
@@ -352,6 +353,12 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 f"{s} {_f(r.fresh_tps, '{:.2f}')} tok/s" for s, r in res.systems.items() if s in calls))
     if lcpp is not None:
         shutil.rmtree(lcpp[2], ignore_errors=True)
+    if "prism" in calls:   # over the whole run: new lengths are served after start-up
+        now = dataclasses.asdict(STATS)
+        res.notes.append(f"prism over the whole run: {now['tune_derived'] - run0['tune_derived']} shapes derived "
+                         f"from a tuned one, {now['template_served'] - run0['template_served']} of them served "
+                         f"by a compiled template with no check of their own, {now['tunings'] - run0['tunings']} "
+                         "tunings (docs/codegen.md, \"Templates\")")
     return res
 
 

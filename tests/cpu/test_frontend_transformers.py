@@ -8,6 +8,7 @@ cache bookkeeping, integer positions, the causal mask), each with its reason in 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -95,6 +96,8 @@ def test_models_bench_on_the_tiny_llama(tmp_path: Any, capsys: pytest.CaptureFix
         assert s["status"] == "ok" and len(s["ttft_ms"]) == len(s["two_ms"]) == len(s["total_ms"]) == 1
         assert s["fresh_tps"] is not None and s["fresh_tps"] > 0   # decode past the KV lengths seen
     assert "new KV lengths" in text
+    assert re.search(r"prism over the whole run: \d+ shapes derived from a tuned one, \d+ of them served by a "
+                     r"compiled template", text), text
     p = m["systems"]["prism"]
     assert 0.5 < p["share"] <= 1.0 and p["prism_pieces"] > 0
     assert any("embedding" in k for k in p["kept"])
