@@ -23,6 +23,7 @@ class TuneStats:
     measured: int = 0            # candidate kernels timed
     wrong_results: int = 0       # candidates whose output did not match the reference
     final_checks: int = 0        # numeric checks of a winner's compiled kernel
+    checks_cached: int = 0       # cached tunings whose very kernel passed its check when tuned (not repeated)
     contended_tunings: int = 0   # tunings measured under contention (stored marked; `prism cache retune`)
     contended_served: int = 0    # marked (contended) tuning entries served from the disk cache
     contended_machine: int = 0   # machine measurements taken under contention (not written to disk)

@@ -80,11 +80,34 @@ def test_cache_hits_skip_search_and_tuning() -> None:
     x = _inputs(16, seed=2)
     _check(k2(**x), x)
     assert STATS.tune_cache_hits == 1 and STATS.tunings == 1 and STATS.compiles == before[1]
-    assert k2.specialize(n=16).from_cache and STATS.final_checks >= 2  # the cached winner is re-checked
+    # the entry records that this very kernel (the kernel cache's key: C text, compiler, flags, machine) passed
+    # its check at this shape when tuned: the check is not repeated on load
+    s16 = k2.specialize(n=16)
+    assert s16.from_cache and s16.check_cached and (STATS.final_checks, STATS.checks_cached) == (1, 1)
+    assert "not repeated on load" in k2.explain(n=16)
     k3 = prism.superoptimize(_program(), limits=LIMITS)   # same process: the search result is reused
     assert STATS.search_memory_hits == 1
     k3(**_inputs(3))                              # a new shape: tuned, never searched again
     assert STATS.tunings == 2 and STATS.searches == before[0]
+
+
+def test_a_cached_winner_whose_kernel_is_not_the_checked_one_is_checked_again(_own_cache: Path) -> None:
+    """The record of a passed check covers one kernel: where the entry names another (a new compiler, other
+    flags, an edited entry with a valid checksum), the winner is compiled and checked again on load."""
+    k = prism.superoptimize(_program(), limits=LIMITS)
+    k(**_inputs(40))
+    path = next(p for p in _entries(_own_cache) if json.loads(p.read_text())["payload"]["result"]["env"] == {"n": 40})
+    d = json.loads(path.read_text())
+    assert d["payload"]["checked"]["kernel"]
+    d["payload"]["checked"]["kernel"] = "0" * 64
+    d["sha256"] = store.digest(d["payload"])
+    path.write_text(json.dumps(d))
+    clear_memory_caches()
+    reset_stats()
+    k2 = prism.superoptimize(_program(), limits=LIMITS)
+    s = k2.specialize(n=40)
+    assert s.from_cache and s.check_cached is None and s.check.passed
+    assert (STATS.final_checks, STATS.checks_cached, STATS.tunings) == (1, 0, 0)
 
 
 def test_tuning_and_the_final_check_share_one_draw(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,8 +126,8 @@ def test_tuning_and_the_final_check_share_one_draw(monkeypatch: pytest.MonkeyPat
     assert STATS.tunings == 1 and STATS.final_checks >= 1 and spec.check.passed
     assert len(draws) == 1 and {c.kind for c in spec.check.checks} == {"normal", "hostile", "tiny"}
     clear_memory_caches()
-    spec = prism.superoptimize(_program(), limits=LIMITS).specialize(n=13)  # a tuning-cache hit
-    assert spec.from_cache and spec.check.passed and len(draws) == 2     # its check draws for itself
+    spec = prism.superoptimize(_program(), limits=LIMITS).specialize(n=13)  # a tuning-cache hit of the same
+    assert spec.from_cache and spec.check_cached and len(draws) == 1   # kernel: its recorded check serves
 
 
 def _entries(root: Path) -> list[Path]:
