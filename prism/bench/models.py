@@ -344,9 +344,10 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
         with torch.inference_mode():
             n = new_tokens + fresh_tokens
             for sysname, model in calls.items():
-                clock, t = _step_clock()  # steps timed inside one generate(): a difference of two calls
-                model.generate(ids, max_new_tokens=n, min_new_tokens=n,  # times came out <= 0 under load
-                               logits_processor=clock, **kw)
+                # steps timed inside one generate() (the difference of two generate() calls came out <= 0
+                # under load)
+                clock, t = _step_clock()
+                model.generate(ids, max_new_tokens=n, min_new_tokens=n, logits_processor=clock, **kw)
                 if len(t) == n:  # token i >= new_tokens is decoded at a KV length never seen before
                     res.systems[sysname].fresh_tps = fresh_tokens / (t[n - 1] - t[new_tokens - 1])
             log(f"{name}: decode at new KV lengths: " + ", ".join(
@@ -405,7 +406,6 @@ def _llama_cpp_round(lcpp: tuple[Any, Path, Path], prompt: int, new_tokens: int,
     if "tg" in got:
         r.tps.append(got["tg"])
     log(f"{res.name}: llama.cpp: prompt {got.get('pp', 0):.1f} tok/s, decode {got.get('tg', 0):.2f} tok/s")
-
 
 
 def _f(x: float | None, spec: str = "{:.1f}") -> str:

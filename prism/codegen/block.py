@@ -61,7 +61,11 @@ class BlockFunction:
 
 
 def _ints(shape: tuple) -> tuple[int, ...]:
-    return tuple(as_int(d) for d in shape)
+    """A concrete shape's dims as ints (traced ones stay traced: prism/ir/traced.py)."""
+    try:
+        return tuple(as_int(d) for d in shape)
+    except TypeError:
+        raise UnsupportedError(f"cannot generate code for symbolic shape {shape}; bind the symbols first") from None
 
 
 _ROWWISE = frozenset(n for n, o in OPS.items() if o.group == "composite")   # loops.rowwise: one C loop each

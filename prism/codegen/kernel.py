@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from prism.codegen import isa as ISA_
 from prism.codegen import loops as LP
-from prism.codegen.block import ALIGN, BlockLowering, lower_layout_or_reduce
+from prism.codegen.block import ALIGN, BlockLowering, _ints, lower_layout_or_reduce
 from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.matmul import Support, emit_matmul
 from prism.codegen.prelude import prelude
@@ -26,7 +26,6 @@ from prism.codegen.tiles import ELEMENTWISE, Expr, Operand, View, ctype, elem_of
 from prism.errors import UnsupportedError
 from prism.ir.graph import Graph
 from prism.ir.node import Node
-from prism.ir.traced import as_int
 
 CODEGEN_VERSION = "1"  # bump when generated code changes meaning (part of the cache key via the source)
 
@@ -43,13 +42,6 @@ class Generated:
     output_shapes: tuple[tuple[int, ...], ...]
     ws_floats: int                   # kernel-level workspace
     scratch_floats: int              # per thread
-
-
-def _ints(shape: tuple) -> tuple[int, ...]:
-    try:
-        return tuple(as_int(d) for d in shape)
-    except TypeError:
-        raise UnsupportedError(f"cannot generate code for symbolic shape {shape}; bind the symbols first") from None
 
 
 def generate(g: Graph, isa: str | ISA_.ISA | None = None) -> Generated:

@@ -4,15 +4,17 @@
 :func:`prism.codegen.kernel.generate` -- with the dims given as :class:`prism.ir.traced.Traced` ints: the
 text it prints is the code of those values, with every printed int that depends on them left as a hole,
 and every decision taken on them recorded as a guard (prism/ir/traced.py). The template's C source
-replaces each hole by its C expression over runtime dims; the entry point reads the dims' values after
-the input and output pointers in ``io`` (``io[nin + nout + j]``, the dims in sorted name order) and
-stores them in file-scope variables for the lowered functions (one call at a time: a mutex).
+replaces each hole by its C expression over runtime dims, computed once per function into constant
+locals; the entry point reads the dims' values after the input and output pointers in ``io``
+(``io[nin + nout + j]``, the dims in sorted name order) into file-scope variables, which each function
+copies (one call at a time: a mutex).
 
 A template is only used after :meth:`Template.validate`: at other values of its guard region, plain code
 generation must print exactly the template's text with the holes filled in (a value that escaped the
 trace -- ``%d``, ``range``, indexing, C functions read an int subclass's value directly -- stays a literal
-and the texts differ). Whoever binds it to a value still checks the compiled kernel there (the
-SuperKernel's numeric check at every shape).
+and the texts differ); a dim that no validation point varied is then pinned. Whoever binds it to a value
+checks the compiled kernel numerically (the SuperKernel: at the first ``api.TEMPLATE_CHECKS`` values of
+each template).
 
 Measured need: decode attention has one new KV length per token; compiling it per length took 0.28 s of
 gcc per token (llama-small bf16 decoded 2.6 tokens/s past the lengths seen, eager 99.8).
@@ -32,7 +34,7 @@ from prism.codegen.prelude import prelude
 from prism.errors import PrismError
 from prism.ir.graph import Graph
 from prism.ir.node import interning_scope
-from prism.ir.traced import HOLE_CLOSE, HOLE_OPEN, Lin, Trace, Traced, c_name, lin_c, lin_const, lin_eval, lin_var
+from prism.ir.traced import HOLE_CLOSE, HOLE_OPEN, Lin, Trace, c_name, lin_c, lin_eval, lin_of, lin_var
 
 _HOLE = re.compile(f"{HOLE_OPEN}(\\d+){HOLE_CLOSE}")
 ENTRY = "int prism_entry(void** io, float* ws, int nth)"
@@ -48,15 +50,6 @@ def _global(dim: str) -> str:
 
 class TemplateError(PrismError):
     """The graph's code cannot be written once for a region of its dims (it is generated per value)."""
-
-
-def _combine_var(dim: str, value: int) -> Lin:
-    """dim - value"""
-    return (lin_var(dim)[0], -value)
-
-
-def _lin(x: object) -> Lin:
-    return x.expr if isinstance(x, Traced) else lin_const(int(x))  # type: ignore[call-overload]
 
 
 @dataclass
@@ -133,7 +126,7 @@ class Template:
         base = self.trace.env
         for d in base:   # a dim no validation point varied is pinned: the template serves only what was shown
             if all(env[d] == base[d] for env in others):
-                self.trace.guard(_combine_var(d, base[d]), "==", True)
+                self.trace.pin(lin_var(d), base[d])
         return others
 
 
@@ -147,8 +140,8 @@ def trace(graph: Graph, params: Mapping[str, Any], dims: Mapping[str, int], isa:
         raise TemplateError("no printed size depends on the dims")
     if tr.specialized():
         raise TemplateError("a decision pins a dim to its value")
-    return Template(tr, gen, tuple(sorted(dims)), tuple(tuple(_lin(d) for d in s) for s in gen.output_shapes),
-                    _lin(gen.ws_floats), _lin(gen.scratch_floats))
+    return Template(tr, gen, tuple(sorted(dims)), tuple(tuple(lin_of(d, tr) for d in s) for s in gen.output_shapes),
+                    lin_of(gen.ws_floats, tr), lin_of(gen.scratch_floats, tr))
 
 
 def region_points(tr: Trace, count: int) -> list[dict[str, int]]:

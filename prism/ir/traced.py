@@ -144,6 +144,10 @@ class Trace:
         if lin[0]:   # a constant difference decides nothing about the dims
             self.guards[(lin, op)] = outcome
 
+    def pin(self, lin: Lin, value: int) -> None:
+        """Guard ``lin == value``: the template holds where ``lin`` has this value only."""
+        self.guard(_combine(lin, lin_const(value), -1), "==", True)
+
     def hole(self, lin: Lin) -> str:
         if not lin[0]:
             return str(lin[1])
@@ -195,7 +199,7 @@ class Traced(int):
     def _pin(self) -> int:
         """A decision the trace cannot express: the template holds for this value only."""
         v = int.__int__(self)
-        self.trace.guard(_combine(self.expr, lin_const(v), -1), "==", True)
+        self.trace.pin(self.expr, v)
         return v
 
     # arithmetic that stays traced
