@@ -13,6 +13,7 @@ dim that is an expression of PyTorch's symbols (``s0 + 1`` after a ``cat``) beco
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -92,9 +93,10 @@ def _src_key(cap: Captured, op: Operand) -> Any:
     return op.node  # a tensor PyTorch computes: one piece input, however many views of it the piece reads
 
 
-def plan_pieces(cap: Captured, budget: Budget) -> list[Piece]:
+def plan_pieces(cap: Captured, budget: Budget, only: set[int] | None = None) -> list[Piece]:
+    """The pieces of the capture's units (``only``: of those unit ids alone; the others count as outside)."""
     units = [PlanUnit(u.id, u.kind, tuple(_src_key(cap, o) for o in u.lowered.operands), u.ops, u.matmuls,
-                      u.heavy, u.norm) for u in cap.units]
+                      u.heavy, u.norm) for u in cap.units if only is None or u.id in only]
     users: dict[int, list[Any]] = {}
     for u in cap.units:
         us: list[Any] = []
@@ -320,42 +322,46 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
         log.info("prism: graph %d assumes %s", report.index, a)
     report.layout = len(cap.layout_units)
     pieces = plan_pieces(cap, opts.budget)
-    built: list[tuple[PieceReport, PieceProgram, torch.nn.Module]] = []
-    for k, piece in enumerate(pieces):  # build every program before the graph changes
-        units = [cap.units[i] for i in piece.members]
-        pr = PieceReport(k, [u.op for u in units], piece.ops, [], "small")
-        report.pieces.append(pr)
-        if not piece.searched:
-            pr.reason = "a single element-wise operator: nothing to fuse"
-            continue
-        try:
-            prog = build_piece(cap, piece)
-            fallback = _fallback_module(cap, prog)
-        except Exception as e:  # the piece stays in PyTorch, loudly
-            pr.status, pr.reason = "failed", f"cannot form its Prism program: {type(e).__name__}: {e}"
-            log.warning("prism: piece %d (%s) left to PyTorch: %s", k, pr.label, pr.reason)
-            continue
-        pr.inputs, pr.program_key = prog.input_shapes, prog.graph.key
-        built.append((pr, prog, fallback))
+    built = [b for k, piece in enumerate(pieces) if (b := _build(cap, report, k, piece)) is not None]
     replaced: dict[Any, Any] = {}
     order = _order(cap)
-    for done, (pr, prog, fallback) in enumerate(built, 1):
+    total = len(built)
+    done = 0
+    while built:  # a wide piece that found nothing puts its re-planned parts at the front
+        pr, prog, fallback, piece = built.pop(0)
+        done += 1
         if opts.progress:
-            opts.progress("search", done, len(built), pr.label)
-        kernel = _superoptimize(prog.graph, opts, pr, last=not prog.transposed_inputs)
+            opts.progress("search", done, total, pr.label)
+        wide = piece.ops > opts.budget.max_ops and len(piece.members) > 1
+        kernel = _superoptimize(prog.graph, opts, pr, last=not prog.transposed_inputs and not wide,
+                                ops=piece.ops)
         if kernel is None and prog.transposed_inputs:
             # the search found nothing with the transposes inside the program: search the program whose
             # transposed inputs the runner passes transposed (a copy per call; module state: one cached copy)
             log.warning("prism: piece %d (%s): no kernel reading its inputs as stored (%s); searching again with "
                         "its %d transposed input(s) copied transposed before each call", pr.index, pr.label,
                         pr.reason.removeprefix("prism.superoptimize raised "), prog.transposed_inputs)
-            prog = build_piece(cap, pieces[pr.index], hoist=True)
+            prog = build_piece(cap, piece, hoist=True)
             fallback = _fallback_module(cap, prog)
             pr.inputs, pr.program_key = prog.input_shapes, prog.graph.key
-            kernel = _superoptimize(prog.graph, opts, pr)
+            kernel = _superoptimize(prog.graph, opts, pr, last=not wide, ops=piece.ops)
+        if kernel is None and wide:
+            # more operators than a piece with a contraction may have, and no kernel: its operators planned
+            # again within that bound, each part searched like any other piece
+            parts = plan_pieces(cap, dataclasses.replace(opts.budget, max_ops_no_matmul=opts.budget.max_ops),
+                                only=set(piece.members))
+            why = pr.reason.removeprefix("prism.superoptimize raised ")
+            pr.status = "split"
+            again = [b for part in parts if (b := _build(cap, report, len(report.pieces), part)) is not None]
+            pr.reason = (f"no kernel as one piece of {piece.ops} operators ({why}); planned again as piece(s) "
+                         + ", ".join(str(b[0].index) for b in again))
+            log.warning("prism: piece %d (%s): %s", pr.index, pr.label, pr.reason)
+            built[:0] = again
+            total += len(again)
+            continue
         if kernel is None:
             if opts.progress:
-                opts.progress("failed", done, len(built), pr.label)
+                opts.progress("failed", done, total, pr.label)
             continue
         pr.status, pr.reason = "prism", ""
         runner = PieceRunner(f"{pr.index} ({pr.label})", kernel, list(prog.specs), fallback, prog.out_slots)
@@ -363,19 +369,45 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
         pr.structure = kernel.implementations[0].structure if kernel.implementations else ""
         _replace(gm, prog, runner, f"prism_piece_{report.index}_{pr.index}", replaced, order)
         if opts.progress:
-            opts.progress("done", done, len(built), pr.label)
+            opts.progress("done", done, total, pr.label)
     gm.graph.lint()
     gm.recompile()
     log.info("prism: %s", report.summary())
     return gm, report
 
 
-def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = True) -> Any:
+def _build(cap: Captured, report: GraphReport, k: int, piece: Piece
+           ) -> tuple[PieceReport, PieceProgram, Any, Piece] | None:
+    """Piece ``k``'s report (appended to ``report``) and, when it is searched and its program forms, its
+    program and PyTorch fallback module. Called for every piece before the graph changes (a wide piece's
+    re-planned parts later: their members are still in the graph)."""
+    units = [cap.units[i] for i in piece.members]
+    pr = PieceReport(k, [u.op for u in units], piece.ops, [], "small")
+    report.pieces.append(pr)
+    if not piece.searched:
+        pr.reason = "a single element-wise operator: nothing to fuse"
+        return None
+    try:
+        prog = build_piece(cap, piece)
+        fallback = _fallback_module(cap, prog)
+    except Exception as e:  # the piece stays in PyTorch, loudly
+        pr.status, pr.reason = "failed", f"cannot form its Prism program: {type(e).__name__}: {e}"
+        log.warning("prism: piece %d (%s) left to PyTorch: %s", k, pr.label, pr.reason)
+        return None
+    pr.inputs, pr.program_key = prog.input_shapes, prog.graph.key
+    return pr, prog, fallback, piece
+
+
+def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = True, ops: int = 0) -> Any:
     """The piece's kernel, or None with ``pr`` marked failed (logged as a warning when ``last``, the last
-    attempt for this piece)."""
+    attempt for this piece). ``ops``: the piece's Prism operators; a piece of more than the search's block
+    limit (a wide piece without a contraction, ``Budget.max_ops_no_matmul``) is searched with that limit
+    raised to its size, unless the caller gave ``limits``."""
     from prism.api import NoVerifiedKernelError, superoptimize
     t0 = time.perf_counter()
     limits = opts.search_limits()
+    if opts.limits is None and ops > limits.max_block_ops:
+        limits = dataclasses.replace(limits, max_block_ops=ops)
     try:
         try:
             k = superoptimize(graph, limits=limits, top_k=opts.top_k, tune_budget_s=opts.tune_budget_s,
@@ -385,7 +417,6 @@ def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = Tr
                 raise
             # one kernel per piece cannot express a piece whose reductions depend on each other (row
             # means, then their mean): search again with two kernels before leaving it to PyTorch
-            import dataclasses
             k = superoptimize(graph, limits=dataclasses.replace(limits, max_kernel_ops=2), top_k=opts.top_k,
                               tune_budget_s=opts.tune_budget_s, verbose=opts.verbose,
                               measure_machine=opts.measure_machine, derive=opts.derive)

@@ -17,7 +17,8 @@ class PieceReport:
     ops: list[str]                 # the PyTorch operators of the piece, in order
     prism_ops: int                 # Prism operators it expands to
     inputs: list[str]              # input shapes, e.g. "[s0, 256]" (after hoisted transposes)
-    status: str                    # "prism" | "small" (left to PyTorch: nothing to fuse) | "failed"
+    status: str                    # "prism" | "small" (left to PyTorch: nothing to fuse) | "failed" | "split"
+    #                                (a wide piece that found no kernel, planned again as smaller pieces)
     reason: str = ""
     program_key: str = ""
     structure: str = ""            # the chosen sGraph's one-line description (status "prism")
@@ -59,8 +60,10 @@ class GraphReport:
         small = sum(p.status == "small" for p in self.pieces)
         if self.error:
             return f"graph {self.index} ({self.source}): capture failed, runs in PyTorch: {self.error}"
+        split = sum(p.status == "split" for p in self.pieces)
         return (f"graph {self.index} ({self.source}, {self.nodes} operators): {n} piece(s) run by Prism, "
-                f"{failed} failed to superoptimize, {small} too small, {self.layout} layout operator(s) and "
+                + (f"{split} split again, " if split else "")
+                + f"{failed} failed to superoptimize, {small} too small, {self.layout} layout operator(s) and "
                 f"{sum(f.count for f in self.fallbacks)} unsupported operator(s) left to PyTorch")
 
     def table(self) -> str:

@@ -610,6 +610,12 @@ OWN_ERROR_FROM = 1e-5
 # range, where the program itself errs by 1.6e-4 -- rejected every candidate, the correct one included)
 OWN_ERROR_MAX_FRACTION = 0.01
 OWN_ERROR_MIN_COUNT = 1
+# ... except at the scaled kinds: there the inputs are moved away from the scale the program is written for, and a
+# program may be ill-conditioned at every element there (a KL divergence of two log-softmaxes at inputs x1e-3:
+# float32 rounds both log-softmaxes to -log(n) + O(1e-3), so their difference errs by ~4e-4 relative everywhere,
+# the program itself as much as any candidate; the search rejected the one-kernel KL for it). The normal kinds,
+# checked with the same reference, still excuse only rare elements, so a wrong reference shows there.
+OWN_ERROR_EVERYWHERE_KINDS = ("hostile", "tiny")
 
 
 def _ill_conditioned_fraction(p32: np.ndarray, rf: np.ndarray, masks: list, scale: float) -> float:
@@ -626,7 +632,8 @@ def _ill_conditioned_fraction(p32: np.ndarray, rf: np.ndarray, masks: list, scal
 
 
 def _compare(c: np.ndarray, r: np.ndarray, program32: Callable[[], np.ndarray | None] | None = None,
-             own_from: float = OWN_ERROR_FROM, stored: DType | None = None) -> tuple[float, str]:
+             own_from: float = OWN_ERROR_FROM, stored: DType | None = None, everywhere: bool = False
+             ) -> tuple[float, str]:
     """(error, why): inf when the NaN / +inf / -inf positions differ, else the largest relative difference
     ``|c - r| / (|r| + rms(r))`` over the positions where both are finite.
 
@@ -637,7 +644,10 @@ def _compare(c: np.ndarray, r: np.ndarray, program32: Callable[[], np.ndarray | 
 
     ``stored``: the output's low-precision dtype: an overflow of that dtype in the program's own float32 run,
     rounded to it, excuses the candidate's infinity there too; and each element may be off by its rounding
-    in the subnormal range, ``ROUNDINGS * stored.tiny`` absolute (float16 stores a 1e-6 result to 6e-8)."""
+    in the subnormal range, ``ROUNDINGS * stored.tiny`` absolute (float16 stores a 1e-6 result to 6e-8).
+
+    ``everywhere``: the program's own float32 error is allowed at any number of elements (the scaled input kinds,
+    ``OWN_ERROR_EVERYWHERE_KINDS``), not only at rare ones."""
     floor = ROUNDINGS * stored.tiny if stored is not None and stored.low_precision else 0.0
     if c.shape != r.shape:
         return math.inf, f"shape {c.shape} != reference shape {r.shape}"
@@ -699,7 +709,7 @@ def _compare(c: np.ndarray, r: np.ndarray, program32: Callable[[], np.ndarray | 
         if p is None:
             got = program32()
             p = got.reshape(-1) if got is not None and got.shape == c.shape else np.zeros(0)
-        if p.size and _ill_conditioned_fraction(p, rf, masks, scale) <= OWN_ERROR_MAX_FRACTION:
+        if p.size and (everywhere or _ill_conditioned_fraction(p, rf, masks, scale) <= OWN_ERROR_MAX_FRACTION):
             allowed = worst_error(p)
             if allowed < worst:
                 note = (note + "; " if note else "") + (f"error {worst:.1e} as the program's own in float32 "
@@ -792,7 +802,8 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
                                             label))
                         continue
                     err, why = _compare(np.asarray(got[o]), np.asarray(r), functools.partial(program32, o),
-                                        max(OWN_ERROR_FROM, rounding[o]), out_dtypes[o])
+                                        max(OWN_ERROR_FROM, rounding[o]), out_dtypes[o],
+                                        everywhere=kind in OWN_ERROR_EVERYWHERE_KINDS)
                     tol_o = tol + rounding[o]
                     checks.append(Check(runner.name, key, kind, seed, o, err, tol_o, err <= tol_o, why, label))
             if stop_on_failure and any(not c.ok for c in checks):

@@ -72,3 +72,52 @@ def test_cat_skips_empty_1d_operands_like_pytorch() -> None:
         got, ref = opt(*args), fn(*args)
     assert got.shape == ref.shape and float((got - ref).abs().max()) <= 1e-4 * float(ref.abs().max())
     assert sum(p.runner.prism_calls for p in opt.prism_pieces()) >= 1
+
+
+def _huber(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.where((a - b).abs() < 1, 0.5 * (a - b) ** 2, (a - b).abs() - 0.5).mean(-1)
+
+
+def _check(opt: Any, fn: Callable[..., Any], *args: torch.Tensor) -> None:
+    with torch.no_grad():
+        got, ref = opt(*args), fn(*args)
+    assert got.shape == ref.shape and float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+def test_a_loss_of_eleven_operators_is_one_piece() -> None:
+    """No contraction: up to 16 operators in one piece (``Budget.max_ops_no_matmul``), the search's block limit
+    raised to match; the Huber loss reads its inputs once (as three pieces it computed ``a - b`` three times)."""
+    torch.manual_seed(0)
+    args = (torch.randn(32, 64), torch.randn(32, 64))
+    opt = prism.optimize(_huber, args, capture="export", **OPTS)
+    (r,) = opt.report
+    assert [p.status for p in r.pieces] == ["prism"] and r.pieces[0].prism_ops > 8
+    _check(opt, _huber, *args)
+
+
+def test_a_wide_piece_without_a_kernel_is_planned_again_in_smaller_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should the wide piece find nothing, its operators are planned again within ``Budget.max_ops`` and each
+    part is searched: the report says so, and every part runs on Prism."""
+    import prism.api as A
+    real = A.superoptimize
+    refused = []
+
+    def picky(graph: Any, **kw: Any) -> Any:
+        ops = sum(n.op != "input" for n in graph.nodes)
+        if ops >= 12:  # the whole loss (13 Prism operators), not its parts
+            refused.append(ops)
+            raise A.NoVerifiedKernelError(f"refused by the test: {ops} operators")
+        return real(graph, **kw)
+
+    monkeypatch.setattr(A, "superoptimize", picky)
+    torch.manual_seed(0)
+    args = (torch.randn(32, 64), torch.randn(32, 64))
+    opt = prism.optimize(_huber, args, capture="export", **OPTS)
+    (r,) = opt.report
+    assert refused and r.pieces[0].status == "split" and "refused by the test" in r.pieces[0].reason
+    parts = r.pieces[1:]
+    assert len(parts) >= 2 and all(p.status == "prism" for p in parts)
+    assert f"planned again as piece(s) {', '.join(str(p.index) for p in parts)}" in r.pieces[0].reason
+    assert "1 split again" in r.summary()
+    _check(opt, _huber, *args)
+    assert all(p.runner.prism_calls >= 1 for p in parts)

@@ -34,7 +34,7 @@ def test_budget_bounds_every_piece() -> None:
     for budget in (Budget(max_inputs=2), Budget(max_ops=2), Budget(max_matmuls=1), Budget(3, 4, 1)):
         for p in plan(units, users, budget):
             assert len(p.inputs) <= budget.max_inputs or len(p.members) == 1
-            assert p.ops <= budget.max_ops or len(p.members) == 1
+            assert p.ops <= budget.max_ops_for(p.matmuls) or len(p.members) == 1
             assert p.matmuls <= budget.max_matmuls or len(p.members) == 1
     # one matmul per piece: gate and up cannot share a piece any more
     pieces = plan(units, users, Budget(max_matmuls=1))
@@ -71,3 +71,27 @@ def test_single_output_pieces_have_no_outside_users_inside() -> None:
             if m != p.output:
                 assert all(owner.get(c) == i for c in users[m]), (m, users[m])
     assert any(p.output == 3 for p in pieces)
+
+
+def _chain(n: int, first_matmuls: int = 0) -> tuple[list[PlanUnit], dict[int, list[object]]]:
+    """n compute units in a chain over x (the first one a matmul when ``first_matmuls``)."""
+    units = [PlanUnit(0, "compute", ("x", "w") if first_matmuls else ("x",), 1, first_matmuls, bool(first_matmuls))]
+    units += [PlanUnit(i, "compute", (i - 1,), 1) for i in range(1, n)]
+    users: dict[int, list[object]] = {i: [i + 1] for i in range(n - 1)}
+    users[n - 1] = ["out"]
+    return units, users
+
+
+def test_a_piece_without_a_contraction_may_have_twice_the_operators() -> None:
+    """Element-wise chains and row reductions: up to ``max_ops_no_matmul`` operators in one piece; with a
+    contraction the bound stays ``max_ops``."""
+    b = Budget()
+    assert (b.max_ops_for(0), b.max_ops_for(1)) == (16, 8)
+    units, users = _chain(12)
+    assert [p.ops for p in plan(units, users)] == [12]
+    assert [p.ops for p in plan(units, users, Budget(max_ops_no_matmul=8))] == [8, 4]
+    units, users = _chain(12, first_matmuls=1)
+    pieces = plan(units, users)
+    assert [p.ops for p in pieces] == [8, 4] and [p.matmuls for p in pieces] == [1, 0]
+    units, users = _chain(20)
+    assert [p.ops for p in plan(units, users)] == [16, 4]
