@@ -123,13 +123,17 @@ def _combine(kind: str, acc: str, x: str) -> str:
     return f"{acc} + {x}" if kind == "sum" else f"pr_max({acc}, {x})"
 
 
-# A long row is reduced as SPLIT independent partial reductions: its quarters [k*q, (k+1)*q), each an
-# OpenMP reduction variable of its own in one loop, combined at the end. One vectorized accumulator is a chain of
-# dependent adds (3-4 cycles each), so a single-accumulator sum runs at a fraction of the load rate; four
-# independent ones keep the adder busy. Measured on [256, 1024] rows, one thread, AVX2 (gcc 12 -O3): sum
-# 28.8 -> 17.6 µs, max with its NaN flag 39.3 -> 24.5 µs (ATen's sum: 19.5 µs). A lane array
-# (``float a[32]`` updated by a simd loop) was as fast in one spelling and 2x slower in another, when
-# gcc kept the array in memory: scalar reduction variables stay in registers by construction.
+# A long row is reduced in SPLIT parts: its quarters [k*q, (k+1)*q) are read in one loop, four values per step,
+# combined as a tree and then into one OpenMP reduction variable. One vectorized accumulator taking every value is a
+# chain of dependent adds (3-4 cycles each), so a plain single-accumulator sum runs at a fraction of the load rate;
+# with the tree, one add per four vectors is on the chain. Measured on [256, 1024] rows, one thread, AVX2 (gcc 12
+# -O3): sum 28.8 -> 17.6 µs, max with its NaN flag 39.3 -> 24.5 µs (ATen's sum: 19.5 µs), first with four
+# reduction variables (one per quarter). The tree then replaced those: each reduction variable costs a horizontal
+# reduction per row, which gcc writes as a sequence of lane shuffles -- for a row of 1024 floats a third of the
+# row's instructions. Tree vs four variables, [256, 1024], 2 threads, AVX-512 (Zen 4): sum 6.3-7.3 -> 5.2-5.4
+# µs, and 5.3-7.1 -> 5.2-5.4 with AVX-512 off. A lane array (``float a[32]`` updated by a simd loop) was as fast
+# in one spelling and 2x slower in another, when gcc kept the array in memory: scalar reduction variables stay
+# in registers by construction.
 SPLIT = 4
 SPLIT_MIN = 64  # rows shorter than this are reduced in one loop (a quarter below 16 floats gains nothing)
 
@@ -144,30 +148,29 @@ def sum_loop(w: CWriter, nm: Namer, s: str, j: str, n: int, value: Callable[[str
              sink: Callable[[str, str], str] | None = None) -> None:
     """``s += value(j)`` over ``j < n`` (``s`` is declared and set by the caller); ``sink(j, v)``, if given,
     is a statement that also stores each value ``v`` (softmax's exponentials). Vectorized; rows of at least
-    SPLIT_MIN elements in SPLIT independent parts (see SPLIT)."""
-    def add(acc: str, jx: str, plain: str = "+=") -> None:
+    SPLIT_MIN elements in SPLIT parts summed as a tree (see SPLIT)."""
+    def one(jx: str) -> str:
         if sink is None:
-            w.line(f"{acc} = {acc} + {value(jx)};" if plain == "=" else f"{acc} += {value(jx)};")
-            return
+            return value(jx)
         e = nm("e")
         w.line(f"const float {e} = {value(jx)};")
         w.line(sink(jx, e))
-        w.line(f"{acc} += {e};")
+        return e
 
     if n < SPLIT_MIN:
         with loops(w, [j], [n], simd=f"reduction(+:{s})"):
-            add(s, j, plain="=")
+            e = one(j)
+            w.line(f"{s} = {s} + {e};" if sink is None else f"{s} += {e};")
         return
     q, idx = _quarters(j, n)
-    parts = [nm("p") for _ in range(SPLIT)]
-    w.line(f"float {' = 0.0f, '.join(parts)} = 0.0f;")
-    with loops(w, [j], [q], simd=f"reduction(+:{','.join(parts)})"):
-        for p, jx in zip(parts, idx):
-            add(p, jx)
-    w.line(f"{s} += {_pairwise(parts)};")
+    p = nm("p")
+    w.line(f"float {p} = 0.0f;")
+    with loops(w, [j], [q], simd=f"reduction(+:{p})"):
+        w.line(f"{p} += {_pairwise([one(jx) for jx in idx])};")
+    w.line(f"{s} += {p};")
     if n % SPLIT:  # the last n % SPLIT elements
         with loops(w, [j], [n - SPLIT * q], simd=None):
-            add(s, f"({j} + {SPLIT * q})")
+            w.line(f"{s} += {one(f'({j} + {SPLIT * q})')};")
 
 
 def _pairwise(parts: Sequence[str]) -> str:
@@ -187,40 +190,32 @@ def max_loop(w: CWriter, nm: Namer, m: str, j: str, n: int, value: Callable[[str
     the loop is a dependent select chain (an unordered compare and two blends per vector); here the maximum
     is the plain ``v > m ? v : m`` (one compare and blend, which the reduction clause splits across lanes)
     and NaN is an OR-reduced flag beside it. Measured on 128 x 1024 rows, one thread: 19.4 -> 6.3 µs.
-    Rows of at least SPLIT_MIN elements in SPLIT independent parts (see SPLIT)."""
+    Rows of at least SPLIT_MIN elements in SPLIT parts combined as a tree (see SPLIT)."""
+    nan = nm("nan")
+    w.line(f"int {nan} = {m} != {m};")
     if n < SPLIT_MIN:
-        v, nan = nm("v"), nm("nan")
-        w.line(f"int {nan} = {m} != {m};")
+        v = nm("v")
         with loops(w, [j], [n], simd=f"reduction(max:{m}) reduction(|:{nan})"):
             _max_step(w, v, m, nan, value(j))
     else:
-        # per part a running max and a running sum: the sum is NaN whenever a NaN was read (or +inf and -inf
-        # both were), so the NaN flag costs one add per vector instead of a compare and an OR (gcc also
-        # loaded every vector twice for the two), and a row whose sum is NaN is searched for a NaN exactly.
-        # A [256, 1024] row max, 2 threads, AVX2, best of 300 calls: 14.0-14.5 -> 11.2-12.7 µs (one running
-        # sum for all four parts instead of four: no better)
-        nan = nm("nan")
-        w.line(f"int {nan} = {m} != {m};")
+        # the four values' maximum as a tree, then one running max; the NaN flag from two unordered compares
+        # (one per pair: true when either is NaN). [256, 1024] rows, 2 threads, AVX-512 (Zen 4), best of 7 x
+        # 2000 calls: 9.3-9.6 µs with four running maxima and four running sums (the sum was NaN whenever a NaN
+        # was read; 11.2-12.7 -> and cheaper than a compare per vector on AVX2 then) -> 5.6-5.8 µs; without
+        # any NaN flag 5.2-5.3
         q, idx = _quarters(j, n)
-        parts = [nm("p") for _ in range(SPLIT)]
-        sums = [nm("z") for _ in range(SPLIT)]
         vs = [nm("v") for _ in range(SPLIT)]
-        w.line(f"float {' = -INFINITY, '.join(parts)} = -INFINITY;")
-        w.line(f"float {' = 0.0f, '.join(sums)} = 0.0f;")
-        with loops(w, [j], [q], simd=f"reduction(max:{','.join(parts)}) reduction(+:{','.join(sums)})"):
-            for p, z, v, jx in zip(parts, sums, vs, idx):
+        a, b, c, p = nm("m"), nm("m"), nm("m"), nm("p")
+        w.line(f"float {p} = -INFINITY;")
+        with loops(w, [j], [q], simd=f"reduction(max:{p}) reduction(|:{nan})"):
+            for v, jx in zip(vs, idx):
                 w.line(f"const float {v} = {value(jx)};")
-                w.line(f"{p} = {v} > {p} ? {v} : {p};")
-                w.line(f"{z} += {v};")
-        for p in parts:
-            w.line(f"{m} = {p} > {m} ? {p} : {m};")
-        zt = nm("z")
-        w.line(f"const float {zt} = {_pairwise(sums)};")
-        with w.block(f"if ({zt} != {zt})"):
-            v = nm("v")
-            with loops(w, [j], [SPLIT * q], simd=f"reduction(|:{nan})"):
-                w.line(f"const float {v} = {value(j)};")
-                w.line(f"{nan} |= {v} != {v};")
+            w.line(f"const float {a} = {vs[1]} > {vs[0]} ? {vs[1]} : {vs[0]};")
+            w.line(f"const float {b} = {vs[3]} > {vs[2]} ? {vs[3]} : {vs[2]};")
+            w.line(f"const float {c} = {b} > {a} ? {b} : {a};")
+            w.line(f"{p} = {c} > {p} ? {c} : {p};")
+            w.line(f"{nan} |= __builtin_isunordered({vs[0]}, {vs[1]}) | __builtin_isunordered({vs[2]}, {vs[3]});")
+        w.line(f"{m} = {p} > {m} ? {p} : {m};")
         if n % SPLIT:
             v = nm("v")
             with loops(w, [j], [n - SPLIT * q], simd=None):

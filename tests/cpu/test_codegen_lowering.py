@@ -277,7 +277,7 @@ def test_large_elementwise_kernel_runs_in_parallel_chunks(rng: np.random.Generat
 @pytest.mark.parametrize("n", [64, 67, 1027])
 @pytest.mark.parametrize("isa", supported_isas())
 def test_long_rows_reduce_in_parts_with_nan_inf_and_tails(isa: str, n: int) -> None:
-    """Rows of at least loops.SPLIT_MIN elements are reduced as SPLIT independent parts (sum_loop,
+    """Rows of at least loops.SPLIT_MIN elements are reduced in SPLIT parts combined as a tree (sum_loop,
     max_loop): sum, max, softmax and rms_norm against float64, with NaN and infinities placed in each part,
     on a part boundary and in the tail of n % SPLIT elements, and rows of large values (no overflow in a
     part that the whole row would not have)."""
@@ -285,13 +285,15 @@ def test_long_rows_reduce_in_parts_with_nan_inf_and_tails(isa: str, n: int) -> N
     assert n >= SPLIT_MIN
     q = n // SPLIT
     g = prism.Graph()
-    X = g.input("X", (10, n))
+    X = g.input("X", (12, n))
     g.output(g.sum(X, 1), "T")
     g.output(g.max(X, 1), "M")
     g.output(g.softmax(X, 1), "S")
     g.output(g.rms_norm(X, 1e-6), "R")
-    x = np.random.default_rng(n).standard_normal((10, n)).astype(np.float32)
+    x = np.random.default_rng(n).standard_normal((12, n)).astype(np.float32)
     x[1, 0] = np.nan                      # the first part
+    x[10, q + 5] = np.nan                 # the second part (max_loop's NaN flag compares the parts in pairs)
+    x[11, 2 * q + 2] = np.nan             # the third part
     x[2, 3 * q] = np.nan                  # the first element of the last part
     x[3, n - 1] = np.nan                  # the tail (n % SPLIT > 0) or the last part's end
     x[4, q - 1] = np.inf                  # the end of the first part
@@ -347,9 +349,9 @@ def test_layer_norm_rows_against_float64_with_hostile_rows(isa: str, n: int) -> 
 
 @pytest.mark.parametrize("isa", supported_isas())
 def test_long_row_max_when_its_nan_check_sum_overflows(isa: str) -> None:
-    """max_loop's parts keep a running sum whose NaN sends the row to an exact NaN search: rows whose sums
-    overflow to +inf in one part and -inf in another (no NaN anywhere) keep their finite maximum, a NaN
-    behind such values is still found, and -inf/+inf rows are ordinary."""
+    """Rows whose sums overflow to +inf in one part and -inf in another (no NaN anywhere; max_loop once flagged
+    NaN by a running sum, which such rows made NaN) keep their finite maximum, a NaN behind such values is
+    found, and -inf/+inf rows are ordinary."""
     n = 256
     g = prism.Graph()
     X = g.input("X", (5, n))

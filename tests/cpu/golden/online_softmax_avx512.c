@@ -233,14 +233,14 @@ PR_NOINLINE void blk0(const float* restrict a0, const float* restrict a1, const 
         const float* v8i = v8 + it * 256;
         for (long i10 = 0; i10 < 4; i10++) {
           float s12 = -INFINITY;
-          int nan14 = s12 != s12;
-          #pragma omp simd reduction(max:s12) reduction(|:nan14)
+          int nan13 = s12 != s12;
+          #pragma omp simd reduction(max:s12) reduction(|:nan13)
           for (long j11 = 0; j11 < 16; j11++) {
-            const float v13 = (S + 64)[i10 * 16 + j11];
-            s12 = v13 > s12 ? v13 : s12;
-            nan14 |= v13 != v13;
+            const float v14 = (S + 64)[i10 * 16 + j11];
+            s12 = v14 > s12 ? v14 : s12;
+            nan13 |= v14 != v14;
           }
-          if (nan14) s12 = NAN;
+          if (nan13) s12 = NAN;
           (S + 160)[i10] = s12;
         }
         for (long r15 = 0; r15 < 4; r15++) {
