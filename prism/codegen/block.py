@@ -30,7 +30,7 @@ from prism.codegen import microkernels as mk
 from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.matmul import Support, emit_matmul
 from prism.codegen.prelude import c_float
-from prism.codegen.tiles import ELEMENTWISE, Expr, Operand, View, contiguous_strides, ctype, elem_of
+from prism.codegen.tiles import ELEMENTWISE, EXP_LE0, Expr, Operand, View, contiguous_strides, ctype, elem_of
 from prism.errors import UnsupportedError
 from prism.ir.block import BlockGraph
 from prism.ir.node import Node
@@ -208,7 +208,8 @@ class BlockLowering:
             elif n.op == "acc":
                 self.lower_acc(n, smax_src)
             elif n.op in ELEMENTWISE:
-                e = Expr(n.op, n.arg, tuple(self.vals[s] for s in n.src), _ints(n.shape))
+                op = EXP_LE0 if n.op == "exp" and _minus_own_max(n.src[0]) else n.op
+                e = Expr(op, n.arg, tuple(self.vals[s] for s in n.src), _ints(n.shape))
                 self.vals[n] = e if self.inline(n) else self.view(e, self.phase[n], self.operand_elem(n))
             elif n.op == "matmul":
                 if not self.fused_matmul(n):
@@ -389,9 +390,9 @@ class BlockLowering:
         r = nm("r")
         with body.block(f"for (long {r} = 0; {r} < {m.numel}; {r}++)"):
             body.line(f"const float mn = pr_max({m.ptr}[{r}], {mx.ptr}[{r}]);")
-            body.line(f"{alpha.ptr}[{r}] = it == 0 ? 0.0f : pr_exp({m.ptr}[{r}] - mn);")
+            body.line(f"{alpha.ptr}[{r}] = it == 0 ? 0.0f : pr_exp_le0({m.ptr}[{r}] - mn);")
             body.line(f"{m.ptr}[{r}] = mn;")
-        LP.assign(body, nm, p, Expr("exp", (), (Expr("sub", (), (xv, m), xv.shape),), xv.shape))
+        LP.assign(body, nm, p, Expr(EXP_LE0, (), (Expr("sub", (), (xv, m), xv.shape),), xv.shape))
         g = {"m": m, "alpha": alpha, "p": p}
         self.groups[x] = g
         return g
@@ -444,6 +445,12 @@ def _dedent(w: CWriter) -> CWriter:
     base = min((len(ln) - len(ln.lstrip(" ")) for ln in out.lines if ln.strip()), default=0)
     out.lines = [ln[base:] for ln in out.lines]
     return out
+
+
+def _minus_own_max(n: Node) -> bool:
+    """``n`` is ``x - max(x)`` along some dim (at most 0, or NaN): its exponential needs no overflow handling
+    (``pr_exp_le0``; log_softmax, logsumexp and softmax written out)."""
+    return n.op == "sub" and n.src[1].op == "max" and n.src[1].src[0] is n.src[0]
 
 
 def _const(shape: tuple[int, ...], value: float) -> Expr:
@@ -499,4 +506,4 @@ def _flops(v: Operand) -> int:
     """Flops per element of a fused expression (0 for a stored tile)."""
     if isinstance(v, View):
         return 0
-    return OPS[v.op].flops + sum(_flops(x) for x in v.srcs)
+    return OPS["exp" if v.op == EXP_LE0 else v.op].flops + sum(_flops(x) for x in v.srcs)

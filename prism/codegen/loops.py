@@ -358,7 +358,7 @@ def rowwise(w: CWriter, nm: Namer, target: View, src: View, axis: int, kind: str
             m, s = nm("m"), nm("s")
             w.line(f"float {m} = -INFINITY, {s} = 0.0f;")
             max_loop(w, nm, m, j, n, x)
-            sum_loop(w, nm, s, j, n, lambda jx: f"pr_exp({x(jx)} - {m})", sink=lambda jx, e: f"{t(jx)} = {e};")
+            sum_loop(w, nm, s, j, n, lambda jx: f"pr_exp_le0({x(jx)} - {m})", sink=lambda jx, e: f"{t(jx)} = {e};")
             # times the reciprocal (within 1.5 ulp of the quotient): a vector division is ~10x a multiply's
             # throughput cost; [256, 512], one thread, AVX2: 134 -> 125 µs
             r = nm("r")

@@ -23,6 +23,10 @@ LN2_LO = -2.1219444170128554e-04  # float32(ln2 - LN2_HI)
 # log(1+f) = f - (f^2/2 - s (f^2/2 + R(s^2))), s = f / (2 + f): R(z) = z (2/3 + 2z/5 + 2z^2/7 + 2z^3/9), the
 # atanh series (its next term is below 1e-9 relative for |s| <= 0.172, the range after normalizing)
 LOG_POLY = (2 / 3, 2 / 5, 2 / 7, 2 / 9)
+# log(1+f) = f - f^2/2 + f^3 L(f) on f in [sqrt(2)/2 - 1, sqrt(2) - 1], no division (softplus's log1p of e^-|x|):
+# fit_poly(lambda f: (log1p(f) - f + f*f/2) / f**3, sqrt(.5) - 1, sqrt(2) - 1, 7)
+LOG1P_POLY = (0.333333283662796, -0.25000298023223877, 0.20001468062400818, -0.16642245650291443,
+              0.14202195405960083, -0.12972284853458405, 0.12712183594703674, -0.0810127854347229)
 # erf(x) = x P(x^2) on |x| < 1; erfc(x) = exp(-x^2) Q(1/x) on 1 <= |x| < 4 (erf rounds to +-1 beyond 3.92)
 ERF_SMALL = (1.128379225730896, -0.3761262893676758, 0.11283625662326813, -0.02685539983212948,
              0.0051912181079387665, -0.0008034842903725803, 7.933480083011091e-05)
@@ -187,6 +191,21 @@ PR_INLINE float pr_exp(float x) {{
   return x < -104.0f ? 0.0f : y;
 }}
 
+/* e^x for x <= 0 (or NaN): one power-of-two factor instead of two (no overflow to handle, and results below
+   2^-126 -- x < ln(2^-126) = -87.33654 -- are 0 rather than subnormal); the exponentials of x - max(x) (softmax, log_softmax,
+   logsumexp, online softmax) and of -|x| (softplus). Same reduction and polynomial as pr_exp: the same ulp. */
+PR_INLINE float pr_exp_le0(float x) {{
+  float xc = x < -87.33654f ? -87.33654f : x;
+  float t = xc * {c_float(1 / math.log(2))} + 12582912.0f;
+  float n = t - 12582912.0f;
+  int32_t ni = (int32_t)(pr_f_bits(t) - 0x4B400000u);
+  float r = xc - n * {c_float(LN2_HI)};
+  r = r - n * {c_float(LN2_LO)};
+  float p = (r * r) * {q} + r + 1.0f;
+  float y = p * pr_bits_f((uint32_t)(ni + 127) << 23);
+  return x < -87.33654f ? 0.0f : y;
+}}
+
 /* e^x - 1, accurate near 0: 2^n (e^r - 1) + (2^n - 1) on |x| <= 20, e^x - 1 above, -1 below */
 PR_INLINE float pr_expm1(float x) {{
   float xc = x > 20.0f ? 20.0f : (x < -20.0f ? -20.0f : x);
@@ -232,8 +251,21 @@ PR_INLINE float pr_log1p(float x) {{
   return x == INFINITY ? x : y;
 }}
 
-/* log(1 + e^x) (softplus with beta 1, threshold 20, as PyTorch: x above 20) */
-PR_INLINE float pr_softplus(float x) {{ return x > 20.0f ? x : pr_log1p(pr_exp(x)); }}
+/* log(1 + u) for u in [0, 1] (or NaN), without a division: f = u below sqrt(2) - 1 (exact), else
+   log(1 + u) = ln 2 + log(1 + (u - 1) / 2); log(1 + f) = f - f^2/2 + f^3 LOG1P_POLY(f) */
+PR_INLINE float pr_log1p_01(float u) {{
+  int32_t big = u > 0.41421356f;
+  float f = big ? (u - 1.0f) * 0.5f : u;
+  float y = f - 0.5f * f * f + (f * f * f) * {_horner("f", LOG1P_POLY)};
+  return big ? y + {c_float(math.log(2))} : y;
+}}
+
+/* log(1 + e^x) = max(x, 0) + log(1 + e^-|x|) (e^-|x| in (0, 1]: no overflow, no division); softplus with beta
+   1, threshold 20, as PyTorch: x above 20 */
+PR_INLINE float pr_softplus_core(float x) {{
+  return (x > 0.0f ? x : 0.0f) + pr_log1p_01(pr_exp_le0(-fabsf(x)));
+}}
+PR_INLINE float pr_softplus(float x) {{ return x > 20.0f ? x : pr_softplus_core(x); }}
 
 /* erf: x P(x^2) on |x| < 1 (ERF_SMALL), 1 - e^(-x^2) Q(1/|x|) on 1 <= |x| < 4 (ERFC_BIG), +-1 beyond */
 PR_INLINE float pr_erf(float x) {{
@@ -242,7 +274,7 @@ PR_INLINE float pr_erf(float x) {{
   float small = x * {_horner("z", ERF_SMALL)};
   float ac = a < 1.0f ? 1.0f : (a > 4.0f ? 4.0f : a);
   float t = 1.0f / ac;
-  float big = 1.0f - pr_exp(-(ac * ac)) * {_horner("t", ERFC_BIG)};
+  float big = 1.0f - pr_exp_le0(-(ac * ac)) * {_horner("t", ERFC_BIG)};
   big = a >= 4.0f ? 1.0f : big;
   float y = a < 1.0f ? small : copysignf(big, x);
   return x != x ? x : y;

@@ -143,10 +143,17 @@ def leaves(x: Operand) -> list[View]:
 ELEMENTWISE = frozenset(n for n, o in OPS.items() if o.elementwise and o.c is not None)
 
 
+# the code generator's own element-wise operator: ``exp`` of a value known to be at most 0 (x - max(x)), which
+# the prelude's pr_exp_le0 computes without pr_exp's overflow handling
+EXP_LE0 = "exp_le0"
+
+
 def scalar_c(op: str, arg: tuple, args: list[str]) -> str:
     """The C scalar expression of one element-wise operator applied to C expressions ``args``."""
     if op == "const":
         return c_float(arg[0])
+    if op == EXP_LE0:
+        return f"pr_exp_le0({args[0]})"
     d = OPS.get(op)
     if d is None or d.c is None:
         raise UnsupportedError(f"no C lowering for element-wise operator {op!r}; supported: {sorted(ELEMENTWISE)}")

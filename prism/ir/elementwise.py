@@ -336,7 +336,7 @@ unary("softplus", "log(1 + exp(beta x)) / beta, x where beta x > threshold", att
       c=lambda x, beta, thr, lit: (f"pr_softplus({x})" if (beta, thr) == (1.0, 20.0)
                                    else f"pr_softplus_bt({x}, {lit(beta)}, {lit(1 / beta)}, {lit(thr)})"),
       c_defs="PR_INLINE float pr_softplus_bt(float x, float b, float rb, float t) "
-             "{ float y = x * b; return y > t ? x : pr_log1p(pr_exp(y)) * rb; }",
+             "{ float y = x * b; return y > t ? x : pr_softplus_core(y) * rb; }",
       torch=Torch(("softplus",), ("input", "beta", "threshold"), _softplus_attrs,
                   (("Softplus", ("beta", "threshold")),)),
       jax=lambda m, x, beta, thr: m.numpy.where(x * beta > thr, x, m.nn.softplus(x * beta) / beta),

@@ -16,7 +16,7 @@ from prism.runtime.cache import load
 pytestmark = pytest.mark.cpu
 
 F32 = np.finfo(np.float32)
-MATH_FUNCTIONS = ("exp", "tanh", "sigmoid", "expm1", "log", "log1p", "softplus", "erf", "gelu", "sin", "cos")
+MATH_FUNCTIONS = ("exp", "exp_le0", "log1p_01", "tanh", "sigmoid", "expm1", "log", "log1p", "softplus", "erf", "gelu", "sin", "cos")
 
 
 def math_test_source(names: tuple[str, ...] = MATH_FUNCTIONS) -> str:
@@ -187,3 +187,34 @@ def test_polynomial_tables_are_reproducible() -> None:
     assert _same_table(P.fit_poly(lambda r: np.where(np.abs(r) < 1e-4, -1 / 6 + r * r / 120,
                                                      (np.sin(r) - r) / np.where(r == 0, 1, r) ** 3), 1e-6, h, 2,
                                   var=lambda r: r * r), P.SIN_POLY)
+
+
+def test_exp_le0_as_exp_where_it_applies(lib: ctypes.CDLL) -> None:
+    """``pr_exp_le0`` (the exponentials of x - max(x) and of -|x|): within one ulp for results of at least 2^-126,
+    0 below (x < ln(2^-126) = -87.33654, instead of a subnormal), NaN for NaN; as ``pr_exp`` bit for bit above."""
+    x = float_sweep(-104.0, 0.0, step=101)
+    y = run(lib, "prism_test_exp_le0", x)
+    ref = np.exp(x.astype(np.float64))
+    normal = ref >= F32.tiny
+    assert ulp_error(y[normal], ref[normal]).max() < 1.0
+    assert np.all(y[x < np.float32(-87.33654)] == 0.0)
+    assert np.array_equal(y[normal], run(lib, "prism_test_exp", x)[normal])
+    sp = run(lib, "prism_test_exp_le0", np.array([0, -0.0, -np.inf, np.nan, -1e30], np.float32))
+    assert sp[0] == 1 and sp[1] == 1 and sp[2] == 0 and np.isnan(sp[3]) and sp[4] == 0
+
+
+def test_log1p_01_without_a_division(lib: ctypes.CDLL) -> None:
+    """``pr_log1p_01`` (softplus's log(1 + e^-|x|)): log1p on [0, 1] within 2 ulp, subnormal arguments
+    included (log1p(u) = u there), NaN for NaN; its table is what the documented fit gives. Measured max 1.81 ulp
+    (above sqrt(2) - 1 the result is ln 2 + log1p((u - 1) / 2): the polynomial's 1.33 ulp plus one rounding)."""
+    from prism.codegen import prelude as P
+    u = np.concatenate([float_sweep(0.0, 1.0, step=211), float_sweep(0.0, 2.0 ** -126, step=4099)])
+    u = np.abs(u)
+    assert _ulp_max(lib, "prism_test_log1p_01", u, np.log1p(u.astype(np.float64))) < 2.0
+    tiny = u[(u > 0) & (u < F32.tiny)]
+    assert np.array_equal(run(lib, "prism_test_log1p_01", tiny), tiny)
+    assert np.isnan(run(lib, "prism_test_log1p_01", np.array([np.nan], np.float32))[0])
+    lo, hi = math.sqrt(0.5) - 1, math.sqrt(2) - 1
+    fit = P.fit_poly(lambda f: np.where(np.abs(f) < 1e-5, 1 / 3 - f / 4,
+                                        (np.log1p(f) - f + f * f / 2) / np.where(f == 0, 1, f) ** 3), lo, hi, 7)
+    assert _same_table(fit, P.LOG1P_POLY)

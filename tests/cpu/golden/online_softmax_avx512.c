@@ -245,13 +245,13 @@ PR_NOINLINE void blk0(const float* restrict a0, const float* restrict a1, const 
         }
         for (long r15 = 0; r15 < 4; r15++) {
           const float mn = pr_max((S + 128)[r15], (S + 160)[r15]);
-          (S + 144)[r15] = it == 0 ? 0.0f : pr_exp((S + 128)[r15] - mn);
+          (S + 144)[r15] = it == 0 ? 0.0f : pr_exp_le0((S + 128)[r15] - mn);
           (S + 128)[r15] = mn;
         }
         for (long i16 = 0; i16 < 4; i16++) {
           #pragma omp simd
           for (long i17 = 0; i17 < 16; i17++) {
-            (S + 176)[i16 * 16 + i17] = pr_exp(((S + 64)[i16 * 16 + i17] - (S + 128)[i16]));
+            (S + 176)[i16 * 16 + i17] = pr_exp_le0(((S + 64)[i16 * 16 + i17] - (S + 128)[i16]));
           }
         }
         float* C18 = (S + 240);
