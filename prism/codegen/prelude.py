@@ -192,8 +192,9 @@ PR_INLINE float pr_exp(float x) {{
 }}
 
 /* e^x for x <= 0 (or NaN): one power-of-two factor instead of two (no overflow to handle, and results below
-   2^-126 -- x < ln(2^-126) = -87.33654 -- are 0 rather than subnormal); the exponentials of x - max(x) (softmax, log_softmax,
-   logsumexp, online softmax) and of -|x| (softplus). Same reduction and polynomial as pr_exp: the same ulp. */
+   2^-126 -- x < ln(2^-126) = -87.33654 -- are 0 rather than subnormal); the exponentials of x - max(x)
+   (softmax, log_softmax, logsumexp, online softmax), of -|x| (softplus) and of -x^2 (erf). Same reduction
+   and polynomial as pr_exp: the same ulp. */
 PR_INLINE float pr_exp_le0(float x) {{
   float xc = x < -87.33654f ? -87.33654f : x;
   float t = xc * {c_float(1 / math.log(2))} + 12582912.0f;

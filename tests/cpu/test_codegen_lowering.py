@@ -421,3 +421,27 @@ def test_a_cheap_value_of_several_consumers_is_recomputed(rng: np.random.Generat
     stored = scratch()
     check(g, rng)
     assert stored >= recomputed + 8 * 96, (stored, recomputed)   # the [8, 96] tile of x - max
+
+
+@pytest.mark.parametrize("n", [37, 1027])
+@pytest.mark.parametrize("isa", supported_isas())
+def test_max_of_a_negation_is_a_min_reduction(isa: str, n: int) -> None:
+    """``max(-x)`` (how amin/min are captured) is reduced as ``-min(x)``: no negation per element, the same
+    values (negation is exact), NaN and infinities as the max."""
+    g = prism.Graph()
+    X = g.input("X", (6, n))
+    g.output(g.neg(g.max(g.neg(X), 1)), "M")
+    x = np.random.default_rng(n).standard_normal((6, n)).astype(np.float32)
+    x[1, n // 3] = np.nan
+    x[2, n - 1] = np.nan
+    x[3, :] = np.inf
+    x[4, 5] = -np.inf
+    kernel = prism.compile(g, isa=isa)
+    out = kernel(X=x)[:, 0]
+    src = kernel.specialize().source
+    assert "reduction(min:" in src
+    loop = src.split("reduction(min:")[1].split("}")[0]   # the min loop's body: x read as it is
+    assert "(-" not in loop, loop
+    with np.errstate(invalid="ignore"):
+        ref = np.min(x, axis=1)
+    assert np.array_equal(np.isnan(out), np.isnan(ref)) and np.array_equal(out[~np.isnan(ref)], ref[~np.isnan(ref)])

@@ -16,7 +16,8 @@ from prism.runtime.cache import load
 pytestmark = pytest.mark.cpu
 
 F32 = np.finfo(np.float32)
-MATH_FUNCTIONS = ("exp", "exp_le0", "log1p_01", "tanh", "sigmoid", "expm1", "log", "log1p", "softplus", "erf", "gelu", "sin", "cos")
+MATH_FUNCTIONS = ("exp", "exp_le0", "log1p_01", "tanh", "sigmoid", "expm1", "log", "log1p", "softplus", "erf", "gelu",
+                  "sin", "cos")
 
 
 def math_test_source(names: tuple[str, ...] = MATH_FUNCTIONS) -> str:
