@@ -79,8 +79,34 @@ class DirectCall:
         guard = fastcall.guard_type()
         self._fast = None if guard is None else guard(
             tuple(s if s[0] == "value" else (s[0], s[1], s[3], s[2]) for s in self.specs), Tensor)
+        self._piece = self._sole_piece()
+
+    def _sole_piece(self) -> Any:
+        """The C call of the graph's only piece when the graph is nothing else (its inputs are the graph's
+        tensor inputs in order, its one output the graph's): a call it accepts skips the guard, the graph's
+        forward and the module call (~0.5-1 µs of a small program's ~10). Sound because the piece accepts only
+        input shapes it compiled, and it compiles only shapes of calls that passed the guard."""
+        from prism.frontend.runtime import PieceRunner
+        if not self.leaf or self._guards is not None or any(s[0] == "value" for s in self.specs):
+            return None
+        nodes = list(self.gm.graph.nodes)
+        ph = [n for n in nodes if n.op == "placeholder"]
+        calls = [n for n in nodes if n.op not in ("placeholder", "output")]
+        out = nodes[-1]
+        if len(calls) != 1 or calls[0].op != "call_module" or list(calls[0].args) != ph or calls[0].kwargs:
+            return None
+        runner = getattr(self.gm, str(calls[0].target), None)
+        if (not isinstance(runner, PieceRunner) or runner.out_slots is not None or runner._fast is None
+                or out.op != "output" or tuple(out.args[0]) != (calls[0],)):
+            return None
+        return runner._fast
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        piece = self._piece
+        if piece is not None and not kwargs and len(args) == self.n:
+            outs = piece(args)
+            if outs is not None and len(outs) == 1:
+                return outs[0]
         fast = self._fast
         if not kwargs and fast is not None and fast(args):
             if self._guards is None and self.leaf:  # the common case without another Python call

@@ -184,3 +184,31 @@ def test_attention_masks_from_pytorch_with_fully_masked_queries(mask_kind: str) 
     ref = fn(q.double(), k.double(), v.double(), mask if mask_kind == "bool" else mask.double())
     assert _calls(opt) >= 2 and not got.isnan().any()
     assert torch.equal(got[0, :, 2], torch.zeros_like(got[0, :, 2])) and _err(got, ref) <= 1e-5
+
+
+def test_a_graph_that_is_one_piece_is_called_through_the_piece(caplog: pytest.LogCaptureFixture) -> None:
+    """A graph that is nothing but one piece over its inputs is called through the piece's C call (no guard, no
+    graph forward); whatever that call does not take -- another size, an extra argument, another dtype, an input
+    that records autograd -- goes the guarded way and runs the original, as for any exported graph."""
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x * y).softmax(-1)
+
+    args = (_x(8, 16), _x(8, 16, seed=1))
+    opt = prism.optimize(fn, args, capture="export", **OPTS)
+    assert isinstance(opt._fn, DirectCall) and opt._fn._piece is not None
+    a, b = _x(8, 16, seed=5), _x(8, 16, seed=6)
+    with torch.inference_mode():
+        calls = _calls(opt)
+        assert _err(opt(a, b), fn(a.double(), b.double())) <= 1e-5
+        assert _calls(opt) == calls + 1
+    with caplog.at_level(logging.WARNING, logger="prism"):
+        with torch.inference_mode():
+            for other in ((_x(9, 16), _x(9, 16)), (a.double(), b.double())):
+                got = opt(*other)
+                assert got.dtype == other[0].dtype and torch.allclose(got, fn(*other))
+            with pytest.raises(TypeError):
+                opt(a, b, a)  # the original's own error
+        g = a.clone().requires_grad_()
+        got = opt(g, b)
+        assert got.requires_grad and torch.allclose(got, fn(g, b))
+    assert _calls(opt) == calls + 1  # none of the mismatching calls reached the kernel
