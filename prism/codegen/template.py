@@ -63,6 +63,8 @@ class Template:
     ws_floats: Lin
     scratch_floats: Lin
     checks: list[Any] = dataclasses.field(default_factory=list)   # numeric checks passed at served values
+    record_key: str | None = None   # the compiled template's kernel-cache key: its check record's name (api.py)
+    records_read: bool = False      # the check record was read (once per template and process)
     first: Any = None      # the runtime's first variant of it (whose workspace the others share)
     launcher: Any = None   # the C launcher whose workspace and lock the others share (runtime/fastcall.py)
 

@@ -16,6 +16,7 @@ class TuneStats:
     tune_memory_hits: int = 0    # shapes already tuned by this kernel object
     tune_derived: int = 0        # new shapes given a nearby shape's tuned winner, compiled and checked (derive)
     template_served: int = 0     # derived shapes served by a template already checked at TEMPLATE_CHECKS shapes
+    template_checks_recorded: int = 0   # template checks adopted from an earlier process's record (api.py)
     rebuilds: int = 0            # corrupt or stale cache entries that were rebuilt
     machine_measurements: int = 0  # triad/peak measurements (once per machine fingerprint)
     compiles: int = 0            # candidate kernels compiled by the tuner

@@ -394,3 +394,48 @@ def test_derived_shapes_share_a_template_instead_of_a_compile_each() -> None:
     served = [n for n in range(41, 70) if all(i["n"] != n for i in k.specialize(n=n).check.instantiations)]
     assert len(served) == STATS.template_served
     assert "served by a template of its guard region" in k.explain(n=served[-1])   # says where its check ran
+
+
+def test_a_later_process_takes_a_templates_recorded_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template's checks are recorded under the kernel cache (keyed by the compiled template and the program):
+    a later process (here: memory caches cleared) serves the template's region with no check of its own, and a
+    record of another program is not taken."""
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    clear_memory_caches()
+    g = prism.Graph("softmax_matmul_recorded")
+    X, V = g.input("X", (8, "n"), "float32"), g.input("V", ("n", 64), "float32")
+    g.output(g.matmul(g.softmax(g.mul_scalar(X, 0.125), -1), V), "Y")
+    rng = np.random.default_rng(2)
+
+    def run(k: object, n: int) -> None:
+        x = {"X": rng.standard_normal((8, n), dtype=np.float32), "V": rng.standard_normal((n, 64), dtype=np.float32)}
+        ref = g.evaluate({a: v.astype(np.float64) for a, v in x.items()}, dtype=np.float64)["Y"]
+        y = k(**x)  # type: ignore[operator]
+        assert np.max(np.abs(y - ref) / (np.abs(ref) + np.sqrt(np.mean(ref ** 2)))) <= 2e-4, n
+
+    k = prism.superoptimize(g, limits=LIMITS, derive=True)
+    for n in range(40, 50):
+        run(k, n)
+    (kern,) = k._kernels.values()
+    assert kern._templates and all(t.record_key for t, *_ in kern._templates)
+    records = list((tmp_path / "checks").glob("*.json"))
+    assert records and all(json.loads(p.read_text()) for p in records)
+
+    clear_memory_caches()
+    reset_stats()
+    k2 = prism.superoptimize(g, limits=LIMITS, derive=True)
+    run(k2, 40)   # the tuned shape: its tuning entry's record
+    checks = STATS.final_checks
+    for n in range(41, 50):
+        run(k2, n)
+    assert STATS.final_checks == checks and STATS.template_checks_recorded >= 3
+    assert STATS.template_served == 9
+
+    for p in records:   # records of another program only: checked again
+        p.write_text(json.dumps({"another program": next(iter(json.loads(p.read_text()).values()))}))
+    clear_memory_caches()
+    reset_stats()
+    k3 = prism.superoptimize(g, limits=LIMITS, derive=True)
+    for n in range(40, 50):
+        run(k3, n)
+    assert STATS.final_checks > 0 and STATS.template_checks_recorded == 0
