@@ -71,6 +71,8 @@ class Specialization:
     derived_from: dict[str, int] | None = None   # the tuned shape whose winner this is (Options.derive)
     check_cached: str | None = None   # the recorded check this very kernel (same C, flags, compiler) passed at
     #                                   this shape when the shape was tuned (the tuning entry): not repeated on load
+    cached_from: str = "tuning"       # where that record is: "tuning" (the tuning entry) or "template" (the
+    #                                   compiled template's check record, api._record_check)
 
     @property
     def source(self) -> str:
@@ -617,6 +619,12 @@ class SuperKernel:
                                   True, check_cached=str(checked.get("check", "numeric check passed")))
         if t is not None and len(t.checks) < TEMPLATE_CHECKS:
             self._recorded_checks(t, kernel.source_at(env))
+            inst = {**env, **params}
+            if any(i == inst for r in t.checks for i in r.instantiations):   # this very shape, checked before
+                from prism.verify.numeric import NumericResult
+                STATS.checks_cached += 1
+                return Specialization(env, impl, params, kernel, cached, NumericResult(True, (), (inst,), 0.0), True,
+                                      check_cached="numeric check passed", cached_from="template")
         if t is not None and len(t.checks) >= TEMPLATE_CHECKS:
             # the code that runs here is the template's, validated as plain generation's text at this shape
             # (its guards hold) and checked at TEMPLATE_CHECKS shapes of its region: no check of its own
@@ -731,6 +739,9 @@ class SuperKernel:
 
 def _check_line(s: Specialization) -> str:
     """The explain() line of a shape's final check: its own, or its template's (runtime/kernel.py)."""
+    if s.check_cached is not None and s.cached_from == "template":
+        return (f"compiled check at this shape: {s.check_cached} -- recorded when this very template (same C, "
+                "compiler, flags, machine) was checked at this shape, by this process or an earlier one")
     if s.check_cached is not None:
         return (f"compiled check at this shape: {s.check_cached} -- recorded when this very kernel (same C, "
                 "compiler, flags, machine) was tuned here; not repeated on load")

@@ -429,7 +429,25 @@ def test_a_later_process_takes_a_templates_recorded_checks(tmp_path: Path, monke
     for n in range(41, 50):
         run(k2, n)
     assert STATS.final_checks == checks and STATS.template_checks_recorded >= 3
-    assert STATS.template_served == 9
+    assert STATS.template_served + STATS.checks_cached == 10   # n=40: the tuning entry's record
+
+    # a template with fewer recorded checks than api.TEMPLATE_CHECKS: a shape recorded is not checked again,
+    # another one is
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path / "second"))
+    clear_memory_caches()
+    k4 = prism.superoptimize(g, limits=LIMITS, derive=True)
+    run(k4, 40)
+    run(k4, 41)
+    clear_memory_caches()
+    reset_stats()
+    k5 = prism.superoptimize(g, limits=LIMITS, derive=True)
+    run(k5, 40)
+    run(k5, 41)
+    assert STATS.final_checks == 0 and STATS.checks_cached == 2
+    assert "recorded when this very template" in k5.explain(n=41)
+    run(k5, 44)
+    assert STATS.final_checks == 1
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
 
     for p in records:   # records of another program only: checked again
         p.write_text(json.dumps({"another program": next(iter(json.loads(p.read_text()).values()))}))
