@@ -398,16 +398,23 @@ def _build(cap: Captured, report: GraphReport, k: int, piece: Piece
     return pr, prog, fallback, piece
 
 
+# the search time of a piece wider than the search's block limit (Budget.max_ops_no_matmul): the corpus's wide
+# pieces (a Huber loss, a KL divergence, a layer norm with its weight expression) searched in 0.1-0.5 s, and one
+# that finds nothing costs this much more than cutting it at once would have
+WIDE_SEARCH_S = 20.0
+
+
 def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = True, ops: int = 0) -> Any:
     """The piece's kernel, or None with ``pr`` marked failed (logged as a warning when ``last``, the last
     attempt for this piece). ``ops``: the piece's Prism operators; a piece of more than the search's block
     limit (a wide piece without a contraction, ``Budget.max_ops_no_matmul``) is searched with that limit
-    raised to its size, unless the caller gave ``limits``."""
+    raised to its size and for at most ``WIDE_SEARCH_S``, unless the caller gave ``limits``."""
     from prism.api import NoVerifiedKernelError, superoptimize
     t0 = time.perf_counter()
     limits = opts.search_limits()
     if opts.limits is None and ops > limits.max_block_ops:
-        limits = dataclasses.replace(limits, max_block_ops=ops)
+        # at most WIDE_SEARCH_S of it: should the wide piece find nothing, its parts are searched after it
+        limits = dataclasses.replace(limits, max_block_ops=ops, time_limit=min(limits.time_limit, WIDE_SEARCH_S))
     try:
         try:
             k = superoptimize(graph, limits=limits, top_k=opts.top_k, tune_budget_s=opts.tune_budget_s,
