@@ -93,7 +93,8 @@ def test_cache_hits_skip_search_and_tuning() -> None:
 
 def test_a_cached_winner_whose_kernel_is_not_the_checked_one_is_checked_again(_own_cache: Path) -> None:
     """The record of a passed check covers one kernel: where the entry names another (a new compiler, other
-    flags, an edited entry with a valid checksum), the winner is compiled and checked again on load."""
+    flags, a changed code generator, an edited entry with a valid checksum), the winner is compiled and checked
+    again on load, and the entry then records the kernel checked."""
     k = prism.superoptimize(_program(), limits=LIMITS)
     k(**_inputs(40))
     path = next(p for p in _entries(_own_cache) if json.loads(p.read_text())["payload"]["result"]["env"] == {"n": 40})
@@ -108,6 +109,13 @@ def test_a_cached_winner_whose_kernel_is_not_the_checked_one_is_checked_again(_o
     s = k2.specialize(n=40)
     assert s.from_cache and s.check_cached is None and s.check.passed
     assert (STATS.final_checks, STATS.checks_cached, STATS.tunings) == (1, 0, 0)
+    # the entry now records the kernel that was checked: the next process does not check it again
+    d = json.loads(path.read_text())
+    assert d["payload"]["checked"]["kernel"] != "0" * 64 and d["sha256"] == store.digest(d["payload"])
+    clear_memory_caches()
+    reset_stats()
+    s = prism.superoptimize(_program(), limits=LIMITS).specialize(n=40)
+    assert s.check_cached and (STATS.final_checks, STATS.checks_cached) == (0, 1)
 
 
 def test_tuning_and_the_final_check_share_one_draw(monkeypatch: pytest.MonkeyPatch) -> None:
