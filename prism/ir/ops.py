@@ -395,18 +395,20 @@ def infer(op: OpDef, src_shapes: tuple[Shape, ...], src_dtypes: tuple[DType, ...
     ctx = ctx or ShapeCtx()
     if op.arity is not None and len(src_shapes) != op.arity:
         raise ShapeError(f"{op.name} takes {op.arity} operand(s), got {len(src_shapes)}")
-    operands = ", ".join(f"{format_shape(s)} {d}" for s, d in zip(src_shapes, src_dtypes))
+    def operands() -> str:   # for the message only: formatting every shape cost a warm start ~0.15 s
+        return ", ".join(f"{format_shape(s)} {d}" for s, d in zip(src_shapes, src_dtypes))
+
     ctx.op = op.name
     token = _CTX.set(ctx)
     try:
         shape = op.shape_rule(ctx, src_shapes, arg)
         dtype = op.dtype_rule(src_dtypes, arg) if src_dtypes else arg[2]
     except InconclusiveDimError as e:
-        raise InconclusiveDimError(f"{op.name}({operands}): {e}", e.diff) from None
+        raise InconclusiveDimError(f"{op.name}({operands()}): {e}", e.diff) from None
     except ShapeError as e:
-        raise ShapeError(f"{op.name}({operands}): {e}") from None
+        raise ShapeError(f"{op.name}({operands()}): {e}") from None
     except DTypeError as e:
-        raise DTypeError(f"{op.name}({operands}): {e}") from None
+        raise DTypeError(f"{op.name}({operands()}): {e}") from None
     finally:
         _CTX.reset(token)
     return shape, dtype
