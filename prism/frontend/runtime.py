@@ -104,7 +104,7 @@ class PieceRunner(torch.nn.Module):
     """Calls a piece's Prism kernel (see the module docstring); ``prism_calls`` / ``fallback_calls``
     count what ran."""
 
-    def __init__(self, label: str, kernel: Any, inputs: list[InputSpec | None], fallback: torch.nn.Module,
+    def __init__(self, label: str, kernel: Any, inputs: list[InputSpec | None], fallback: Any,
                  out_slots: tuple[int | None, ...] | None = None) -> None:
         super().__init__()
         self.label = label

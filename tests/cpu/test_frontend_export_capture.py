@@ -208,7 +208,10 @@ def test_a_graph_that_is_one_piece_is_called_through_the_piece(caplog: pytest.Lo
                 assert got.dtype == other[0].dtype and torch.allclose(got, fn(*other))
             with pytest.raises(TypeError):
                 opt(a, b, a)  # the original's own error
+        (runner,) = [p.runner for p in opt.prism_pieces()]
+        assert runner.fallback.module is None    # the piece's PyTorch code is made at its first use
         g = a.clone().requires_grad_()
         got = opt(g, b)
         assert got.requires_grad and torch.allclose(got, fn(g, b))
+        assert runner.fallback.module is not None and runner.fallback_calls == 1
     assert _calls(opt) == calls + 1  # none of the mismatching calls reached the kernel
