@@ -287,3 +287,37 @@ def test_kill_9_during_a_compile_leaves_nothing_behind(_fresh_cache: Path, tmp_p
     run_once()
     assert not any(p.exists() for p in left)
 
+
+
+@pytest.mark.parametrize("damage", [b"\x00\xffnot json", b'{"x": 3}', b"[1, 2]", b'{"%s": [1, {"n": "big"}]}'])
+def test_damaged_template_check_records_are_ignored(_fresh_cache: Path, damage: bytes) -> None:
+    """A template's check record (``<cache>/checks/*.json``) that is garbage, of another program, or holds no
+    usable shapes is ignored: the template's shapes are checked as if there were none, and the record is
+    written again."""
+    import numpy as np
+    g = prism.Graph("softmax_matmul_fault_records")
+    X, V = g.input("X", (8, "n")), g.input("V", ("n", 64))
+    g.output(g.matmul(g.softmax(X, -1), V), "Y")
+    rng = np.random.default_rng(0)
+
+    def run(k: object, n: int) -> None:
+        x = {"X": rng.standard_normal((8, n), dtype=np.float32), "V": rng.standard_normal((n, 64), dtype=np.float32)}
+        ref = g.evaluate({a: v.astype(np.float64) for a, v in x.items()}, dtype=np.float64)["Y"]
+        y = k(**x)  # type: ignore[operator]
+        assert np.max(np.abs(y - ref)) <= 2e-4 * np.max(np.abs(ref))
+
+    k = prism.superoptimize(g, limits=LIMITS, derive=True)
+    for n in range(40, 46):
+        run(k, n)
+    records = sorted((_fresh_cache / "checks").glob("*.json"))
+    assert records
+    key = g.key
+    for p in records:
+        p.write_bytes(damage.replace(b"%s", key.encode()))
+    clear_memory_caches()
+    reset_stats()
+    k2 = prism.superoptimize(g, limits=LIMITS, derive=True)
+    for n in range(40, 46):
+        run(k2, n)
+    assert STATS.template_checks_recorded == 0 and STATS.final_checks >= 1
+    assert all(json.loads(p.read_text()).get(key) for p in records)
