@@ -683,7 +683,7 @@ class SuperKernel:
             if isinstance(e, dict) and e not in seen and all(isinstance(v, int) for v in e.values()):
                 t.checks.append(NumericResult(True, (), (dict(e),), 0.0))
                 seen.append(e)
-        STATS.template_checks_recorded += len(t.checks)
+                STATS.template_checks_recorded += 1
 
     def _record_check(self, t: Any, inst: dict[str, Any]) -> None:
         if t.record_key is None:   # _recorded_checks, called before any check of t, names the record

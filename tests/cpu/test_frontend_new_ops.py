@@ -121,3 +121,27 @@ def test_a_wide_piece_without_a_kernel_is_planned_again_in_smaller_pieces(monkey
     assert "1 split again" in r.summary()
     _check(opt, _huber, *args)
     assert all(p.runner.prism_calls >= 1 for p in parts)
+
+
+def test_a_wide_piece_after_a_replaced_one_is_planned_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wide piece reads the output of a piece already replaced by a Prism call (a product feeding the loss):
+    its re-planned parts are built on the rewritten graph and run on Prism."""
+    import prism.api as A
+    real = A.superoptimize
+
+    def picky(graph: Any, **kw: Any) -> Any:
+        if sum(n.op != "input" for n in graph.nodes) >= 12:
+            raise A.NoVerifiedKernelError("refused by the test")
+        return real(graph, **kw)
+
+    def fn(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _huber(a @ w, b)
+
+    monkeypatch.setattr(A, "superoptimize", picky)
+    torch.manual_seed(0)
+    args = (torch.randn(32, 48), torch.randn(48, 64) * 0.2, torch.randn(32, 64))
+    opt = prism.optimize(fn, args, capture="export", **OPTS)
+    (r,) = opt.report
+    assert [p.status for p in r.pieces][:2] == ["prism", "split"], r.table()
+    assert all(p.status == "prism" for p in r.pieces[2:]) and len(r.pieces) >= 4, r.table()
+    _check(opt, fn, *args)
