@@ -367,12 +367,11 @@ class SuperKernel:
 
     def _cache_path(self, env: Mapping[str, int]) -> tuple[Any, dict[str, Any]]:
         m = self.machine
-        if self._keys is None:   # serializing the program and its sGraphs: 0.4 ms each, at every new shape
-            self._keys = (self.program.key, [i.graph.key for i in self.implementations])
+        program, sgraphs = self._graph_keys()
         shapes = {k: [int(D.evaluate(d, env)) for d in n.shape] for k, n in self.program.inputs.items()}
-        material = {"v": TUNE_VERSION, "program": self._keys[0], "sgraphs": self._keys[1],
+        material = {"v": TUNE_VERSION, "program": program, "sgraphs": sgraphs,
                     "shapes": shapes, "machine": m.fingerprint, "threads": m.threads, "isa": m.isa}
-        path = store.root() / "results" / self._keys[0] / (store.digest(material)[:32] + ".json")
+        path = store.root() / "results" / program / (store.digest(material)[:32] + ".json")
         return path, material
 
     def _build(self, env: dict[str, int]) -> Specialization:
@@ -484,7 +483,7 @@ class SuperKernel:
             # (a warm start of llama-small after a code generator change re-checked its 28 tuned shapes, 2.0 s, in
             # every process)
             payload = dict(got.payload)
-            payload["checked"] = {"kernel": cache.cache_key(spec.source), "check": str(spec.check).splitlines()[0]}
+            payload["checked"] = _check_record(spec)
             try:
                 store.save(path, "tuning", payload)
             except (OSError, PrismError) as e:   # the record saves time later; never fail the call for it
@@ -548,8 +547,7 @@ class SuperKernel:
                             "measured under contention (`prism cache retune` measures it again)")
         store.save(path, "tuning", {"key": material, "result": tuned.result.to_json(),
                                     "contended": busy if marked else None,
-                                    "checked": {"kernel": cache.cache_key(spec.source),
-                                                "check": str(spec.check).splitlines()[0]},
+                                    "checked": _check_record(spec),
                                     "program": json.loads(graph_to_json(self.program)),
                                     "sgraphs": [json.loads(graph_to_json(i.graph)) for i in self.implementations]})
         if console is not None:
@@ -657,25 +655,26 @@ class SuperKernel:
     # template takes them as its own instead of checking its first TEMPLATE_CHECKS shapes again (the checks are
     # deterministic, seeded draws; as the tuning entry's record of a tuned shape's check). Measured need: a new
     # prompt length of llama-small bf16 in a process with warm caches spent 0.64 s of its 1.1 s in 13 such checks.
-    def _program_key(self) -> str:
+    def _graph_keys(self) -> tuple[str, list[str]]:
+        """The program's and the sGraphs' keys (serializing them: 0.4 ms each, at every new shape)."""
         if self._keys is None:
             self._keys = (self.program.key, [i.graph.key for i in self.implementations])
-        return self._keys[0]
+        return self._keys
 
-    def _checks_path(self, t: Any, source: str) -> Path:
-        if t.record_key is None:
-            t.record_key = cache.cache_key(source)
-        return cache.cache_dir() / "checks" / f"{t.record_key}.json"
+    @staticmethod
+    def _checks_path(record_key: str) -> Path:
+        return cache.cache_dir() / "checks" / f"{record_key}.json"
 
     def _recorded_checks(self, t: Any, source: str) -> None:
         """Adopt the checks a process recorded for template ``t`` and this program (once per template)."""
         if t.records_read:
             return
         t.records_read = True
+        t.record_key = cache.cache_key(source)
         from prism.verify.numeric import NumericResult
         try:
-            data = json.loads(cache.readable(self._checks_path(t, source)).read_text())
-            envs = data[self._program_key()]
+            data = json.loads(cache.readable(self._checks_path(t.record_key)).read_text())
+            envs = data[self._graph_keys()[0]]
         except (OSError, ValueError, KeyError, TypeError):
             return
         seen = [i for r in t.checks for i in r.instantiations]
@@ -688,14 +687,14 @@ class SuperKernel:
     def _record_check(self, t: Any, inst: dict[str, Any]) -> None:
         if t.record_key is None:   # _recorded_checks, called before any check of t, names the record
             return
-        path = self._checks_path(t, "")
+        path = self._checks_path(t.record_key)
         try:
             data = json.loads(cache.readable(path).read_text())
             if not isinstance(data, dict):
                 data = {}
         except (OSError, ValueError):
             data = {}
-        envs = data.setdefault(self._program_key(), [])
+        envs = data.setdefault(self._graph_keys()[0], [])
         if inst not in envs:
             envs.append({k: int(v) for k, v in inst.items() if isinstance(v, int)})
         try:
@@ -746,6 +745,12 @@ class SuperKernel:
     def __repr__(self) -> str:
         return (f"<prism.SuperKernel {self.program.name!r} inputs={list(self.input_names)} "
                 f"sgraphs={len(self.implementations)} shapes tuned={len(self._specs)}>")
+
+
+def _check_record(s: Specialization) -> dict[str, str]:
+    """A tuning entry's record of the check ``s``'s kernel passed: the kernel (the kernel cache's key) and the
+    check's summary (``_from_cached`` serves that kernel at that shape without checking it again)."""
+    return {"kernel": cache.cache_key(s.source), "check": str(s.check).splitlines()[0]}
 
 
 def _check_line(s: Specialization) -> str:

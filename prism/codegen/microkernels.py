@@ -329,12 +329,8 @@ def _hsum16_order() -> list[int]:
 
 @functools.cache
 def _hsum_avx512() -> str:
-    """The AVX-512 reduction network's C (constant; simulating it took 2.5 ms, paid by every nt product's code
-    generation: 0.15 s of a new prompt length's 0.75 s prefill on llama-small)."""
-    return _hsum_avx512_text()
-
-
-def _hsum_avx512_text() -> str:
+    """The AVX-512 reduction network's C (constant, so made once: simulating it took 2.5 ms, paid by every nt
+    product's code generation -- 0.15 s of a new prompt length's 0.75 s prefill on llama-small)."""
     pos = _hsum16_order()        # lane L holds the sum of network input pos[L]
     feed = [0] * 16
     for lane, p in enumerate(pos):

@@ -368,9 +368,10 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
                                 only=set(piece.members))
             why = pr.reason.removeprefix("prism.superoptimize raised ")
             pr.status = "split"
+            first = len(report.pieces)
             again = [b for part in parts if (b := _build(cap, report, len(report.pieces), part)) is not None]
             pr.reason = (f"no kernel as one piece of {piece.ops} operators ({why}); planned again as piece(s) "
-                         + ", ".join(str(b[0].index) for b in again))
+                         + ", ".join(str(k) for k in range(first, len(report.pieces))))
             log.warning("prism: piece %d (%s): %s", pr.index, pr.label, pr.reason)
             built[:0] = again
             total += len(again)
