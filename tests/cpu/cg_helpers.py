@@ -1,6 +1,10 @@
-"""Shared helpers of the CPU-tier tests (tolerance, float64 references of the workloads, a split-K block graph)."""
+"""Shared helpers of the CPU-tier tests (tolerance, float64 references of the workloads, a split-K block graph,
+an online-softmax attention block graph)."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -66,4 +70,21 @@ def split_k_graph(row_sums: bool = False) -> prism.Graph:
     g.output(y, "Y")
     if row_sums:
         g.output(g.sum(y, 1), "T")
+    return g
+
+
+def online_softmax_attention(name: str, q: Sequence[int | str], kv: Sequence[int | str], grid: tuple,
+                             forloop: int | str, dtype: str = "float32") -> prism.Graph:
+    """O = softmax(Q K^T / sqrt(E)) V written as one block graph: Q ``q`` = [heads, rows, E], K and V ``kv`` =
+    [heads, keys, E]; a grid over heads, a loop over key chunks with online-softmax accumulators."""
+    g = prism.Graph(name)
+    Q, K, V = g.input("Q", tuple(q), dtype), g.input("K", tuple(kv), dtype), g.input("V", tuple(kv), dtype)
+    bb = BlockBuilder(grid=grid, forloop=forloop, inputs=[Q, K, V])
+    qt = bb.iter(0, imap=(0,))
+    kt = bb.iter(1, imap=(0,), fmap=1)
+    vt = bb.iter(2, imap=(0,), fmap=1)
+    s = bb.mul_scalar(bb.matmul(qt, bb.transpose(kt, -1, -2)), 1 / math.sqrt(int(q[-1])))
+    bb.save(bb.div(bb.accumulate("softmax_matmul", s, vt), bb.accumulate("softmax_sum", s)), omap=(0,))
+    (o,) = g.customized(bb.build(), [Q, K, V])
+    g.output(o, "O")
     return g

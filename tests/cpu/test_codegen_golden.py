@@ -11,13 +11,12 @@ the same graphs are then compiled for this machine and checked against the refer
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
-from cg_helpers import assert_close
+from cg_helpers import assert_close, online_softmax_attention
 
 import prism
 from prism.codegen import generate
@@ -43,17 +42,7 @@ def rms_linear() -> prism.Graph:
 
 def online_softmax() -> prism.Graph:
     """O = softmax(Q K^T / sqrt(D)) V for 2 heads: grid over heads, loop over key chunks."""
-    g = prism.Graph("golden online_softmax")
-    Q, K, V = g.input("Q", (2, 4, 16)), g.input("K", (2, 32, 16)), g.input("V", (2, 32, 16))
-    bb = BlockBuilder(grid=(2,), forloop=2, inputs=[Q, K, V])
-    q = bb.iter(0, imap=(0,))
-    k = bb.iter(1, imap=(0,), fmap=1)
-    v = bb.iter(2, imap=(0,), fmap=1)
-    s = bb.mul_scalar(bb.matmul(q, bb.transpose(k, -1, -2)), 1 / math.sqrt(16))
-    bb.save(bb.div(bb.accumulate("softmax_matmul", s, v), bb.accumulate("softmax_sum", s)), omap=(0,))
-    (o,) = g.customized(bb.build(), [Q, K, V])
-    g.output(o, "O")
-    return g
+    return online_softmax_attention("golden online_softmax", (2, 4, 16), (2, 32, 16), (2,), 2)
 
 
 @pytest.mark.parametrize("make", [rms_linear, online_softmax], ids=["rms_linear", "online_softmax"])

@@ -6,11 +6,9 @@ template must compute what the per-value kernel computes."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from cg_helpers import assert_close, supported_isas
+from cg_helpers import assert_close, online_softmax_attention, supported_isas
 
 import prism
 from prism.codegen import generate
@@ -27,17 +25,7 @@ pytestmark = pytest.mark.cpu
 def decode_attention(dtype: str = "float32") -> prism.Graph:
     """O = softmax(q K^T / 8) V for 4 KV heads of 4 query rows each at KV length n: a grid over heads
     (``g``), a loop over ``F`` KV chunks with online-softmax accumulators."""
-    g = prism.Graph("decode attention")
-    Q, K, V = g.input("Q", (4, 4, 64), dtype), g.input("K", (4, "n", 64), dtype), g.input("V", (4, "n", 64), dtype)
-    bb = BlockBuilder(grid=("g",), forloop="F", inputs=[Q, K, V])
-    q = bb.iter(0, imap=(0,))
-    k = bb.iter(1, imap=(0,), fmap=1)
-    v = bb.iter(2, imap=(0,), fmap=1)
-    s = bb.mul_scalar(bb.matmul(q, bb.transpose(k, -1, -2)), 1 / math.sqrt(64))
-    bb.save(bb.div(bb.accumulate("softmax_matmul", s, v), bb.accumulate("softmax_sum", s)), omap=(0,))
-    (o,) = g.customized(bb.build(), [Q, K, V])
-    g.output(o, "O")
-    return g
+    return online_softmax_attention("decode attention", (4, 4, 64), (4, "n", 64), ("g",), "F", dtype)
 
 
 def kernel_level() -> prism.Graph:
