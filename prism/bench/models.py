@@ -11,7 +11,7 @@ Per model (a ``transformers`` config built with seeded random weights; nothing i
    The generated token ids must equal eager's (greedy decoding); a system that differs is flagged.
 2. **Time** in interleaved rounds (rotated order, same thread count, ``torch.inference_mode()``): per
    round and system, ``generate(max_new_tokens=1)`` gives the time to first token (the prompt's prefill),
-   then ``generate`` of 2 and of N tokens (``min_new_tokens`` equal: no early stop); decode tokens/s is
+   then ``generate`` of 2 and of N tokens (no end-of-sequence token: exactly N, see below); decode tokens/s is
    ``(N - 2) / (T(N) - T(2))``: the same prefill and first step (Dynamo's static decode graph) cancel,
    what is left are N - 2 steps of the dynamic decode graph. Medians over rounds.
 3. **New prompt lengths**: after the rounds, per system, a one-token ``generate()`` at two new prompt
@@ -173,6 +173,9 @@ class SystemResult:
     new_length_s: list[float] = field(default_factory=list)  # first call at a new prompt length less the next
     tps: list[float] = field(default_factory=list)   # decode tokens/s measured directly (llama-bench)
     fresh_tps: float | None = None   # decode tokens/s at KV lengths not seen before (FRESH_TOKENS past them)
+    # Prism: where a decode step's time goes (ms per step; _decode_breakdown): step, kernels, piece calls
+    # (kernels included), and piece calls / kernel launches per step
+    breakdown: dict[str, float] = field(default_factory=dict)
 
     def ttft(self) -> float | None:
         return statistics.median(self.ttft_ms) if self.ttft_ms else None
@@ -228,16 +231,40 @@ def _first_difference(a: Any, b: Any) -> int:
     return int(diff[0]) if len(diff) else -1
 
 
-def _step_clock() -> tuple[Any, list[float]]:
-    """A logits-processor list that records when each decode step's logits are ready, and that record."""
+def _step_clock(reading: Callable[[], Any] | None = None) -> tuple[Any, list[Any]]:
+    """A logits-processor list that records when each decode step's logits are ready, and that record
+    (with ``reading()`` beside each time where given: ``(time, reading)``)."""
     from transformers import LogitsProcessor, LogitsProcessorList
-    stamps: list[float] = []
+    stamps: list[Any] = []
 
     class Clock(LogitsProcessor):
         def __call__(self, input_ids: Any, scores: Any) -> Any:
-            stamps.append(time.perf_counter())
+            t = time.perf_counter()
+            stamps.append(t if reading is None else (t, reading()))
             return scores
     return LogitsProcessorList([Clock()]), stamps
+
+
+def _decode_breakdown(model: Any, ids: Any, n: int, kw: dict[str, Any]) -> dict[str, float]:
+    """Where Prism's decode steps go, in one ``generate()`` of ``n`` tokens with the kernel and piece-call
+    accounting on (``prism.runtime.fastcall.set_profiling``: two clock reads per call): per step (the steps
+    after the first, as the rounds), milliseconds in kernels, in piece calls (checks, output allocation,
+    launch and kernel), the whole step, and the piece calls and kernel launches per step. The rest of a
+    step ran outside Prism: the graph's PyTorch operators, Dynamo's frame evaluation and guards, and
+    ``generate()``'s own Python."""
+    from prism.runtime import fastcall
+    clock, t = _step_clock(fastcall.profile_totals)
+    fastcall.set_profiling(True)
+    try:
+        model.generate(ids, max_new_tokens=n, logits_processor=clock, **kw)
+    finally:
+        fastcall.set_profiling(False)
+    if len(t) != n or n < 3:
+        return {}
+    (t0, p0), (t1, p1) = t[1], t[n - 1]
+    d, steps = p1 - p0, n - 2
+    return {"step_ms": (t1 - t0) / steps * 1e3, "kernel_ms": d.kernel_s / steps * 1e3,
+            "piece_ms": d.piece_s / steps * 1e3, "piece_calls": d.pieces / steps, "kernel_calls": d.kernels / steps}
 
 
 def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: int,
@@ -248,6 +275,12 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
     from prism.frontend import clear_reports, reports
     from prism.tune import STATS
     base = build(spec, dtype=dtype)
+    # exactly the tokens asked for, with no end-of-sequence token to stop at: ``min_new_tokens`` would do
+    # it too, but its two logits processors mask the EOS id over the whole vocabulary at every step
+    # (``torch.isin``), ~1 ms of Python and PyTorch per token on llama-small for every system (measured:
+    # Prism 8.3-9.5 -> 7.6-7.8 ms per step, eager's time outside forward 1.7 -> 0.7 ms), which no
+    # llama-bench run pays; greedy decoding is otherwise the same
+    base.generation_config.eos_token_id = None
     res = ModelResult(name, asdict(spec), prompt, new_tokens, decode_bytes(base), dtype=dtype)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, spec.vocab, (1, prompt), generator=g)
@@ -270,7 +303,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
         t0 = time.perf_counter()
         try:
             with torch.inference_mode():
-                out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+                out = model.generate(ids, max_new_tokens=new_tokens, **kw)
         except Exception as e:  # a system failing must not stop the others
             r.status = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             log(f"{name}: {sysname}: {r.status}")
@@ -292,7 +325,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
         t0 = time.perf_counter()  # the timed calls once, untimed: Dynamo's recompiles (a one-token
         with torch.inference_mode():  # generate() takes other paths) happen here, not in the rounds
             model.generate(ids, max_new_tokens=1, **kw)
-            model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+            model.generate(ids, max_new_tokens=new_tokens, **kw)
         r.warmup_s = time.perf_counter() - t0
         r.memory_mib = (rss() - copied) / 2**20 if sysname != "eager" else (rss() - before) / 2**20
         if sysname == "prism":
@@ -317,9 +350,9 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 t0 = time.perf_counter()
                 model.generate(ids, max_new_tokens=1, **kw)
                 t1 = time.perf_counter()
-                model.generate(ids, max_new_tokens=2, min_new_tokens=2, **kw)
+                model.generate(ids, max_new_tokens=2, **kw)
                 t2 = time.perf_counter()
-                model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+                model.generate(ids, max_new_tokens=new_tokens, **kw)
                 t3 = time.perf_counter()
                 res.systems[sysname].ttft_ms.append((t1 - t0) * 1e3)
                 res.systems[sysname].two_ms.append((t2 - t1) * 1e3)
@@ -328,6 +361,13 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 _llama_cpp_round(lcpp, prompt, new_tokens, res, log)
             log(f"{name}: round {k + 1}/{rounds}")
     res.bandwidth.append(read_bandwidth())
+    if "prism" in calls:  # after the rounds, so that they are timed without the accounting
+        with torch.inference_mode():
+            b = res.systems["prism"].breakdown = _decode_breakdown(calls["prism"], ids, new_tokens, kw)
+        if b:
+            log(f"{name}: prism decode step {b['step_ms']:.2f} ms: kernels {b['kernel_ms']:.2f} ms, piece calls "
+                f"{b['piece_ms']:.2f} ms ({b['piece_calls']:.0f} per step), outside Prism "
+                f"{b['step_ms'] - b['piece_ms']:.2f} ms")
     with torch.inference_mode():  # new prompt lengths: what a new length adds to the time to first token
         for extra in new_lengths:
             longer = torch.randint(0, spec.vocab, (1, prompt + extra), generator=g)
@@ -347,7 +387,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 # steps timed inside one generate() (the difference of two generate() calls came out <= 0
                 # under load)
                 clock, t = _step_clock()
-                model.generate(ids, max_new_tokens=n, min_new_tokens=n, logits_processor=clock, **kw)
+                model.generate(ids, max_new_tokens=n, logits_processor=clock, **kw)
                 if len(t) == n:  # token i >= new_tokens is decoded at a KV length never seen before
                     res.systems[sysname].fresh_tps = fresh_tokens / (t[n - 1] - t[new_tokens - 1])
             log(f"{name}: decode at new KV lengths: " + ", ".join(
@@ -439,6 +479,13 @@ def markdown(results: list[ModelResult], meta: dict[str, Any]) -> str:
             st = ", ".join(f"{k} {v}" for k, v in p.stats.items())
             lines += ["", f"Prism: {p.prism_pieces} pieces over the captured graphs; {p.share:.0%} of the compute "
                       f"operators on Prism; start-up: {st}. In PyTorch: " + ("; ".join(p.kept) or "nothing")]
+            b = p.breakdown
+            if b:
+                lines += ["", f"Prism's decode step ({b['piece_calls']:.0f} piece calls, {b['kernel_calls']:.0f} "
+                          f"kernel launches): {b['step_ms']:.2f} ms = kernels {b['kernel_ms']:.2f} + the piece "
+                          f"calls' own cost {b['piece_ms'] - b['kernel_ms']:.2f} (checks, allocation, launch) + "
+                          f"outside Prism {b['step_ms'] - b['piece_ms']:.2f} (the graph's PyTorch operators, "
+                          "Dynamo, generate())"]
         lines += [f"{n}." for n in m.notes]
     return "\n".join(lines)
 

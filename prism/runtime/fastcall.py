@@ -43,6 +43,7 @@ import os
 import sys
 import sysconfig
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ SOURCE = r"""
 #include <Python.h>
 #include <pythread.h>
 #include <errno.h>
+#include <time.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +85,19 @@ typedef struct {
 } Launcher;
 
 static PyObject* str_data_ptr;
+
+/* Opt-in time accounting (set_profile): seconds inside kernel entries and inside the pieces' checked fast
+   path (checks, allocation, launch and kernel), and their counts; updated with the GIL held. Off: one
+   branch per call. */
+static int prof_on = 0;
+static double prof_kernel_s = 0.0, prof_piece_s = 0.0;
+static long long prof_kernel_n = 0, prof_piece_n = 0;
+
+static double prof_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 static void Launcher_dealloc(Launcher* self) {
     Py_XDECREF(self->empty);
@@ -218,13 +233,20 @@ static PyObject* launcher_run(Launcher* self, PyObject* const* ins, Py_ssize_t n
     long need = self->ws_floats + (long)nth * self->scratch_floats;
     if (need < 1) need = 1;
     int rc = 0, oom = 0;
+    const int prof = prof_on;
+    double t0 = 0.0, t1 = 0.0;
     Launcher* o = self->owner != NULL ? (Launcher*)self->owner : self;  /* whose workspace and lock */
     Py_BEGIN_ALLOW_THREADS
     PyThread_acquire_lock(o->lock, WAIT_LOCK);
     if (grow_workspace(o, need) != 0) oom = 1;
-    else rc = self->fn(ptrs, o->ws, nth);
+    else {
+        if (prof) t0 = prof_now();
+        rc = self->fn(ptrs, o->ws, nth);
+        if (prof) t1 = prof_now();
+    }
     PyThread_release_lock(o->lock);
     Py_END_ALLOW_THREADS
+    if (prof && !oom) { prof_kernel_s += t1 - t0; prof_kernel_n++; }
     if (oom) { PyErr_NoMemory(); goto fail; }
     if (rc != 0) {
         PyErr_Format(PyExc_RuntimeError, "prism kernel returned error code %d", rc);
@@ -330,6 +352,7 @@ static PyObject* Piece_call(Piece* self, PyObject* args, PyObject* kw) {
     PyObject* argv = sole_arg(args, kw, &PyTuple_Type,
                               "a Piece takes one argument, the tuple of the piece's arguments");
     if (argv == NULL) return NULL;
+    const double t_in = prof_on ? prof_now() : 0.0;
     Py_ssize_t nargs = PyTuple_GET_SIZE(argv);
     PyObject* g = PyObject_CallNoArgs(self->grad_enabled);
     if (g == NULL) return NULL;
@@ -398,6 +421,7 @@ slow_or_error:
         Py_DECREF(outs);
         return NULL;
     }
+    if (prof_on && t_in > 0.0) { prof_piece_s += prof_now() - t_in; prof_piece_n++; }
     return outs;
 slow:
     Py_DECREF(shapes);
@@ -511,7 +535,23 @@ static PyTypeObject GuardType = {
     .tp_call = (ternaryfunc)Guard_call,
 };
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_prism_fastcall", NULL, -1, NULL};
+/* profile(on) -> (on, kernel seconds, kernel calls, piece seconds, piece calls) before the call; on: 1 turns
+   the accounting on, 0 off, -1 leaves it; reset: 1 zeroes the totals after reading them */
+static PyObject* mod_profile(PyObject* m, PyObject* args) {
+    int on = -1, reset = 0;
+    if (!PyArg_ParseTuple(args, "|ii", &on, &reset)) return NULL;
+    PyObject* r = Py_BuildValue("(idLdL)", prof_on, prof_kernel_s, prof_kernel_n, prof_piece_s, prof_piece_n);
+    if (on >= 0) prof_on = on != 0;
+    if (reset) { prof_kernel_s = prof_piece_s = 0.0; prof_kernel_n = prof_piece_n = 0; }
+    return r;
+}
+
+static PyMethodDef mod_methods[] = {
+    {"profile", mod_profile, METH_VARARGS, "profile(on=-1, reset=0): the time accounting (prism/runtime/fastcall.py)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_prism_fastcall", NULL, -1, mod_methods};
 
 PyMODINIT_FUNC PyInit__prism_fastcall(void) {
     if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PieceType) < 0 || PyType_Ready(&GuardType) < 0)
@@ -629,6 +669,58 @@ def guard_type() -> Any:
     """The C ``Guard`` type, or None (see :func:`extension`)."""
     m = extension()
     return None if m is None else m.Guard
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Time accounted while profiling was on (:func:`set_profiling`): ``kernel_s`` inside kernel entries
+    (``kernels`` calls), ``piece_s`` inside the frontend's piece calls -- checks, output allocation, launch and
+    kernel -- (``pieces`` calls). ``piece_s - kernel_s`` is the per-call cost of the pieces; what a caller
+    measures beyond ``piece_s`` ran outside Prism (the graph's other operators, Dynamo, the caller's code)."""
+
+    kernel_s: float = 0.0
+    kernels: int = 0
+    piece_s: float = 0.0
+    pieces: int = 0
+
+    def __sub__(self, other: Profile) -> Profile:
+        return Profile(self.kernel_s - other.kernel_s, self.kernels - other.kernels,
+                       self.piece_s - other.piece_s, self.pieces - other.pieces)
+
+
+# profiling state of the Python paths (the ctypes launcher, a piece's checked Python path): [on] and the
+# totals [kernel_s, kernels, piece_s, pieces]; the C extension keeps its own (mod_profile above)
+PROFILING = [False]
+_PY_TOTALS = [0.0, 0, 0.0, 0]
+
+
+def set_profiling(on: bool) -> None:
+    """Account the time of kernels and piece calls from now on (``on``) or stop. Off, a call costs one branch;
+    on, two clock reads per kernel and per piece call (~50 ns)."""
+    PROFILING[0] = bool(on)
+    m = extension()
+    if m is not None:
+        m.profile(1 if on else 0)
+
+
+def add_kernel_time(seconds: float) -> None:
+    _PY_TOTALS[0] += seconds
+    _PY_TOTALS[1] += 1
+
+
+def add_piece_time(seconds: float) -> None:
+    _PY_TOTALS[2] += seconds
+    _PY_TOTALS[3] += 1
+
+
+def profile_totals() -> Profile:
+    """The totals accounted so far in this process (subtract two readings for an interval)."""
+    k, kn, p, pn = _PY_TOTALS
+    m = extension()
+    if m is not None:
+        _, ck, ckn, cp, cpn = m.profile()
+        k, kn, p, pn = k + ck, kn + ckn, p + cp, pn + cpn
+    return Profile(k, int(kn), p, int(pn))
 
 
 def reset() -> None:

@@ -15,6 +15,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +193,7 @@ class Variant:
         outs_spec = tuple(zip(out_shapes, dtypes))
         ptr_type, fn, lock, max_threads, workspace = self.ptr_type, self.fn, self.lock, self.max_threads, self.workspace
         words = self.words
+        profiling = fastcall.PROFILING
 
         def launch(ins: list[Any]) -> list[Any]:
             dd = default_dtype()  # empty() without a dtype argument is ~1 µs cheaper: use it where it agrees
@@ -199,7 +201,12 @@ class Variant:
             arr = ptr_type(*[a.data_ptr() for a in ins], *[o.data_ptr() for o in outs], *words)
             nth = num_threads(max_threads)
             with lock:
-                rc = fn(arr, workspace(nth), nth)
+                if profiling[0]:
+                    t0 = time.perf_counter()
+                    rc = fn(arr, workspace(nth), nth)
+                    fastcall.add_kernel_time(time.perf_counter() - t0)
+                else:
+                    rc = fn(arr, workspace(nth), nth)
             if rc != 0:  # pragma: no cover - generated entries return 0
                 raise RuntimeError(f"prism kernel returned error code {rc}")
             return outs

@@ -211,6 +211,36 @@ def test_piece_fast_path_checks_like_the_python_path(fresh: None) -> None:
     torch.testing.assert_close(f, ref)
 
 
+@pytest.mark.parametrize("c_launcher", [True, False])
+def test_time_accounting_counts_kernels_and_piece_calls_only_while_on(fresh: None, monkeypatch: pytest.MonkeyPatch,
+                                                                     c_launcher: bool) -> None:
+    """``set_profiling``: kernel time and piece-call time (checks, allocation, launch, kernel) are counted on
+    the C path and on the Python path alike, a kernel inside its piece call, and nothing while it is off."""
+    from prism.frontend.runtime import InputSpec, PieceRunner
+    if not c_launcher:
+        monkeypatch.setenv("PRISM_C_LAUNCHER", "0")
+    r = PieceRunner("0 (mm)", _Kernel(), [InputSpec("x0", None, False), InputSpec("x1", None, True)], _Fallback())
+    assert (r._fast is not None) is c_launcher
+    gen = torch.Generator().manual_seed(1)
+    x0, x1 = torch.randn(5, 8, generator=gen), torch.randn(8, 4, generator=gen)
+    with torch.no_grad():
+        r(x0, x1)                              # planned and compiled: not counted
+        p0 = fastcall.profile_totals()
+        r(x0, x1)
+        assert fastcall.profile_totals() == p0  # off: nothing counted
+        fastcall.set_profiling(True)
+        try:
+            for _ in range(5):
+                r(x0, x1)
+            r(torch.randn(8, 5, generator=gen).t(), x1)   # the Python path (a copy first) on either launcher
+        finally:
+            fastcall.set_profiling(False)
+        r(x0, x1)
+    d = fastcall.profile_totals() - p0
+    assert d.kernels == 6 and d.pieces == 6, d
+    assert 0 < d.kernel_s < d.piece_s < 1.0, d
+
+
 def test_transposed_inputs_take_the_python_path(fresh: None) -> None:
     from prism.frontend.runtime import InputSpec, PieceRunner
     r = PieceRunner("0 (mm)", _Kernel(), [InputSpec("x0", None, False), InputSpec("x1", (1, 0), True)],

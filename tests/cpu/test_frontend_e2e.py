@@ -420,3 +420,25 @@ def test_in_place_update_of_an_input_still_happens() -> None:
     assert torch.equal(a, b)  # both mutated alike
     assert [f.op for r in opt.report for f in r.fallbacks] == ["operator.iadd"]
     assert [p.label for p in opt.prism_pieces()] == ["matmul+softmax"]
+
+
+def test_unused_size_arithmetic_is_dropped_but_unused_in_place_calls_stay() -> None:
+    """The rewritten graph drops calls whose values nothing reads when they only compute sizes (Dynamo leaves
+    ``torch.sym_sum`` and ``numel`` after a cache update), and keeps every other unused call: FX counts
+    method calls as pure, and an in-place method's result is often unused (``buf.add_(1)``)."""
+    from prism.frontend.compiler import Options, compile_graph
+
+    def fn(x: torch.Tensor, w: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        x.numel()          # unused: dropped
+        seen.add_(1.0)     # unused result of an in-place method: kept
+        return torch.softmax(x @ w, -1)
+
+    gm = torch.fx.symbolic_trace(fn)
+    assert [n.target for n in gm.graph.nodes if n.op == "call_method"] == ["numel", "add_"]
+    x, w, seen = _x(4, 32), torch.randn(32, 16), torch.zeros(1)
+    gm, rep = compile_graph(gm, [x, w, seen], options=Options.from_any(OPTS))
+    assert [n.target for n in gm.graph.nodes if n.op == "call_method"] == ["add_"]
+    with torch.no_grad():
+        _close(gm(x, w, seen), torch.softmax(x @ w, -1))
+        gm(x, w, seen)
+    assert float(seen) == 2.0 and [p.label for p in rep.pieces if p.by_prism] == ["matmul+softmax"]

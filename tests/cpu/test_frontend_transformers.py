@@ -101,6 +101,11 @@ def test_models_bench_on_the_tiny_llama(tmp_path: Any, capsys: pytest.CaptureFix
     p = m["systems"]["prism"]
     assert 0.5 < p["share"] <= 1.0 and p["prism_pieces"] > 0
     assert any("embedding" in k for k in p["kept"])
+    # where a decode step goes: kernels inside piece calls inside the step, every step the same calls
+    b = p["breakdown"]
+    assert 0 < b["kernel_ms"] < b["piece_ms"] < b["step_ms"], b
+    assert b["piece_calls"] == int(b["piece_calls"]) > 0 and b["kernel_calls"] >= b["piece_calls"], b
+    assert "Prism's decode step" in text and all(not s["breakdown"] for k, s in m["systems"].items() if k != "prism")
 
 
 def test_batch_of_eight_with_left_padding() -> None:
