@@ -21,7 +21,7 @@ from prism.ir import dims as D
 from prism.ir.graph import Graph
 from prism.ir.node import Node
 
-COMPOSITE_FLOPS = {"rms_norm": 3, "layer_norm": 6, "softmax": 5}
+COMPOSITE_FLOPS = {"rms_norm": 3, "layer_norm": 6, "softmax": 5, "rotate_half": 1}  # rotate_half: the negation
 REDUCTIONS = frozenset({"sum", "max", "mean"})
 FREE = frozenset({"input", "output", "permute", "reshape", "concat", "split"})
 

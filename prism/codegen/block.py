@@ -474,7 +474,8 @@ def lower_layout_or_reduce(n: Node, vals: dict[Node, Operand], w: CWriter, nm: N
     if op in _ROWWISE:
         src = as_view(vals[n.src[0]])
         t = alloc(shape)
-        LP.rowwise(w, nm, t, src, n.arg[0], op, eps=n.arg[1] if len(n.arg) > 1 else 0.0, par=par)
+        LP.rowwise(w, nm, t, src, n.arg[0], op, eps=n.arg[1] if op in ("rms_norm", "layer_norm") else 0.0,
+                   par=par)
         return t
     if op == "permute":
         return as_view(vals[n.src[0]]).permute(n.arg[0])

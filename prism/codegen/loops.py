@@ -319,8 +319,8 @@ def _join(base: str, var: str, stride: int) -> str:
 
 def rowwise(w: CWriter, nm: Namer, target: View, src: View, axis: int, kind: str, eps: float = 0.0,
             par: str | None = None) -> None:
-    """``rms_norm`` (x / sqrt(mean(x^2) + eps)), ``layer_norm`` ((x - mean) / sqrt(mean((x - mean)^2) + eps))
-    or ``softmax`` (exp(x - max) / sum) along ``axis``.
+    """``rms_norm`` (x / sqrt(mean(x^2) + eps)), ``layer_norm`` ((x - mean) / sqrt(mean((x - mean)^2) + eps)),
+    ``softmax`` (exp(x - max) / sum) or ``rotate_half`` (concat(-x[h:], x[:h])) along ``axis``.
 
     Per row: the statistics in one vectorized pass, then the normalized row (softmax stores the
     exponentials first and scales them in place by the reciprocal of their sum).
@@ -375,5 +375,11 @@ def rowwise(w: CWriter, nm: Namer, target: View, src: View, axis: int, kind: str
             w.line(f"const float {r} = 1.0f / {s};")
             with loops(w, [j], [n]):
                 w.line(f"{tj} = {tj} * {r};")
+        elif kind == "rotate_half":  # t = concat(-x[h:], x[:h]): two copy loops over the halves
+            h = n // 2
+            with loops(w, [j], [h]):
+                w.line(f"{tj} = -{x(f'({j} + {h})')};")
+            with loops(w, [j], [h]):
+                w.line(f"{t(f'({j} + {h})')} = {xj};")
         else:  # pragma: no cover
             raise ValueError(kind)

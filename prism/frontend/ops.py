@@ -1289,7 +1289,7 @@ def _cat(c: Conv) -> Lowered:
     def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
         parts = [t[k] for k in order]
         return parts[0] if len(parts) == 1 else g.concat(parts, d)
-    return Lowered("cat", "layout", c.operands, emit)
+    return Lowered("cat", "layout", c.operands, emit, ("cat", d, len(xs)))
 
 
 def _is_zero(size: Any) -> bool:
@@ -1362,7 +1362,8 @@ def _slice_lowered(c: Conv, x: Any, d: int, s: slice) -> Lowered:
     assert isinstance(total, int)
     sizes = [n for n in (start, stop - start, total - stop) if n > 0]
     part = 1 if start > 0 else 0
-    return Lowered("slice", "layout", c.operands, lambda g, t: g.split(t[i], sizes, d)[part])
+    return Lowered("slice", "layout", c.operands, lambda g, t: g.split(t[i], sizes, d)[part],
+                   ("slice", d, start, stop, total))
 
 
 @_conv("getitem")

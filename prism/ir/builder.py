@@ -160,6 +160,14 @@ class OpMethods:
     def softmax(self, x: Tensor, dim: int = -1) -> Tensor:
         return self._apply("softmax", (x,), (_norm_dim(dim, self._own(x, "softmax").rank, "softmax"),))
 
+    def rotate_half(self, x: Tensor, dim: int = -1) -> Tensor:
+        """RoPE's rotation: ``concat(-x[..., h:], x[..., :h])`` along ``dim`` of even size 2h."""
+        t = self._own(x, "rotate_half")
+        d = _norm_dim(dim, t.rank, "rotate_half")
+        n = t.shape[d]
+        half = n // 2 if isinstance(n, int) else n
+        return self._apply("rotate_half", (x,), (d, half))
+
     # layout
     def permute(self, x: Tensor, perm: Sequence[int]) -> Tensor:
         r = self._own(x, "permute").rank

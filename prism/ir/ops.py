@@ -268,6 +268,16 @@ def _rowwise(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
     return shapes[0]
 
 
+def _rotate(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
+    dim, half = arg
+    s = shapes[0]
+    _check_dim(s, dim, "rotate_half")
+    if not (isinstance(s[dim], int) and isinstance(half, int) and half > 0 and s[dim] == 2 * half):
+        raise ShapeError(f"rotate_half swaps two halves of {half} along dim {dim}, which has {s[dim]} elements "
+                         "(a known even size is needed)")
+    return s
+
+
 def _permute(ctx: ShapeCtx, shapes: tuple[Shape, ...], arg: tuple) -> Shape:
     (perm,) = arg
     s = shapes[0]
@@ -362,6 +372,11 @@ def _softmax(g: Any, x: Any, dim: int) -> Any:
     return g.div(e, g.sum(e, dim))
 
 
+def _rotate_half(g: Any, x: Any, dim: int, half: int) -> Any:
+    first, second = g.split(x, dim, (half, half), 0), g.split(x, dim, (half, half), 1)
+    return g.concat([g.neg(second), first], dim)
+
+
 # Row-wise composites: IR operators (their kernels need dedicated accumulators or row passes: online
 # softmax, the rms statistic, layer_norm's centred variance) whose meaning is stated once, as a
 # decomposition into other operators; the reference, the verifier's terms, the search's abstract value
@@ -372,6 +387,11 @@ register("layer_norm", "composite", 1, ("dim", "eps"), _rowwise,
          decomp=_layer_norm)
 register("softmax", "composite", 1, ("dim",), _rowwise, "exp(x - max) / sum(exp(x - max)) over dim",
          decomp=_softmax)
+# RoPE's rotation (``transformers``' rotate_half): the two halves of dim swapped, the new first one negated.
+# Position-dependent, so not element-wise: searched as a row-wise operator (the grid never splits dim),
+# verified through its decomposition (split, neg, concat), lowered as two copy loops (codegen/loops.py)
+register("rotate_half", "composite", 1, ("dim", "half"), _rotate,
+         "concat(-x[half:], x[:half]) along dim (RoPE's rotation of the two halves)", decomp=_rotate_half)
 register("permute", "layout", 1, ("perm",), _permute, "Reorders dims (transpose is a permute).")
 register("reshape", "layout", 1, ("shape",), _reshape, "Row-major reshape; the element count must match.",
          size_attrs=("shape",))
@@ -422,7 +442,9 @@ class _Stage:
         self._apply = apply
 
     def __getattr__(self, op: str) -> Callable[..., Any]:
-        n = get(op).arity or 0
+        n = get(op).arity
+        if n is None:  # variadic (concat): the list of operands, then the attributes
+            return lambda xs, *a: self._apply(op, list(xs), tuple(a))
         return lambda *a: self._apply(op, list(a[:n]), tuple(a[n:]))
 
 

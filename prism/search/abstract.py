@@ -72,6 +72,10 @@ def op_expr(alg: Algebra[T], op: str, arg: tuple, srcs: Sequence[T | None]) -> T
     if op == "softmax":
         e = alg.u("exp", a)
         return alg.b("div", e, alg.u("sum", e))
+    if op == "rotate_half":
+        # a position-dependent operator (its decomposition concatenates): an application of its own, which
+        # the candidate must make to the same operand; the verifier checks it through the decomposition
+        return alg.u("rotate_half", a)
     if d is not None and d.decomp is not None:  # other composites (layer_norm): their decomposition's value
         return decompose(op, lambda o, s, r: op_expr(alg, o, r, s), list(srcs[:d.arity or len(srcs)]), arg)
     raise UnsupportedError(f"operator {op!r} is not supported by search: "

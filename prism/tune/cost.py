@@ -57,7 +57,7 @@ PARALLEL_MIN = 32 * 1024   # the code generator parallelizes predefined loop nes
 
 # flops per element: the element-wise operators' from their definitions (OpDef.flops)
 OP_FLOPS = {**{n: o.flops for n, o in OPS.items() if o.elementwise},
-            "rms_norm": 6, "layer_norm": 9, "softmax": 14, "mean": 1, "sum": 1, "max": 1}
+            "rms_norm": 6, "layer_norm": 9, "softmax": 14, "rotate_half": 1, "mean": 1, "sum": 1, "max": 1}
 ACC_FLOPS = {"sum": 1, "sum_last": 1, "rms": 2, "max": 1, "softmax_sum": 10}
 LAYOUT = ("reshape", "permute", "iter", "save", "split")
 

@@ -445,3 +445,22 @@ def test_max_of_a_negation_is_a_min_reduction(isa: str, n: int) -> None:
     with np.errstate(invalid="ignore"):
         ref = np.min(x, axis=1)
     assert np.array_equal(np.isnan(out), np.isnan(ref)) and np.array_equal(out[~np.isnan(ref)], ref[~np.isnan(ref)])
+
+
+@pytest.mark.parametrize("isa", supported_isas())
+@pytest.mark.parametrize("dim", [2, 1])
+def test_rotate_half_on_tiles_and_as_a_kernel_operator(rng: np.random.Generator, isa: str, dim: int) -> None:
+    """``rotate_half`` (RoPE's rotation) as a tile operator over whole rows of a grid's blocks, along the
+    contiguous dim and along a strided one, and as a predefined kernel operator; every ISA path."""
+    g = prism.Graph()
+    X = g.input("X", (8, 6, 64))
+    bb = BlockBuilder(grid=(2,), forloop=1, inputs=[X])
+    x = bb.iter(0, imap=(0,))                              # [4, 6, 64] per block
+    bb.save(bb.mul(bb.rotate_half(x, dim), x), omap=(0,))
+    (out,) = g.customized(bb.build(), [X])
+    g.output(out, "Y")
+    check(g, rng, isa=isa)
+    p = prism.Graph()
+    Z = p.input("Z", (3, 10, 64))
+    p.output(p.rotate_half(Z, dim), "Y")
+    check(p, rng, isa=isa)

@@ -145,3 +145,53 @@ def test_a_wide_piece_after_a_replaced_one_is_planned_again(monkeypatch: pytest.
     assert [p.status for p in r.pieces][:2] == ["prism", "split"], r.table()
     assert all(p.status == "prism" for p in r.pieces[2:]) and len(r.pieces) >= 4, r.table()
     _check(opt, fn, *args)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:  # transformers' spelling
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+@pytest.mark.parametrize("capture", ["dynamo", "export"])
+def test_rotary_embedding_runs_on_prism_with_its_rotation(capture: str) -> None:
+    """RoPE as transformers writes it: the halves' slices, the negation and the cat are one ``rotate_half``
+    operator inside each piece (before: three layout operators in PyTorch and a lone ``neg`` per rotation),
+    and q and k (16 and 4 heads) each run as one piece; values equal eager's, the infinities and signed
+    zeros of a negation included."""
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 16, 5, 64), torch.randn(1, 4, 5, 64)
+    q[0, 3, 2, 40], k[0, 1, 0, 33] = float("inf"), -0.0
+    cos, sin = torch.randn(1, 5, 64), torch.randn(1, 5, 64)
+    opt = prism.optimize(_rope, (q, k, cos, sin), capture=capture, **OPTS)
+    (r,) = opt.report
+    assert not r.fallbacks, [(f.op, f.reason) for f in r.fallbacks]
+    assert sorted(p.label for p in r.pieces) == ["mul+rotate_half+mul+add"] * 2 and all(p.by_prism for p in r.pieces)
+    with torch.no_grad():
+        got, ref = opt(q, k, cos, sin), _rope(q, k, cos, sin)
+    for a, b in zip(got, ref):
+        assert torch.equal(torch.isfinite(a), torch.isfinite(b))
+        fin = torch.isfinite(b)
+        assert float((a[fin] - b[fin]).abs().max()) <= 1e-5 * float(b[fin].abs().max())
+    assert all(p.runner.prism_calls >= 1 and p.runner.fallback_calls == 0 for p in r.pieces)
+
+
+def test_a_cat_of_other_halves_stays_a_cat() -> None:
+    """Only the rotation itself is recognized: the halves in the other order, or the negation on the other
+    half, are a cat of slices as written (PyTorch's), with the right values."""
+    def fn(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        h = x.shape[-1] // 2
+        return x * c + torch.cat((-x[..., :h], x[..., h:]), dim=-1) * c
+
+    torch.manual_seed(0)
+    x, c = torch.randn(4, 8, 64), torch.randn(1, 8, 64)
+    opt = prism.optimize(fn, (x, c), **OPTS)
+    assert not any("rotate_half" in p.label for r in opt.report for p in r.pieces)
+    with torch.no_grad():
+        got, ref = opt(x, c), fn(x, c)
+    assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())

@@ -72,6 +72,9 @@ def test_generate_matches_eager_with_the_decoder_on_prism(kind: str, dtype: str)
         assert sum(x.count("linear") for x in labels) == 7 * LAYERS + 1, table
         assert sum("rms_norm" in x for x in labels) >= 2 * LAYERS + 1, table
         assert sum(x.count("silu") for x in labels) == LAYERS, table
+        # RoPE: q's and k's rotation on Prism, inside their pieces (no lone neg left to PyTorch)
+        assert sum(x.count("rotate_half") for x in labels) == 2 * LAYERS, table
+        assert not any("neg" in p.label.split("+") for p in r.pieces), table
     decode = reps[-1]  # the dynamic decode graph serves every step after the first two
     attn = [p for p in decode.pieces if "scaled_dot_product_attention" in p.label]
     assert all(p.runner.prism_calls >= 1 for p in attn), decode.table()
@@ -101,6 +104,7 @@ def test_models_bench_on_the_tiny_llama(tmp_path: Any, capsys: pytest.CaptureFix
     p = m["systems"]["prism"]
     assert 0.5 < p["share"] <= 1.0 and p["prism_pieces"] > 0
     assert any("embedding" in k for k in p["kept"])
+    assert not any(k.startswith("neg:") for k in p["kept"]), p["kept"]   # RoPE's negation is on Prism
     # where a decode step goes: kernels inside piece calls inside the step, every step the same calls
     b = p["breakdown"]
     assert 0 < b["kernel_ms"] < b["piece_ms"] < b["step_ms"], b

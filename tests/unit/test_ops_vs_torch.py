@@ -295,6 +295,22 @@ def test_softmax_hostile_inputs_stay_finite(rng, dim: int) -> None:
     np.testing.assert_allclose(got.sum(axis=dim), 1.0, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [-1, 1])
+def test_rotate_half_as_transformers_writes_it(rng, dim: int, dtype: str) -> None:
+    """``transformers``' rotate_half: cat((-x[..., h:], x[..., :h]), -1), here along any dim, with the hostile
+    values of a negation (inf, -0.0, nan) passed through exactly."""
+    x = rand(rng, 3, 8, 6)
+    x[0, 0, 0], x[1, 5, 1], x[2, 7, 2] = np.inf, -0.0, np.nan
+    arrays = {"x": x}
+    got = run(lambda g, x: g.rotate_half(x, dim), arrays, dtype)
+    t = torch_of(arrays, dtype)[0]
+    h = t.shape[dim] // 2
+    want = torch.cat((-t.narrow(dim, h, h), t.narrow(dim, 0, h)), dim)
+    close(got, want, dtype)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want.numpy()))
+
+
 # --- layout ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -344,8 +360,8 @@ def test_split(rng, sizes: tuple, dim: int, dtype: str) -> None:
 # --- registry coverage: adding an operator without a reference or a test fails here -----------------------
 
 # Ops with a dedicated test above (besides the UNARY/BINARY tables).
-DEDICATED = {"matmul", "sum", "max", "mean", "rms_norm", "layer_norm", "softmax", "permute", "reshape", "concat",
-             "split"}
+DEDICATED = {"matmul", "sum", "max", "mean", "rms_norm", "layer_norm", "softmax", "rotate_half", "permute", "reshape",
+             "concat", "split"}
 
 
 def test_every_compute_op_has_a_numpy_reference() -> None:

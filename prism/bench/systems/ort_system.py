@@ -17,7 +17,7 @@ import numpy as np
 from prism.bench.systems.base import Prepared, System, Unavailable
 from prism.bench.systems.jax_system import _ints
 from prism.ir.graph import Graph
-from prism.ir.ops import OPS
+from prism.ir.ops import OPS, decompose
 from prism.workloads import Workload
 from prism.workloads.base import Shape
 
@@ -84,6 +84,8 @@ def _lower(b: _Builder, op: str, ins: list[str], arg: tuple) -> str:
         start = sum(_ints(sizes[:index]))
         bounds = [b.const(np.array([v], dtype=np.int64)) for v in (start, start + _ints(sizes)[index], dim)]
         return b.op("Slice", [ins[0], *bounds])
+    if d is not None and d.decomp is not None:  # other composites (rotate_half): their decomposition
+        return decompose(op, lambda o, s, r: _lower(b, o, s, r), ins, tuple(arg))
     raise Unavailable(f"no ONNX lowering for operator {op!r}")
 
 

@@ -8,7 +8,7 @@ cancellation rules (``rules.cancel``) remove them. Layers over different paralle
 
 from __future__ import annotations
 
-from prism.verify.rules.base import Par, Rule, rewrite
+from prism.verify.rules.base import Par, Rule, SizeStr, rewrite
 from prism.verify.terms import BINARY, REDUCTIONS
 
 RULESET = "parallel"
@@ -145,6 +145,32 @@ def _layout() -> list[Rule]:
     return out
 
 
+def _positional() -> list[Rule]:
+    """A slice or a concatenation along a dim that the layer does not partition or combine commutes with it
+    (a row-wise composite made of them -- rotate_half -- on tiles holding whole rows)."""
+    out = []
+    for layer in ("Partition", "Combine"):
+        rs = RULESET if layer == "Partition" else COMBINE
+        rows = "m*p" if layer == "Partition" else "m"
+        out += [
+            rewrite(f"lift.Slice.{layer}", rs, f"(Slice ({layer} x d p) k st ln)",
+                    f"({layer} (Slice x k st ln) d p)", "(!= d k)",
+                    ex={"x": (rows, "s+l+t"), "d": -2, "k": -1, "st": SizeStr("s"), "ln": SizeStr("l")}),
+            rewrite(f"lift.Concat.{layer}", rs, f"(Concat ({layer} a d p) ({layer} b d p) k s1 s2)",
+                    f"({layer} (Concat a b k s1 s2) d p)", "(!= d k)",
+                    ex={"a": (rows, "k1"), "b": (rows, "l"), "d": -2, "k": -1, "s1": SizeStr("k1"),
+                        "s2": SizeStr("l")}),
+        ]
+    out += [
+        rewrite("lift.Slice.Replicate", RULESET, "(Slice (Replicate x p) k st ln)", "(Replicate (Slice x k st ln) p)",
+                ex={"x": ("m", "s+l+t"), "k": -1, "st": SizeStr("s"), "ln": SizeStr("l")}),
+        rewrite("lift.Concat.Replicate", RULESET, "(Concat (Replicate a p) (Replicate b p) k s1 s2)",
+                "(Replicate (Concat a b k s1 s2) p)",
+                ex={"a": ("m", "k1"), "b": ("m", "l"), "k": -1, "s1": SizeStr("k1"), "s2": SizeStr("l")}),
+    ]
+    return out
+
+
 def _layers() -> list[Rule]:
     """Layers over different parallel dims commute; folds (combine/reduce) let other layers out."""
     two = {"p": Par("p"), "q": Par("q")}
@@ -176,6 +202,6 @@ def _layers() -> list[Rule]:
     ]
 
 
-_ALL = _unary() + _binary() + _reductions() + _matmul() + _layout() + _layers()
+_ALL = _unary() + _binary() + _reductions() + _matmul() + _layout() + _positional() + _layers()
 RULES: tuple[Rule, ...] = tuple(r for r in _ALL if r.ruleset == RULESET)
 COMBINE_RULES: tuple[Rule, ...] = tuple(r for r in _ALL if r.ruleset == COMBINE)
