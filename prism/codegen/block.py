@@ -34,7 +34,7 @@ from prism.codegen.tiles import ELEMENTWISE, EXP_LE0, Expr, Operand, View, conti
 from prism.errors import UnsupportedError
 from prism.ir.block import BlockGraph
 from prism.ir.node import Node
-from prism.ir.ops import OPS
+from prism.ir.ops import OPS, attrs_dict
 from prism.ir.traced import as_int
 
 ALIGN = 16  # floats: scratch tiles start on 64-byte boundaries
@@ -474,8 +474,7 @@ def lower_layout_or_reduce(n: Node, vals: dict[Node, Operand], w: CWriter, nm: N
     if op in _ROWWISE:
         src = as_view(vals[n.src[0]])
         t = alloc(shape)
-        LP.rowwise(w, nm, t, src, n.arg[0], op, eps=n.arg[1] if op in ("rms_norm", "layer_norm") else 0.0,
-                   par=par)
+        LP.rowwise(w, nm, t, src, n.arg[0], op, eps=attrs_dict(OPS[op], n.arg).get("eps", 0.0), par=par)
         return t
     if op == "permute":
         return as_view(vals[n.src[0]]).permute(n.arg[0])

@@ -86,7 +86,7 @@ typedef struct {
 
 static PyObject* str_data_ptr;
 
-/* Opt-in time accounting (set_profile): seconds inside kernel entries and inside the pieces' checked fast
+/* Opt-in time accounting (set_profiling): seconds inside kernel entries and inside the pieces' checked fast
    path (checks, allocation, launch and kernel), and their counts; updated with the GIL held. Off: one
    branch per call. */
 static int prof_on = 0;
@@ -536,18 +536,17 @@ static PyTypeObject GuardType = {
 };
 
 /* profile(on) -> (on, kernel seconds, kernel calls, piece seconds, piece calls) before the call; on: 1 turns
-   the accounting on, 0 off, -1 leaves it; reset: 1 zeroes the totals after reading them */
+   the accounting on, 0 off, -1 leaves it */
 static PyObject* mod_profile(PyObject* m, PyObject* args) {
-    int on = -1, reset = 0;
-    if (!PyArg_ParseTuple(args, "|ii", &on, &reset)) return NULL;
+    int on = -1;
+    if (!PyArg_ParseTuple(args, "|i", &on)) return NULL;
     PyObject* r = Py_BuildValue("(idLdL)", prof_on, prof_kernel_s, prof_kernel_n, prof_piece_s, prof_piece_n);
     if (on >= 0) prof_on = on != 0;
-    if (reset) { prof_kernel_s = prof_piece_s = 0.0; prof_kernel_n = prof_piece_n = 0; }
     return r;
 }
 
 static PyMethodDef mod_methods[] = {
-    {"profile", mod_profile, METH_VARARGS, "profile(on=-1, reset=0): the time accounting (prism/runtime/fastcall.py)"},
+    {"profile", mod_profile, METH_VARARGS, "profile(on=-1): the time accounting (prism/runtime/fastcall.py)"},
     {NULL, NULL, 0, NULL},
 };
 
