@@ -310,10 +310,10 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
             _nn_panels(w, nm, sup, p, kn, off(ap, sa1), sa0, sa1, off(bp, sb0), sb0, c, sc0, bt, cs, elems)
         elif path == "nt" and swap:  # C [M, 1] = (x^T @ A^T)^T: x = B's one column, A's rows the keys
             emit_nt(w, nm, sup, 1, M, kn, off(bp, 1), sb1, off(ap, 1), sa0, c, 1, bt, cs, elems[::-1],
-                    prefetch=not whole_k)
+                    prefetch=mk.nt_prefetch(sup.isa, elems[0], whole_k))
         elif path == "nt":
             emit_nt(w, nm, sup, M, N, kn, off(ap, 1), sa0, off(bp, 1), sb1, c, sc0, bt, cs, elems,
-                    prefetch=not whole_k)
+                    prefetch=mk.nt_prefetch(sup.isa, elems[1], whole_k))
         else:
             _generic(w, nm, M, N, K, ap, sa0, sa1, bp, sb0, sb1, c, sc0, bt, cs, elems)
 

@@ -385,6 +385,24 @@ def nt_dot(isa: ISA, elems: tuple[str, str]) -> bool:
     return elems == ("bf16", "bf16") and bf16_dot(isa)
 
 
+def nt_prefetch(isa: ISA, eb: str, whole_k: bool) -> bool:
+    """Whether the nt kernels of ``isa`` with keys of storage ``eb`` prefetch the keys PF_KEYS rows ahead
+    into L2.
+
+    Calls over K chunks do: each call starts new lines of J rows. Calls over a whole K (GEMV rows: each
+    key row one stream) read J sequential streams, which the hardware prefetchers follow but do not start
+    early at the next key block's rows (new pages). Prefetching the next block (J = PF_KEYS = 16 keys on
+    AVX-512) while this one streams, measured on the 2-core Zen 4 VM, 2 threads, from DRAM and from L3 (a
+    standalone C harness, medians of 41-201 calls, the same run): int8 keys K = 2048 20.4 -> 27.5 GB/s,
+    K = 5632 26.4 -> 30.8, nothing lost in L3 (one prefetch per four 16-weight steps); llama-1b int8w
+    decode kernels 19.4 -> 14.7 ms per step. Wider keys gain 3-9 % from DRAM (float32 29.4 -> 31.7,
+    bfloat16 27.5 -> 29.3, within the host's drift) and lose 23-27 % in L3 (a prefetch per 16-float step
+    takes load slots: float32 113 -> 82 GB/s); a prefetch every second line, or of each row's first 512
+    bytes only, did not keep the gain without the loss. On the AVX2 Zen host (J = 8: two blocks ahead)
+    the int8 prefetch cost 7 % from DRAM (docs/bench.md). So int8 keys on AVX-512 only."""
+    return not whole_k or (ITEMSIZE[eb] == 1 and isa.name == "avx512")
+
+
 def nt_name(isa: ISA, r: int, j: int, elems: tuple[str, str] = F32, prefetch: bool = True) -> str:
     return (f"pr_nt_{isa.name}_{r}x{j}" + _suffix(elems) + ("_dp" if nt_dot(isa, elems) else "")
             + ("" if prefetch or not isa.vector or r * j == 1 else "_npf"))
@@ -407,10 +425,8 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     which the hardware prefetchers follow (cutting K into calls read every row in pieces at the row
     stride: int8 W1 at n = 1 ran at a third of a plain GEMV's speed).
 
-    ``prefetch``: software prefetch of the keys PF_KEYS rows ahead, for calls over K chunks (every call
-    starts new lines of J rows). Calls over the whole K read J sequential streams, which the hardware
-    prefetchers follow; there the software prefetch cost time (int8 GEMV 4096 x 4096 in L3: 768 vs
-    624-679 us)."""
+    ``prefetch``: software prefetch of the keys PF_KEYS rows ahead (the next key block for J = 16), one
+    per 64-byte line of each key row (``nt_prefetch`` says when)."""
     name = nt_name(isa, R, J, elems, prefetch)
     ea, eb = elems
     sig = nt_sig(elems)
