@@ -146,3 +146,38 @@ def test_exhausted_search_does_not_advise_more_time() -> None:
     assert isinstance(e.value, PrismError)
     assert "stop reason: exhausted" in msg and "more time will not help" in msg
     assert "max_kernel_ops=1, max_block_ops=1" in msg and "raise its budget" not in msg
+
+
+def test_a_proof_stopped_at_a_limit_on_the_shared_egraph_is_tried_on_a_fresh_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Proofs share one e-graph of the rules through push/pop, and a proof's course can depend on the proofs
+    before it (a cached attention candidate hit the node limit as the 52nd proof of a process and proved in
+    12 iterations on a fresh e-graph: every start-up re-searched its piece). A proof that stops at a limit is
+    tried once more on a fresh e-graph, which replaces the shared one; one that saturates unproved is not."""
+    from prism.verify import egraph as E
+
+    def pair(c: float) -> tuple[prism.Graph, prism.Graph]:
+        cand, ref = prism.Graph("cand"), prism.Graph("ref")
+        cand.output(cand.mul_scalar(cand.mul_scalar(cand.input("x", ("n", 8)), 2.0), 3.0))
+        ref.output(ref.mul_scalar(ref.input("x", ("n", 8)), c))
+        return cand, ref
+
+    calls: list[object] = []
+    real = E._search
+
+    def polluted_once(eg, prog, limits, record, t0):  # type: ignore[no-untyped-def]
+        calls.append(eg)
+        if len(calls) == 1:   # the shared e-graph, as if earlier proofs had made it blow up
+            return E.FormalResult(False, "node_limit", E.ProofStats(1.0, 28, 101682), {})
+        return real(eg, prog, limits, record, t0)
+
+    E.prove(*pair(6.0))                       # the shared e-graph exists
+    shared = E._BASE["egraph"]
+    monkeypatch.setattr(E, "_search", polluted_once)
+    r = E.prove(*pair(6.0))
+    assert r.proved, str(r)
+    assert calls[0] is shared and calls[1] is not shared and E._BASE["egraph"] is calls[1]
+    calls.clear()
+    monkeypatch.setattr(E, "_search", real)
+    wrong = E.prove(*pair(7.0))               # false: unproved, whatever e-graph it ran on
+    assert not wrong.proved
