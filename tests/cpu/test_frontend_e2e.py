@@ -300,7 +300,7 @@ def test_int8_weight_only_models_run_on_prism() -> None:
     m = nn.Sequential(nn.Linear(64, 128, bias=False), nn.SiLU(), nn.Linear(128, 64, bias=False)).eval()
     prism.quantize_weights(m)
     assert all(isinstance(layer, prism.frontend.Int8Linear) for layer in (m[0], m[2]))
-    assert m[0].qweight.dtype == torch.int8 and m[0].qweight.shape == (128, 64) and m[0].scale.shape == (128, 1)
+    assert m[0].qweight.dtype == torch.int8 and m[0].qweight.shape == (128, 64) and m[0].scale.shape == (128,)
     x = _x(3)
     with torch.no_grad():
         ref = m(x)
@@ -442,3 +442,29 @@ def test_unused_size_arithmetic_is_dropped_but_unused_in_place_calls_stay() -> N
         _close(gm(x, w, seen), torch.softmax(x @ w, -1))
         gm(x, w, seen)
     assert float(seen) == 2.0 and [p.label for p in rep.pieces if p.by_prism] == ["matmul+softmax"]
+
+
+def test_casts_to_the_dtype_a_tensor_has_are_dropped() -> None:
+    """``x.to(torch.float32)`` on a float32 ``x`` returns ``x`` itself: the rewritten graph drops it (model code
+    is full of them: RMSNorm's upcast, RoPE's ``cos.to(x.dtype)``); casts that change the dtype, ``copy=True``
+    and forms with a device stay, and the results agree with PyTorch's."""
+    from prism.frontend.compiler import Options, compile_graph
+
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.softmax(x.to(torch.float32) @ w.to(dtype=torch.float32, device="cpu"), -1)
+        return y.float(), b.to(torch.float32), x.to(torch.float32, copy=True)
+
+    gm = torch.fx.symbolic_trace(fn)
+    x, w, b = _x(4, 32), torch.randn(32, 16), torch.randn(4, 3).to(torch.bfloat16)
+    gm, rep = compile_graph(gm, [x, w, b], options=Options.from_any(OPTS))
+    left = [(n.target, n.args[0].name if hasattr(n.args[0], "name") else None, dict(n.kwargs))
+            for n in gm.graph.nodes if n.op == "call_method"]
+    assert left == [("to", "b", {}), ("to", "x", {"copy": True})], left
+    with torch.no_grad():
+        got, want = gm(x, w, b), fn(x, w, b)
+    for g_, w_ in zip(got, want):
+        assert g_.dtype == w_.dtype
+        _close(g_, w_)
+    assert got[2] is not x
+    assert [p.label for p in rep.pieces if p.by_prism] == ["matmul+softmax"]
+
