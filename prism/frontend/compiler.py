@@ -388,6 +388,7 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
         if opts.progress:
             opts.progress("done", done, total, pr.label)
     _drop_identity_casts(gm.graph)
+    _share_repeated_views(gm.graph)
     gm.graph.eliminate_dead_code(is_impure_node=_kept)
     gm.graph.lint()
     gm.recompile()
@@ -453,6 +454,50 @@ def _drop_identity_casts(g: Any) -> None:
         x = _identity_cast_input(n)
         if x is not None:
             n.replace_all_uses_with(x)
+            g.erase_node(n)
+
+
+# Layout methods whose repeated calls on the same tensor with the same arguments the rewritten graph computes
+# once: Llama's decoder layers each call ``cos.unsqueeze(1)`` and ``sin.unsqueeze(1)`` on the same cos/sin
+# (16 calls per decode step of an 8-layer model, ~7 µs each, where 2 do).
+_SHARED_VIEWS = frozenset(("unsqueeze", "squeeze", "view", "reshape", "transpose", "permute", "expand", "t",
+                           "contiguous"))
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
+def _mutated(node: Any) -> bool:
+    """Whether a user of ``node`` may change it or expose it: an in-place method or function (``add_``,
+    ``out=``), or the graph's output (a caller could mutate what it gets)."""
+    for u in node.users:
+        name = u.target if isinstance(u.target, str) else getattr(u.target, "__name__", "")
+        if u.op == "output" or (name.endswith("_") and not name.endswith("__")) or "out" in u.kwargs:
+            return True
+    return False
+
+
+def _share_repeated_views(g: Any) -> None:
+    """Replace a layout call by an earlier identical one (same method, same tensor, same arguments) when no
+    user of either may mutate or return it: both are the same view of the same memory (``reshape`` or
+    ``contiguous`` may copy: then one copy serves both readers, which only read it)."""
+    seen: dict[tuple, Any] = {}
+    for n in list(g.nodes):
+        if n.op != "call_method" or n.target not in _SHARED_VIEWS:
+            continue
+        key = (n.target, n.args, tuple(sorted(n.kwargs.items())))
+        if not _hashable(key):
+            continue
+        first = seen.get(key)
+        if first is None:
+            seen[key] = n
+        elif not _mutated(n) and not _mutated(first):
+            n.replace_all_uses_with(first)
             g.erase_node(n)
 
 

@@ -468,3 +468,25 @@ def test_casts_to_the_dtype_a_tensor_has_are_dropped() -> None:
     assert got[2] is not x
     assert [p.label for p in rep.pieces if p.by_prism] == ["matmul+softmax"]
 
+
+
+def test_repeated_layout_calls_are_computed_once_unless_mutated() -> None:
+    """Each Llama layer calls ``cos.unsqueeze(1)`` on the same ``cos``: the rewritten graph keeps one call when
+    no user of either result may mutate or return it; an in-place user keeps its own."""
+    from prism.frontend.compiler import Options, compile_graph
+
+    def fn(x: torch.Tensor, c: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = torch.softmax((x * c.unsqueeze(0)) @ w, -1)
+        b = torch.softmax((x + c.unsqueeze(0)) @ w, -1)
+        m = c.unsqueeze(0)
+        m.mul_(2.0)                     # in place: this one is not shared
+        return a, b, m
+
+    gm = torch.fx.symbolic_trace(fn)
+    x, c, w = _x(4, 32), torch.randn(32), torch.randn(32, 16)
+    gm, rep = compile_graph(gm, [x, c, w], options=Options.from_any(OPTS))
+    assert [n.target for n in gm.graph.nodes if n.op == "call_method" and n.target == "unsqueeze"] == ["unsqueeze"] * 2
+    with torch.no_grad():
+        for g_, w_ in zip(gm(x, c.clone(), w), fn(x, c.clone(), w)):
+            _close(g_, w_)
+    assert len([p for p in rep.pieces if p.by_prism]) == 2
