@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -389,6 +390,7 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
             opts.progress("done", done, total, pr.label)
     _drop_identity_casts(gm.graph)
     _share_repeated_views(gm.graph)
+    _collapse_layout_chains(gm.graph)
     gm.graph.eliminate_dead_code(is_impure_node=_kept)
     gm.graph.lint()
     gm.recompile()
@@ -498,6 +500,60 @@ def _share_repeated_views(g: Any) -> None:
             seen[key] = n
         elif not _mutated(n) and not _mutated(first):
             n.replace_all_uses_with(first)
+            g.erase_node(n)
+
+
+_CHAIN = frozenset(("view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "contiguous", "flatten", "t"))
+
+
+def _static_shape(node: Any) -> tuple[int, ...] | None:
+    v = meta_value(node)
+    if not O.is_tensor_meta(v):
+        return None
+    try:
+        return tuple(int(d) for d in v.shape) if all(type(d) is int for d in v.shape) else None
+    except TypeError:
+        return None
+
+
+def _collapse_layout_chains(g: Any) -> None:
+    """Replace a chain of two or more layout calls whose result is its input's elements in their row-major
+    order by one ``reshape``: a decode step reshapes each projection to heads and transposes a size-1 dim
+    (``q.view(1, 1, H, D).transpose(1, 2)``), and attention's output goes back through ``reshape``,
+    ``transpose``, ``contiguous`` and ``reshape`` -- 6 of these 8 Python calls per layer do nothing to the
+    element order. Decided on the captured static shapes by applying the chain to ``arange`` (a chain with a
+    symbolic size is left alone); only chains whose intermediate results have no other user, and whose result
+    no user mutates or returns (the ``reshape`` may alias where the chain copied)."""
+    for end in list(g.nodes):
+        if end.op != "call_method" or end.target not in _CHAIN or any(
+                u.op == "call_method" and u.target in _CHAIN for u in end.users) or _mutated(end):
+            continue
+        chain = [end]
+        base = end.args[0]
+        while (isinstance(base, torch.fx.Node) and base.op == "call_method" and base.target in _CHAIN
+               and len(base.users) == 1):
+            chain.append(base)
+            base = base.args[0]
+        if len(chain) < 2 or not isinstance(base, torch.fx.Node):
+            continue
+        shape_in, shape_out = _static_shape(base), _static_shape(end)
+        if shape_in is None or shape_out is None:
+            continue
+        if any(isinstance(a, torch.fx.Node) for n in chain for a in (*n.args[1:], *n.kwargs.values())):
+            continue
+        t = torch.arange(math.prod(shape_in)).reshape(shape_in)
+        try:
+            for n in reversed(chain):
+                t = getattr(t, n.target)(*n.args[1:], **n.kwargs)
+        except (RuntimeError, TypeError, ValueError):
+            continue
+        if tuple(t.shape) != shape_out or not torch.equal(t.reshape(-1), torch.arange(t.numel())):
+            continue
+        with g.inserting_before(end):
+            one = g.call_method("reshape", (base, shape_out))
+        one.meta = dict(end.meta)
+        end.replace_all_uses_with(one)
+        for n in chain:
             g.erase_node(n)
 
 

@@ -490,3 +490,29 @@ def test_repeated_layout_calls_are_computed_once_unless_mutated() -> None:
         for g_, w_ in zip(gm(x, c.clone(), w), fn(x, c.clone(), w)):
             _close(g_, w_)
     assert len([p for p in rep.pieces if p.by_prism]) == 2
+
+
+def test_layout_chains_that_keep_the_element_order_become_one_reshape() -> None:
+    """A decode step's ``q.view(1, 1, H, D).transpose(1, 2)`` (a size-1 dim moved) and the attention output's
+    ``reshape, transpose, contiguous, reshape`` keep their input's row-major element order: each chain
+    becomes one ``reshape``. A chain that reorders elements (a real transpose) stays, and so does one whose
+    result the graph returns."""
+    from prism.frontend.compiler import Options, compile_graph
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.softmax(x @ w, -1)                              # [1, 32]
+        heads = y.view(1, 1, 4, 8).transpose(1, 2)               # [1, 4, 1, 8]: the same order
+        back = heads.transpose(1, 2).contiguous().reshape(1, 32)
+        mixed = y.view(4, 8).transpose(0, 1)                       # [8, 4]: reordered
+        out = y.view(2, 16).transpose(0, 1).transpose(0, 1)        # the same order, but returned
+        return torch.softmax(back @ w.t(), -1), torch.cumsum(mixed, 0), out   # cumsum: PyTorch's
+
+    gm = torch.fx.symbolic_trace(fn)
+    x, w = _x(1, 32), torch.randn(32, 32)
+    gm, _ = compile_graph(gm, [x, w], options=Options.from_any(OPTS))
+    calls = [(n.target, n.args[1:]) for n in gm.graph.nodes if n.op == "call_method"]
+    assert ("reshape", ((1, 32),)) in calls
+    assert [c for c, _ in calls].count("transpose") == 3, calls   # mixed's one, out's two
+    with torch.no_grad():
+        for g_, w_ in zip(gm(x, w), fn(x, w)):
+            _close(g_, w_)
