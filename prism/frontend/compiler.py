@@ -474,12 +474,12 @@ def _hashable(v: Any) -> bool:
     return True
 
 
-def _mutated(node: Any) -> bool:
+def _mutated(node: Any, returned: bool = True) -> bool:
     """Whether a user of ``node`` may change it or expose it: an in-place method or function (``add_``,
-    ``out=``), or the graph's output (a caller could mutate what it gets)."""
+    ``out=``), or (``returned``) the graph's output (a caller could mutate what it gets)."""
     for u in node.users:
         name = u.target if isinstance(u.target, str) else getattr(u.target, "__name__", "")
-        if u.op == "output" or (name.endswith("_") and not name.endswith("__")) or "out" in u.kwargs:
+        if (returned and u.op == "output") or (name.endswith("_") and not name.endswith("__")) or "out" in u.kwargs:
             return True
     return False
 
@@ -522,8 +522,9 @@ def _collapse_layout_chains(g: Any) -> None:
     (``q.view(1, 1, H, D).transpose(1, 2)``), and attention's output goes back through ``reshape``,
     ``transpose``, ``contiguous`` and ``reshape`` -- 6 of these 8 Python calls per layer do nothing to the
     element order. Decided on the captured static shapes by applying the chain to ``arange`` (a chain with a
-    symbolic size is left alone); only chains whose intermediate results have no other user, and whose result
-    no user mutates or returns (the ``reshape`` may alias where the chain copied)."""
+    symbolic size is left alone); only chains whose intermediate results have no other user, whose result no
+    user mutates or returns (the ``reshape`` may alias where the chain copied) and whose input nothing mutates
+    in place (the chain's views would see it where the ``reshape`` may have copied)."""
     for end in list(g.nodes):
         if end.op != "call_method" or end.target not in _CHAIN or any(
                 u.op == "call_method" and u.target in _CHAIN for u in end.users) or _mutated(end):
@@ -534,8 +535,8 @@ def _collapse_layout_chains(g: Any) -> None:
                and len(base.users) == 1):
             chain.append(base)
             base = base.args[0]
-        if len(chain) < 2 or not isinstance(base, torch.fx.Node):
-            continue
+        if len(chain) < 2 or not isinstance(base, torch.fx.Node) or _mutated(base, returned=False):
+            continue   # an in-place user of the base: the chain's views see it, a copying reshape would not
         shape_in, shape_out = _static_shape(base), _static_shape(end)
         if shape_in is None or shape_out is None:
             continue
