@@ -124,6 +124,9 @@ class PieceRunner(torch.nn.Module):
                              if s is not None)
         self._out_names: tuple[str, ...] = ()
         self.out_slots = out_slots  # a tuple result (values, indices): the kernel computes the slots not None
+        # the shape the single output is allocated in, where the graph's one use of it was a reshape (the
+        # rewritten graph then reads the output as it comes: compiler._absorb_output_reshapes)
+        self.out_view: tuple[int, ...] | None = None
         # the checks and the launch of a call in one C call (runtime/fastcall.py), where the extension is built
         # and no input is transposed here; it answers None for anything but the plain case, which forward()
         # then takes through the Python path below (the same checks, with their messages)
@@ -223,7 +226,8 @@ class PieceRunner(torch.nn.Module):
         env = self.kernel.program.bind({n: s for n, s in zip(self._names, shapes)})
         k = self.kernel.specialize(**env).kernel
         order = tuple(self._names.index(n) for n in k.input_names)
-        launch = k.torch_launcher(tuple(shapes[i] for i in order))
+        ins = tuple(shapes[i] for i in order)
+        launch = k.torch_launcher(ins) if self.out_view is None else k.torch_launcher(ins, self.out_view)
         self._out_names = tuple(k.output_names)
         hit = self._compiled[shapes] = (launch, None if order == tuple(range(len(order))) else order)
         return hit
@@ -234,7 +238,8 @@ class PieceRunner(torch.nn.Module):
         else:
             self._once(why, why)
         self.__dict__["fallback_calls"] += 1
-        return self.fallback(*args)
+        out = self.fallback(*args)
+        return out if self.out_view is None else out.reshape(self.out_view)
 
     def extra_repr(self) -> str:
         return f"{self.label!r}, prism_calls={self.prism_calls}, fallback_calls={self.fallback_calls}"

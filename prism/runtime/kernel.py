@@ -402,14 +402,21 @@ class Kernel:
         variant, so a shape the program does not accept raises the same errors as :meth:`call`."""
         return self.torch_launcher(tuple(tuple(a.shape) for a in args))(args)
 
-    def torch_launcher(self, shapes: tuple[tuple[int, ...], ...]) -> Callable[[list[Any]], list[Any]]:
+    def torch_launcher(self, shapes: tuple[tuple[int, ...], ...], out_view: tuple[int, ...] | None = None
+                       ) -> Callable[[list[Any]], list[Any]]:
         """:meth:`Variant.torch_launcher` of the variant for input ``shapes`` (bound and compiled on first
         use; kept per shapes): the lean per-call path of checked torch tensors. PyTorch's CPU allocator
-        aligns the outputs to 64 bytes."""
-        hit = self._launchers.get(shapes)
+        aligns the outputs to 64 bytes. ``out_view``: allocate the single output in this shape instead (the
+        same elements in the same order: the caller's ``reshape`` of the result, absorbed)."""
+        key = (shapes, out_view)
+        hit = self._launchers.get(key)
         if hit is None:
             v, out_shapes = self.variant_for(shapes)
-            hit = self._launchers[shapes] = v.torch_launcher(out_shapes, self.torch_output_dtypes())
+            if out_view is not None:
+                if len(out_shapes) != 1 or math.prod(out_shapes[0]) != math.prod(out_view):
+                    raise ValueError(f"out_view {out_view} does not fit the outputs {out_shapes}")
+                out_shapes = (tuple(out_view),)
+            hit = self._launchers[key] = v.torch_launcher(out_shapes, self.torch_output_dtypes())
         return hit
 
     def _outputs(self, v: Variant, out: Any, use_torch: bool, args: list[_Arg]) -> list[tuple[Any, _Arg]]:

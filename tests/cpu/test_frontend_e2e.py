@@ -516,3 +516,30 @@ def test_layout_chains_that_keep_the_element_order_become_one_reshape() -> None:
     with torch.no_grad():
         for g_, w_ in zip(gm(x, w), fn(x, w)):
             _close(g_, w_)
+
+
+def test_a_piece_allocates_its_output_in_the_shape_of_its_one_reshape() -> None:
+    """A piece whose output's one use is a reshape to a static shape allocates the output in that shape (the
+    same elements in the same order) and the reshape leaves the graph; the PyTorch fallback of the piece
+    reshapes its result alike; a piece output with another use keeps its reshape."""
+    from prism.frontend.compiler import Options, compile_graph
+    from prism.frontend.runtime import PieceRunner
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.softmax(x @ w, -1).reshape(2, 8, 16)             # one use: absorbed
+        z = torch.softmax(x @ w.t(), -1)
+        return y, z.reshape(16, 4, 4), z.sum()                     # z has two uses: kept
+
+    gm = torch.fx.symbolic_trace(fn)
+    x, w = _x(8, 32), torch.randn(32, 32)
+    gm, _ = compile_graph(gm, [x, w], options=Options.from_any(OPTS))
+    assert [n.args[1:] for n in gm.graph.nodes if n.op == "call_method" and n.target == "reshape"] == [(16, 4, 4)]
+    runners = [m for m in gm.modules() if isinstance(m, PieceRunner)]
+    assert [r.out_view for r in runners if r.out_view is not None] == [(2, 8, 16)]
+    with torch.no_grad():
+        for g_, w_ in zip(gm(x, w), fn(x, w)):
+            assert g_.shape == w_.shape
+            _close(g_, w_)
+        r = next(r for r in runners if r.out_view is not None)
+        assert r.fallback_calls == 0
+        assert r._in_pytorch("a test", (x, w)).shape == (2, 8, 16)
