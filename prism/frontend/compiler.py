@@ -504,6 +504,9 @@ def _share_repeated_views(g: Any) -> None:
             g.erase_node(n)
 
 
+# the chain test runs the chain on an int32 arange of the input's size: at most 4 MiB of it (the per-head
+# reshapes of a decode step have a few thousand elements; a weight's chain is left alone)
+_CHAIN_MAX_ELEMENTS = 1 << 20
 _CHAIN = frozenset(("view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "contiguous", "flatten", "t"))
 
 
@@ -543,13 +546,15 @@ def _collapse_layout_chains(g: Any) -> None:
             continue
         if any(isinstance(a, torch.fx.Node) for n in chain for a in (*n.args[1:], *n.kwargs.values())):
             continue
-        t = torch.arange(math.prod(shape_in)).reshape(shape_in)
+        if math.prod(shape_in) > _CHAIN_MAX_ELEMENTS:
+            continue
+        t = torch.arange(math.prod(shape_in), dtype=torch.int32).reshape(shape_in)
         try:
             for n in reversed(chain):
                 t = getattr(t, n.target)(*n.args[1:], **n.kwargs)
         except (RuntimeError, TypeError, ValueError):
             continue
-        if tuple(t.shape) != shape_out or not torch.equal(t.reshape(-1), torch.arange(t.numel())):
+        if tuple(t.shape) != shape_out or not torch.equal(t.reshape(-1), torch.arange(t.numel(), dtype=torch.int32)):
             continue
         with g.inserting_before(end):
             one = g.call_method("reshape", (base, shape_out))

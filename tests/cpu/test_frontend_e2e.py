@@ -543,3 +543,28 @@ def test_a_piece_allocates_its_output_in_the_shape_of_its_one_reshape() -> None:
         r = next(r for r in runners if r.out_view is not None)
         assert r.fallback_calls == 0
         assert r._in_pytorch("a test", (x, w)).shape == (2, 8, 16)
+
+
+def test_layout_chains_of_big_tensors_are_left_alone() -> None:
+    """The chain test runs the chain on an arange of its input's size: above ``_CHAIN_MAX_ELEMENTS`` (a weight,
+    say) the chain stays as written instead of allocating that much at compile time."""
+    from prism.frontend.compiler import _CHAIN_MAX_ELEMENTS, _collapse_layout_chains
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return a.view(1, -1).transpose(0, 1).sum(), b.view(1, -1).transpose(0, 1).sum()
+
+    class Record(torch.fx.Interpreter):   # the captured example values, as Dynamo leaves them in node.meta
+        def run_node(self, n: torch.fx.Node) -> Any:
+            out = super().run_node(n)
+            n.meta["val"] = out
+            return out
+
+    gm = torch.fx.symbolic_trace(fn)
+    Record(gm).run(torch.randn(4, 4), torch.randn(_CHAIN_MAX_ELEMENTS + 1))
+    _collapse_layout_chains(gm.graph)
+    gm.recompile()
+    calls = [(n.target, n.args[0].name) for n in gm.graph.nodes if n.op == "call_method" and n.target != "sum"]
+    assert calls == [("reshape", "a"), ("view", "b"), ("transpose", "view_1")], calls
+    a, b = torch.randn(4, 4), torch.randn(_CHAIN_MAX_ELEMENTS + 1)
+    for g_, w_ in zip(gm(a, b), fn(a, b)):
+        torch.testing.assert_close(g_, w_)
