@@ -27,7 +27,15 @@ from typing import Any
 
 from prism.errors import InconclusiveDimError, PrismError
 from prism.frontend import ops as O
-from prism.frontend.ops import Lowered, Operand, Unsupported, display_name, is_tensor_meta, meta_value
+from prism.frontend.ops import (
+    Lowered,
+    Operand,
+    Unsupported,
+    display_name,
+    is_tensor_meta,
+    meta_value,
+    static_shape,
+)
 from prism.frontend.symbolic import SymbolEnv, identify, symbol_env, to_shape
 from prism.ir import dims as D
 from prism.ir.builder import Tensor
@@ -608,13 +616,6 @@ def _fold_transposes(units: list[Unit]) -> list[Unit]:
 BROADCASTING = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
 
 
-def _static_shape(n: Any) -> tuple[int, ...] | None:
-    v = meta_value(n)
-    if not is_tensor_meta(v) or not all(isinstance(s, int) for s in v.shape):
-        return None
-    return tuple(int(s) for s in v.shape)
-
-
 def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
     r = max(len(a), len(b))
     pa, pb = (1,) * (r - len(a)) + a, (1,) * (r - len(b)) + b
@@ -659,15 +660,15 @@ def _fold_broadcasts(units: list[Unit]) -> list[Unit]:
         for k, op in enumerate(operands):
             f = source(op.node, u.node) if op.perm is None else None
             if f is not None:
-                src = _static_shape(f[0])
-                identity = identity and src is not None and src == _static_shape(op.node)
+                src = static_shape(f[0])
+                identity = identity and src is not None and src == static_shape(op.node)
                 operands[k] = Operand(f[0])
                 extra += [t for t in f[1] if t not in extra]
         if not extra:
             out.append(u)
             continue
         if not identity:
-            want, shapes = _static_shape(u.node), [_static_shape(o.node) for o in operands]
+            want, shapes = static_shape(u.node), [static_shape(o.node) for o in operands]
             if (u.lowered.op not in BROADCASTING or len(operands) != 2 or want is None or shapes[0] is None
                     or shapes[1] is None or _broadcast(shapes[0], shapes[1]) != want):
                 out.append(u)

@@ -408,44 +408,24 @@ _DEAD_METHODS_IF_UNUSED = frozenset(("numel", "size", "dim", "stride"))
 
 
 def _identity_cast_input(node: Any) -> Any:
-    """The tensor node ``x`` when ``node`` is ``x.to(dtype[, device])`` or ``x.float()`` on an ``x`` that already
-    has that dtype and device (by its captured metadata: Dynamo's guards and the export's input checks hold
-    every input's dtype, and the graph's operators fix the rest), else None. ``Tensor.to`` then returns ``x``
-    itself: the call can go, aliasing included. Only plain forms (no ``copy``, no ``memory_format``)."""
-    if node.op != "call_method" or not node.args or not isinstance(node.args[0], torch.fx.Node):
+    """The tensor node ``x`` when ``node`` is ``x.to(dtype[, device])`` or ``x.float()`` whose captured result has
+    ``x``'s dtype and device (as the cast converter decides, ``ops._identity_conv``; Dynamo's guards and the
+    export's input checks hold every input's dtype, and the graph's operators fix the rest), else None.
+    ``Tensor.to`` then returns ``x`` itself: the call can go, aliasing included. Only plain forms (no ``copy``,
+    no ``memory_format``)."""
+    if node.op != "call_method" or node.target not in ("to", "float") or not node.args:
         return None
-    want: Any = None
-    dev: Any = None
-    if node.target == "float" and len(node.args) == 1 and not node.kwargs:
-        want = torch.float32
-    elif node.target == "to":
-        kw = dict(node.kwargs)
-        want, dev = kw.pop("dtype", None), kw.pop("device", None)
-        kw.pop("non_blocking", None)
-        if kw:
-            return None
-        for a in node.args[1:]:
-            if isinstance(a, torch.dtype) and want is None:
-                want = a
-            elif isinstance(a, (torch.device, str)) and dev is None:
-                dev = a
-            else:
-                return None
-        if want is None and dev is None:
-            return None
-    else:
+    x, rest = node.args[0], node.args[1:]
+    if node.target == "float" and (rest or node.kwargs):
         return None
-    v = meta_value(node.args[0])
-    if not O.is_tensor_meta(v) or not isinstance(getattr(v, "device", None), torch.device):
+    if set(node.kwargs) - {"dtype", "device", "non_blocking"} or not all(
+            isinstance(a, (torch.dtype, torch.device, str)) for a in rest):
         return None
-    if want is not None and v.dtype != want:
+    got, want = (meta_value(x) if isinstance(x, torch.fx.Node) else None), meta_value(node)
+    if not (O.is_tensor_meta(got) and O.is_tensor_meta(want)) or (got.dtype, str(got.device)) != (
+            want.dtype, str(want.device)):
         return None
-    try:
-        if dev is not None and torch.device(dev) != v.device:
-            return None
-    except (RuntimeError, TypeError):
-        return None
-    return node.args[0]
+    return x
 
 
 def _drop_identity_casts(g: Any) -> None:
@@ -476,13 +456,9 @@ def _hashable(v: Any) -> bool:
 
 
 def _mutated(node: Any, returned: bool = True) -> bool:
-    """Whether a user of ``node`` may change it or expose it: an in-place method or function (``add_``,
+    """Whether a user of ``node`` may change it or expose it: an in-place call (``add_``, ``operator.iadd``,
     ``out=``), or (``returned``) the graph's output (a caller could mutate what it gets)."""
-    for u in node.users:
-        name = u.target if isinstance(u.target, str) else getattr(u.target, "__name__", "")
-        if (returned and u.op == "output") or (name.endswith("_") and not name.endswith("__")) or "out" in u.kwargs:
-            return True
-    return False
+    return any((returned and u.op == "output") or O.mutates(u) or "out" in u.kwargs for u in node.users)
 
 
 def _share_repeated_views(g: Any) -> None:
@@ -510,16 +486,6 @@ _CHAIN_MAX_ELEMENTS = 1 << 20
 _CHAIN = frozenset(("view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "contiguous", "flatten", "t"))
 
 
-def _static_shape(node: Any) -> tuple[int, ...] | None:
-    v = meta_value(node)
-    if not O.is_tensor_meta(v):
-        return None
-    try:
-        return tuple(int(d) for d in v.shape) if all(type(d) is int for d in v.shape) else None
-    except TypeError:
-        return None
-
-
 def _collapse_layout_chains(g: Any) -> None:
     """Replace a chain of two or more layout calls whose result is its input's elements in their row-major
     order by one ``reshape``: a decode step reshapes each projection to heads and transposes a size-1 dim
@@ -541,20 +507,21 @@ def _collapse_layout_chains(g: Any) -> None:
             base = base.args[0]
         if len(chain) < 2 or not isinstance(base, torch.fx.Node) or _mutated(base, returned=False):
             continue   # an in-place user of the base: the chain's views see it, a copying reshape would not
-        shape_in, shape_out = _static_shape(base), _static_shape(end)
+        shape_in, shape_out = O.static_shape(base), O.static_shape(end)
         if shape_in is None or shape_out is None:
             continue
         if any(isinstance(a, torch.fx.Node) for n in chain for a in (*n.args[1:], *n.kwargs.values())):
             continue
-        if math.prod(shape_in) > _CHAIN_MAX_ELEMENTS:
+        size = math.prod(shape_in)
+        if size > _CHAIN_MAX_ELEMENTS:
             continue
-        t = torch.arange(math.prod(shape_in), dtype=torch.int32).reshape(shape_in)
+        t = torch.arange(size, dtype=torch.int32).reshape(shape_in)
         try:
             for n in reversed(chain):
                 t = getattr(t, n.target)(*n.args[1:], **n.kwargs)
         except (RuntimeError, TypeError, ValueError):
             continue
-        if tuple(t.shape) != shape_out or not torch.equal(t.reshape(-1), torch.arange(t.numel(), dtype=torch.int32)):
+        if tuple(t.shape) != shape_out or not torch.equal(t.reshape(-1), torch.arange(size, dtype=torch.int32)):
             continue
         with g.inserting_before(end):
             one = g.call_method("reshape", (base, shape_out))
@@ -577,7 +544,7 @@ def _absorb_output_reshapes(gm: Any) -> None:
         if not isinstance(src, torch.fx.Node) or src.op != "call_module" or len(src.users) != 1:
             continue
         runner = getattr(gm, str(src.target), None)
-        shape = _static_shape(n)
+        shape = O.static_shape(n)
         if (not isinstance(runner, PieceRunner) or runner.out_slots is not None or runner.out_view is not None
                 or shape is None or len(runner.kernel.program.outputs) != 1):
             continue

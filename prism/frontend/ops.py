@@ -69,6 +69,14 @@ def is_tensor_meta(v: Any) -> bool:
     return hasattr(v, "shape") and hasattr(v, "dtype") and not isinstance(v, tuple)
 
 
+def static_shape(node: Any) -> tuple[int, ...] | None:
+    """The captured shape of ``node``'s tensor when every size is a plain int (None: symbolic or no tensor)."""
+    v = meta_value(node)
+    if not is_tensor_meta(v) or not all(isinstance(s, int) for s in v.shape):
+        return None
+    return tuple(int(s) for s in v.shape)
+
+
 # the torch dtypes a Prism program stores (prism.ir.dtypes); a bool tensor is a mask, float 0/1 inside Prism
 FLOAT_DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
 
@@ -248,10 +256,27 @@ def canonical_name(node: Any) -> str:
                 return ""
     else:
         return ""
-    if name in _INPLACE or (name.endswith("_") and not name.startswith("_")):
+    if _in_place(name):
         return ""  # in-place mutation: leave to PyTorch
     name = ALIASES.get(name, name)
     return name if name in SIGS else ""
+
+
+def _in_place(name: str) -> bool:
+    return name in _INPLACE or (name.endswith("_") and not name.startswith("_"))
+
+
+def mutates(node: Any) -> bool:
+    """Whether the FX call ``node`` changes an operand in place (``Tensor.add_``, ``operator.iadd``,
+    ``aten.add_``)."""
+    import torch
+
+    t = node.target
+    if node.op == "call_method":
+        return _in_place(str(t))
+    if node.op != "call_function":
+        return False
+    return _in_place(t.overloadpacket.__name__ if isinstance(t, torch._ops.OpOverload) else getattr(t, "__name__", ""))
 
 
 def display_name(node: Any) -> str:

@@ -226,8 +226,7 @@ class PieceRunner(torch.nn.Module):
         env = self.kernel.program.bind({n: s for n, s in zip(self._names, shapes)})
         k = self.kernel.specialize(**env).kernel
         order = tuple(self._names.index(n) for n in k.input_names)
-        ins = tuple(shapes[i] for i in order)
-        launch = k.torch_launcher(ins) if self.out_view is None else k.torch_launcher(ins, self.out_view)
+        launch = k.torch_launcher(tuple(shapes[i] for i in order), self.out_view)
         self._out_names = tuple(k.output_names)
         hit = self._compiled[shapes] = (launch, None if order == tuple(range(len(order))) else order)
         return hit

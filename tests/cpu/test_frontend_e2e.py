@@ -568,3 +568,23 @@ def test_layout_chains_of_big_tensors_are_left_alone() -> None:
     a, b = torch.randn(4, 4), torch.randn(_CHAIN_MAX_ELEMENTS + 1)
     for g_, w_ in zip(gm(a, b), fn(a, b)):
         torch.testing.assert_close(g_, w_)
+
+
+def test_layout_calls_with_an_augmented_assignment_are_not_shared() -> None:
+    """``m += 1`` on a view is ``operator.iadd`` in the graph, an in-place update of the view's memory like
+    ``m.add_(1)``: the view is not shared with an identical one (``ops.mutates`` names both kinds)."""
+    import operator
+
+    from prism.frontend.compiler import _share_repeated_views
+
+    g = torch.fx.Graph()   # as Dynamo records it (symbolic_trace would rebind m to a functional add)
+    c = g.placeholder("c")
+    a, m = g.call_method("unsqueeze", (c, 0)), g.call_method("unsqueeze", (c, 0))
+    m2 = g.call_function(operator.iadd, (m, 1.0))
+    g.output((g.call_method("sum", (a,)), g.call_method("sum", (m2,))))
+    _share_repeated_views(g)
+    assert [n.target for n in g.nodes if n.op == "call_method"].count("unsqueeze") == 2
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    x = torch.randn(4)
+    a_sum, m_sum = gm(x.clone())       # both views see the update of c's memory
+    assert torch.allclose(a_sum, x.sum() + 4.0) and torch.allclose(m_sum, x.sum() + 4.0)

@@ -28,7 +28,7 @@ class _Compiled:
     def __init__(self, owner: _Kernel) -> None:
         self.owner = owner
 
-    def torch_launcher(self, shapes: tuple) -> Any:
+    def torch_launcher(self, shapes: tuple, out_view: tuple | None = None) -> Any:
         if self.owner.fail:
             raise prism.PrismError("no verified sGraph tiles this shape")
 
