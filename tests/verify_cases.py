@@ -296,6 +296,12 @@ def _softmax_manual(g: Graph, x: Tensor) -> Tensor:
 
 
 TRUE_IDENTITIES: tuple[Case, ...] = (
+    identity("min-is-negated-max", {"x": ("m", "n")}, lambda g, i: g.min(i["x"], -1),
+             lambda g, i: g.neg(g.max(g.neg(i["x"]), -1))),
+    identity("min-of-rows-then-cols", {"x": ("m", "n")}, lambda g, i: g.min(g.min(i["x"], 0), 1),
+             lambda g, i: g.min(g.min(i["x"], 1), 0)),
+    identity("min-of-negated-is-negated-max", {"x": ("m", "n")}, lambda g, i: g.min(g.neg(i["x"]), -1),
+             lambda g, i: g.neg(g.max(i["x"], -1))),
     identity("mean-is-scaled-sum", {"x": ("m", 48)}, lambda g, i: g.mean(i["x"], -1),
              lambda g, i: g.mul_scalar(g.sum(i["x"], -1), 1.0 / 48)),
     identity("mean-of-scaled-is-scaled-sum", {"x": ("m", 64)}, lambda g, i: g.mean(g.mul_scalar(i["x"], 2.0), -1),
@@ -427,6 +433,9 @@ TRUE_IDENTITIES: tuple[Case, ...] = (
 
 
 FALSE_IDENTITIES: tuple[Case, ...] = (
+    identity("min-is-max", {"x": ("m", "n")}, lambda g, i: g.min(i["x"], -1), lambda g, i: g.max(i["x"], -1)),
+    identity("min-is-max-of-negated", {"x": ("m", "n")}, lambda g, i: g.min(i["x"], -1),
+             lambda g, i: g.max(g.neg(i["x"]), -1)),
     identity("shift-then-scale-wrong", {"x": ("m", "n")}, lambda g, i: (i["x"] + 1.0) * 2.0,
              lambda g, i: i["x"] * 2.0 + 1.0),
     identity("scale-fold-wrong", {"x": ("m", "n")}, lambda g, i: (i["x"] * 2.0) * 3.0, lambda g, i: i["x"] * 5.0),

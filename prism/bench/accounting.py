@@ -22,7 +22,6 @@ from prism.ir.graph import Graph
 from prism.ir.node import Node
 
 COMPOSITE_FLOPS = {"rms_norm": 3, "layer_norm": 6, "softmax": 5, "rotate_half": 1}  # rotate_half: the negation
-REDUCTIONS = frozenset({"sum", "max", "mean"})
 FREE = frozenset({"input", "output", "permute", "reshape", "concat", "split"})
 
 
@@ -42,11 +41,11 @@ def _node_flops(n: Node, env: Mapping[str, int]) -> int:
     if n.op == "matmul":
         k = n.src[0].shape[-1]
         return 2 * _numel(n.shape, env) * _numel((k,), env)
-    if n.op in REDUCTIONS:
+    from prism.ir.ops import OPS
+    if n.op in OPS and OPS[n.op].group == "reduction":
         return _numel(n.src[0].shape, env)
     if n.op in COMPOSITE_FLOPS:
         return COMPOSITE_FLOPS[n.op] * _numel(n.shape, env)
-    from prism.ir.ops import OPS
     if n.op in OPS and OPS[n.op].elementwise:
         return _numel(n.shape, env)
     raise UnsupportedError(f"no flop count for operator {n.op!r} (bench accounting covers the predefined "

@@ -69,7 +69,8 @@ def _ints(shape: tuple) -> tuple[int, ...]:
 
 
 _ROWWISE = frozenset(n for n, o in OPS.items() if o.group == "composite")   # loops.rowwise: one C loop each
-_DIRECT = frozenset({"sum", "max", "mean", *_ROWWISE})  # BlockLowering.direct_target
+_REDUCTIONS = frozenset(n for n, o in OPS.items() if o.group == "reduction")   # prism.ir.reductions
+_DIRECT = frozenset({*_REDUCTIONS, *_ROWWISE})  # BlockLowering.direct_target
 
 
 def consumers(nodes: list[Node]) -> dict[Node, list[Node]]:
@@ -161,7 +162,7 @@ class BlockLowering:
         return all(self.phase[c] == self.phase[n] and self.inline_into(n, c) for c in cs)
 
     def inline_into(self, n: Node, c: Node) -> bool:
-        if c.op in ELEMENTWISE or c.op in ("sum", "max", "mean"):
+        if c.op in ELEMENTWISE or c.op in _REDUCTIONS:
             return self.phase[c] == self.phase[n] and (c.op not in ELEMENTWISE or _ints(c.shape) == _ints(n.shape))
         if c.op == "save":
             return True
@@ -463,13 +464,13 @@ def lower_layout_or_reduce(n: Node, vals: dict[Node, Operand], w: CWriter, nm: N
     """Tile/kernel operators that are neither element-wise nor matmul: reductions, composites, layout."""
     op = n.op
     shape = _ints(n.shape)
-    if op in ("sum", "max", "mean"):
+    if op in _REDUCTIONS:
         (dim,) = n.arg
         src = vals[n.src[0]]
         t = alloc(shape)
         cnt = as_int(n.src[0].shape[dim])
-        post = (lambda s: f"{s} / {c_float(cnt)}") if op == "mean" else None
-        LP.reduce(w, nm, t, src, dim, "max" if op == "max" else "sum", post=post, par=par)
+        post = (lambda s: f"{s} / {c_float(cnt)}") if OPS[op].mean else None
+        LP.reduce(w, nm, t, src, dim, OPS[op].monoid, post=post, par=par)
         return t
     if op in _ROWWISE:
         src = as_view(vals[n.src[0]])

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from prism.codegen import isa as ISA_
 from prism.codegen import loops as LP
+from prism.codegen.block import _REDUCTIONS as REDUCTIONS
 from prism.codegen.block import ALIGN, BlockLowering, _ints, lower_layout_or_reduce
 from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.matmul import Support, emit_matmul
@@ -115,7 +116,7 @@ class _KernelLowering:
         if len(cs) != 1:
             return False
         c = cs[0]
-        if c.op in ("sum", "max", "mean"):
+        if c.op in REDUCTIONS:
             return True
         return c.op in ELEMENTWISE and _ints(c.shape) == _ints(n.shape)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.prelude import c_float
 from prism.codegen.tiles import Expr, Operand, View, ctype, ld, leaves, render, st
+from prism.ir.reductions import MONOIDS
 
 PAR_MIN = 1 << 15      # elements below which a kernel-level loop runs on one thread (a fork costs ~µs)
 CHUNK = 4096           # a 1-D parallel loop is split into chunks of this many elements
@@ -116,11 +117,8 @@ def store(elem: str, t: str, op: str, e: str) -> str:
     return f"{t} = {st(elem, value)};"
 
 
-REDUCE_INIT = {"sum": "0.0f", "max": "-INFINITY"}
-
-
 def _combine(kind: str, acc: str, x: str) -> str:
-    return f"{acc} + {x}" if kind == "sum" else f"pr_max({acc}, {x})"
+    return MONOIDS[kind].c_combine(acc, x)
 
 
 # A long row is reduced in SPLIT parts: its quarters [k*q, (k+1)*q) are read in one loop, four values per step,
@@ -187,14 +185,15 @@ def _max_step(w: CWriter, v: str, m: str, nan: str, value: str, gt: str = ">") -
 
 def max_loop(w: CWriter, nm: Namer, m: str, j: str, n: int, value: Callable[[str], str],
              smallest: bool = False) -> None:
-    """``m = max(m, value(j))`` over ``j < n`` (``smallest``: the minimum, ``m`` set to +inf by the caller),
-    NaN-propagating, as a vectorized reduction. ``pr_max`` in the loop is a dependent select chain (an
+    """``m = max(m, value(j))`` over ``j < n`` (``smallest``: the minimum; ``m`` set to the monoid's identity by
+    the caller), NaN-propagating, as a vectorized reduction. ``pr_max`` in the loop is a dependent select chain (an
     unordered compare and two blends per vector); here the maximum is the plain ``v > m ? v : m`` (one compare
     and blend, which the reduction clause splits across lanes) and NaN is an OR-reduced flag beside it.
     Measured on 128 x 1024 rows, one thread: 19.4 -> 6.3 µs. Rows of at least SPLIT_MIN elements in SPLIT
     parts combined as a tree (see SPLIT)."""
     nan = nm("nan")
-    gt, kind, init = ("<", "min", "INFINITY") if smallest else (">", "max", "-INFINITY")
+    mo = MONOIDS["min" if smallest else "max"]
+    gt, kind, init = mo.compare, mo.omp, mo.c_init
     w.line(f"int {nan} = {m} != {m};")
     if n < SPLIT_MIN:
         v = nm("v")
@@ -228,7 +227,8 @@ def max_loop(w: CWriter, nm: Namer, m: str, j: str, n: int, value: Callable[[str
 
 def reduce(w: CWriter, nm: Namer, target: View, src: Operand, axis: int, kind: str, mode: str = "set",
            post: Callable[[str], str] | None = None, par: str | None = None) -> None:
-    """Reduce ``src`` along ``axis`` (kind ``sum`` or ``max``) into ``target`` (src shape with axis = 1).
+    """Reduce ``src`` along ``axis`` with monoid ``kind`` (``prism.ir.reductions.MONOIDS``: ``sum``, ``max``,
+    ``min``) into ``target`` (src shape with axis = 1).
 
     mode ``set``: target = post(r); mode ``acc``: target = combine(target, post(r)) (for-loop
     accumulators). Along the innermost axis the reduction is vectorized (OpenMP reduction clause) and a long
@@ -251,20 +251,22 @@ def reduce(w: CWriter, nm: Namer, target: View, src: Operand, axis: int, kind: s
         j = nm("j")
         s = nm("s")
 
-        # max(-y) = -min(y), exactly: a min reduction of y saves a negation per element (amin is captured as
-        # -max(-x); [256, 1024], 2 threads, AVX-512: 7.1 µs, as amax 5.6 µs)
-        smallest = kind == "max" and isinstance(src, Expr) and src.op == "neg"
-        body = src.srcs[0] if smallest else src
+        # max(-y) = -min(y) and min(-y) = -max(y), exactly: reducing y saves a negation per element (a
+        # written-out amin, -max(-x); [256, 1024], 2 threads, AVX-512: 7.1 µs, as amax 5.6 µs)
+        mo = MONOIDS[kind]
+        flip = bool(mo.negated) and isinstance(src, Expr) and src.op == "neg"
+        run = MONOIDS[mo.negated] if flip else mo
+        body = src.srcs[0] if flip else src
 
         def value(jx: str) -> str:
             return render(body, {id(v): v.at(_join(offset(vars_, ns), jx, ls[axis]))
                                  for v, ns, ls in zip(lvs, nest.strides[1:], lstr)})
         t = f"{target.ptr}[{offset(vars_, nest.strides[0])}]"
         with loops(w, vars_, nest.sizes, simd=None, par=par, total=math.prod(shape)):
-            w.line(f"float {s} = {'INFINITY' if smallest else REDUCE_INIT[kind]};")
-            if kind == "max":
-                max_loop(w, nm, s, j, n, value, smallest)
-                if smallest:
+            w.line(f"float {s} = {run.c_init};")
+            if run.compare:
+                max_loop(w, nm, s, j, n, value, smallest=run.compare == "<")
+                if flip:
                     w.line(f"{s} = -{s};")
             else:
                 sum_loop(w, nm, s, j, n, value)
@@ -288,12 +290,12 @@ def reduce(w: CWriter, nm: Namer, target: View, src: Operand, axis: int, kind: s
     with loops(w, ov, onest.sizes, simd=None, par=par, total=math.prod(shape)):
         if mode == "set":
             with loops(w, iv, inest.sizes):
-                w.line(f"{t} = {REDUCE_INIT[kind]};")
+                w.line(f"{t} = {MONOIDS[kind].c_init};")
         else:  # accumulate: reduce into a private row first, then combine once (keeps post() exact)
             tmp = nm("r")
             w.line(f"float {tmp}[{math.prod(inest.sizes)}];")
             with loops(w, iv, inest.sizes):
-                w.line(f"{tmp}[{offset(iv, _dense(inest.sizes))}] = {REDUCE_INIT[kind]};")
+                w.line(f"{tmp}[{offset(iv, _dense(inest.sizes))}] = {MONOIDS[kind].c_init};")
         cell = t if mode == "set" else f"{tmp}[{offset(iv, _dense(inest.sizes))}]"
         with loops(w, [j], [n], simd=None):
             with loops(w, iv, inest.sizes):

@@ -43,7 +43,8 @@ from prism.ir.graph import Graph
 from prism.ir.node import Node, toposort
 from prism.ir.ops import OPS
 
-HEAVY = frozenset(("matmul", "sum", "mean", "max", "softmax", "rms_norm", "layer_norm", "rotate_half"))
+# the operators that make a unit worth a kernel of its own: contractions, reductions and row-wise composites
+HEAVY = frozenset(n for n, o in OPS.items() if o.group in ("contraction", "reduction", "composite"))
 
 
 @dataclass

@@ -137,8 +137,6 @@ SIGS: dict[str, tuple[str, ...]] = {
     "add": ("input", "other", "alpha"), "sub": ("input", "other", "alpha"), "rsub": ("input", "other", "alpha"),
     "mul": ("input", "other"), "div": ("input", "other", "rounding_mode"), "maximum": ("input", "other"),
     "pow": ("input", "exponent"),
-    "sum": ("input", "dim", "keepdim", "dtype"), "mean": ("input", "dim", "keepdim", "dtype"),
-    "amax": ("input", "dim", "keepdim"), "amin": ("input", "dim", "keepdim"),
     "max": ("input", "dim", "keepdim"), "min": ("input", "dim", "keepdim"),
     "values": ("input", "attr"), "indices": ("input", "attr"),
     "logsumexp": ("input", "dim", "keepdim"),
@@ -175,7 +173,8 @@ SIGS: dict[str, tuple[str, ...]] = {
     "cat": ("tensors", "dim"), "split": ("input", "split_size_or_sections", "dim"),
     "split_with_sizes": ("input", "split_sizes", "dim"), "chunk": ("input", "chunks", "dim"),
     "getitem": ("input", "idx"), "slice": ("input", "dim", "start", "end", "step"),
-    # the element-wise operators' spellings come from their definitions (OpDef.torch, prism.ir.elementwise)
+    # the element-wise operators' and reductions' spellings come from their definitions (OpDef.torch,
+    # prism.ir.elementwise and prism.ir.reductions)
     **{name: spec.params for o in OPS.values() for spec in o.torch for name in spec.names},
 }
 ALIASES = {"truediv": "div", "__matmul__": "matmul", "true_divide": "div", "multiply": "mul", "subtract": "sub",
@@ -576,6 +575,9 @@ def _mean_over(g: OpMethods, y: Tensor, dims: list[int]) -> Tensor:
 
 
 def _reduction(prism_op: str) -> Callable[[Conv], Lowered]:
+    """The converter of a reduction's PyTorch spellings (OpDef.torch): over one dim, several or all."""
+    mean = OPS[prism_op].mean
+
     def fn(c: Conv) -> Lowered:
         x = c.get("input")
         if c.get("dtype", None) is not None:
@@ -588,7 +590,7 @@ def _reduction(prism_op: str) -> Callable[[Conv], Lowered]:
 
         def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
             y = t[i]
-            if prism_op == "mean":
+            if mean:
                 y = _mean_over(g, y, dims)
             else:
                 for d in dims:
@@ -602,9 +604,11 @@ def _reduction(prism_op: str) -> Callable[[Conv], Lowered]:
     return fn
 
 
-CONVERTERS["sum"] = _reduction("sum")
-CONVERTERS["mean"] = _reduction("mean")
-CONVERTERS["amax"] = _reduction("max")
+for _op in OPS.values():
+    if _op.group == "reduction":
+        for _spec in _op.torch:
+            for _name in _spec.names:
+                CONVERTERS[_name] = _reduction(_op.name)
 
 
 # --- composites: each PyTorch operator below is stated once as Prism operators (its decomposition);
@@ -664,7 +668,7 @@ def _max_min(c: Conv) -> Lowered:
     r = c.rank(x)
 
     def red(g: OpMethods, y: Tensor, d: int) -> Tensor:
-        return g.max(y, d) if name == "max" else g.neg(g.max(g.neg(y), d))
+        return g.max(y, d) if name == "max" else g.min(y, d)
     if dim is None:
         def emit_all(g: OpMethods, t: list[Tensor]) -> Tensor:
             y = t[i]
@@ -718,14 +722,6 @@ def _var_std(c: Conv) -> Lowered:
         return v
     sig = (name, dims[0] - c.rank(x), keep, corr) if len(dims) == 1 else ()
     return Lowered(name, "compute", c.operands, emit, sig)
-
-
-@_conv("amin")
-def _amin(c: Conv) -> Lowered:
-    x = c.get("input")
-    d, keep = _one_dim(c, x, c.get("dim", None)), _keepdim(c)
-    i = c.tensor(x)
-    return Lowered("amin", "compute", c.operands, lambda g, t: _drop(g, g.neg(g.max(g.neg(t[i]), d)), d, keep))
 
 
 @_conv("logsumexp")

@@ -4,8 +4,9 @@ An element-wise operator is defined in one place (``prism.ir.elementwise``): its
 NumPy reference, e-graph term name and rewrite rules, abstract expression for search, scalar C lowering
 (plus the C helpers it needs; the generated loops vectorize it), cost, PyTorch spellings for the
 frontend and the JAX and ONNX translations the bench uses. Each stage reads those fields; nothing keys
-on lists of operator names. The structural operators (matmul, reductions, row-wise composites, layout,
-I/O) are registered here with their shape rules; their per-stage rules are written in the stages
+on lists of operator names. Reductions likewise (``prism.ir.reductions``: a monoid and a ``reduction(...)``
+call). The other structural operators (matmul, row-wise composites, layout, I/O) are registered here with
+their shape rules; their per-stage rules are written in the stages
 because each needs its own code there (loop nests, accumulators, term constructors), and
 ``tests/unit/test_op_coverage.py`` checks that every stage covers every operator.
 Attributes live in ``Node.arg`` as a tuple in the order of ``OpDef.attrs``.
@@ -65,12 +66,15 @@ class Torch:
 @dataclass(frozen=True)
 class OpRule:
     """A rewrite rule an operator brings to the verifier (egglog pattern text; ``(Un "name" x)`` is the
-    term of a unary operator). ``both``: the rule is used in both directions."""
+    term of a unary operator). ``both``: the rule is used in both directions. ``ex``: the self-check's
+    example values of the pattern's variables beyond ``x``/``a``/``b`` ([m, n] tensors), as pairs
+    (a dim variable: ``("d", -1)``)."""
 
     name: str
     lhs: str
     rhs: str
     both: bool = True
+    ex: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,9 @@ class OpDef:
     # --- composites ---
     decomp: Callable[..., Any] | None = None  # (g, *operands, *attrs) -> value, g with one method per operator
     onnx: Translation | None = None      # (builder, input names, arg) -> output name
+    # --- reductions (prism.ir.reductions) ---
+    monoid: str = ""                     # the fold: a key of prism.ir.reductions.MONOIDS
+    mean: bool = False                   # the fold divided by the reduced dim's extent
     # --- dtypes ---
     dtype_fn: Callable[[tuple[DType, ...], tuple], DType] | None = None  # result dtype (default: the operands')
 
@@ -354,8 +361,7 @@ register("output", "io", 1, ("name",), _unary, "Marks a tensor as a program outp
 register("matmul", "contraction", 2, (), _matmul,
          "Matrix product over the last two dims; leading dims broadcast as batch.")
 # element-wise operators: prism.ir.elementwise (imported at the end of this module)
-for _n in ("sum", "max", "mean"):
-    register(_n, "reduction", 1, ("dim",), _reduce, f"{_n} over one dim, keepdim")
+from prism.ir import reductions as _reductions  # noqa: E402,F401  (registers the reductions, in this order)
 
 
 def _rms_norm(g: Any, x: Any, dim: int, eps: float) -> Any:

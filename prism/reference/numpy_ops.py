@@ -26,9 +26,6 @@ def _split(x: np.ndarray, dim: int, sizes: tuple, index: int) -> np.ndarray:
 IMPL.update({n: o.numpy for n, o in OPS.items() if o.numpy is not None})
 IMPL.update({
     "matmul": lambda a, arg: np.matmul(a[0], a[1]),
-    "sum": lambda a, arg: np.sum(a[0], axis=arg[0], keepdims=True),
-    "max": lambda a, arg: np.max(a[0], axis=arg[0], keepdims=True),
-    "mean": lambda a, arg: np.mean(a[0], axis=arg[0], keepdims=True),
     # a view (nothing writes into values): copying W6's K cache (b = 10: 335 MB in float64) took 0.14-0.7 s
     # of every reference evaluation, and matmul reads a transposed operand directly
     "permute": lambda a, arg: np.transpose(a[0], arg[0]),

@@ -31,7 +31,8 @@ ELEMENTWISE = tuple(n for n, o in OPS.items() if o.elementwise)
 BINARY = tuple(n for n, o in OPS.items() if o.group == "binary")
 IDENTITY = ("permute", "reshape", "output", "result", "save", "iter")
 COMPOSITE = tuple(n for n, o in OPS.items() if o.decomp is not None)
-SUPPORTED = frozenset((*ELEMENTWISE, *IDENTITY, *COMPOSITE, "input", "matmul", "sum", "mean", "max"))
+REDUCTIONS = tuple(n for n, o in OPS.items() if o.group == "reduction")
+SUPPORTED = frozenset((*ELEMENTWISE, *IDENTITY, *COMPOSITE, *REDUCTIONS, "input", "matmul"))
 WHY_UNSUPPORTED = {
     "concat": "concatenation places data by position, which the size-free abstract algebra cannot see",
     "split": "a split part depends on positions, which the size-free abstract algebra cannot see",
@@ -59,14 +60,10 @@ def op_expr(alg: Algebra[T], op: str, arg: tuple, srcs: Sequence[T | None]) -> T
     if op == "matmul":
         return alg.u("sum", alg.b("mul", a, srcs[1]))
     d = OPS.get(op)
-    if d is not None and d.elementwise:
-        if d.abstract is not None:
+    if d is not None and (d.elementwise or d.group == "reduction"):
+        if d.abstract is not None:  # (a reduction's: its monoid applied, prism.ir.reductions)
             return d.abstract(alg, arg, srcs)
         return alg.u(op, a) if d.group == "unary" else alg.b(op, a, srcs[1])
-    if op in ("sum", "mean"):
-        return alg.u("sum", a)
-    if op == "max":
-        return alg.u("max", a)
     if op == "rms_norm":
         return alg.b("div", a, alg.u("sqrt", alg.u("sum", alg.b("mul", a, a))))
     if op == "softmax":

@@ -522,8 +522,8 @@ class BlockSearch:
                            self._fixed, self._sizes)
 
 
-# linear in x: the layout and sum reductions, and the element-wise operators marked linear (OpDef.linear)
-LINEAR = frozenset(("permute", "sum", "mean", *(n for n, o in OPS.items() if o.linear)))
+# linear in x: permute, and the element-wise operators and reductions marked linear (OpDef.linear)
+LINEAR = frozenset(("permute", *(n for n, o in OPS.items() if o.linear)))
 
 
 def _partials(t: Template, xs: list[BT], new: list) -> tuple[frozenset, frozenset]:

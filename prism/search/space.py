@@ -21,7 +21,7 @@ from prism.ir.block import ACCUMULATORS
 from prism.ir.ops import OPS
 from prism.search.abstract import BINARY, TreeAlgebra, acc_expr, heads, op_expr
 
-REDUCE = ("sum", "mean", "max")
+REDUCE = tuple(n for n, o in OPS.items() if o.group == "reduction")
 ROWWISE = tuple(n for n, o in OPS.items() if o.group == "composite")  # rms_norm, layer_norm, softmax
 COMMUTATIVE = frozenset(("add", "mul", "maximum"))
 BLOCK_EXCLUDED = frozenset(("reshape", "concat", "split"))  # layout changes a tile cannot express

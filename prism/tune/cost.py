@@ -55,9 +55,9 @@ RUN_DRAM_S = 9e-9          # ... when the tensor comes from DRAM (strided rows d
 L3_SHARE = 0.25            # of the shared L3 counted on for one kernel's data (other tensors, other processes)
 PARALLEL_MIN = 32 * 1024   # the code generator parallelizes predefined loop nests from this many elements
 
-# flops per element: the element-wise operators' from their definitions (OpDef.flops)
-OP_FLOPS = {**{n: o.flops for n, o in OPS.items() if o.elementwise},
-            "rms_norm": 6, "layer_norm": 9, "softmax": 14, "rotate_half": 1, "mean": 1, "sum": 1, "max": 1}
+# flops per element: the element-wise operators' and reductions' from their definitions (OpDef.flops)
+OP_FLOPS = {**{n: o.flops for n, o in OPS.items() if o.elementwise or o.group == "reduction"},
+            "rms_norm": 6, "layer_norm": 9, "softmax": 14, "rotate_half": 1}
 ACC_FLOPS = {"sum": 1, "sum_last": 1, "rms": 2, "max": 1, "softmax_sum": 10}
 LAYOUT = ("reshape", "permute", "iter", "save", "split")
 

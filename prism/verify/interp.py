@@ -168,7 +168,7 @@ def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[np.
 
 _BIN = {o.term_head: (lambda impl: lambda a, b: impl((a, b), ()))(o.numpy)
         for o in OPS.values() if o.group == "binary" and o.numpy is not None}
-_RED = {"Sum": np.sum, "Max": np.max, "Mean": np.mean}
+_RED = {o.term_head: o.numpy for o in OPS.values() if o.group == "reduction" and o.numpy is not None}  # keepdim
 
 
 def _unary(name: str, x: np.ndarray) -> np.ndarray:
@@ -237,7 +237,7 @@ class Interpreter:
         if head in _RED:
             d = int(self.eval(args[1]))  # type: ignore[arg-type]
             fn = _RED[head]
-            return _lift(lambda x: fn(x, axis=_axis(x, d), keepdims=True), t(args[0]))
+            return _lift(lambda x: fn((x,), (_axis(x, d),)), t(args[0]))
         if head == "Transpose":
             i, j = (int(self.eval(x)) for x in args[1:])  # type: ignore[arg-type]
             return _lift(lambda x: np.swapaxes(x, _axis(x, i), _axis(x, j)), t(args[0]))

@@ -506,7 +506,7 @@ def reduction_length(reference: Graph, env: Mapping[str, int]) -> int:
     for n in reference.nodes:
         if n.op == "matmul":
             k = max(k, D.evaluate(n.src[0].shape[-1], env))
-        elif n.op in ("sum", "max", "mean") or OPS[n.op].group == "composite":
+        elif OPS[n.op].group in ("reduction", "composite"):
             k = max(k, D.evaluate(n.src[0].shape[n.arg[0]], env))
     return k
 

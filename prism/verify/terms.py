@@ -40,7 +40,8 @@ CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     # the binary element-wise operators, by their OpDef.term_head (Add, Sub, Mul, Div, Maximum, ...)
     **{o.term_head: ("T", "T") for o in OPS.values() if o.group == "binary"},
     "Matmul": ("T", "T"),
-    "Sum": ("T", "i"), "Max": ("T", "i"), "Mean": ("T", "i"),   # keepdim reductions
+    # the keepdim reductions, by their OpDef.term_head (Sum, Max, Mean, Min)
+    **{o.term_head: ("T", "i") for o in OPS.values() if o.group == "reduction"},
     "Transpose": ("T", "i", "i"),  # swap two dims
     "Unsqueeze": ("T", "i"),       # insert an extent-1 axis at output dim k
     "Squeeze": ("T", "i"),         # remove the extent-1 input dim k
@@ -52,7 +53,7 @@ CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     "Reduce": ("T", "p"), "ReduceMax": ("T", "p"),
 }
 BINARY = tuple(o.term_head for o in OPS.values() if o.group == "binary")
-REDUCTIONS = ("Sum", "Max", "Mean")
+REDUCTIONS = tuple(o.term_head for o in OPS.values() if o.group == "reduction")
 # names of the unary element-wise operators in (Un name x): OpDef.term_name (attributes other than the
 # defaults are part of the name: "gelu(tanh)", "leaky_relu(0.2)"); the scalar ops have Scale/Shift
 UNARY_OPS = tuple(n for n, o in OPS.items() if o.group == "unary" and n not in ("mul_scalar", "add_scalar"))

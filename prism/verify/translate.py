@@ -138,14 +138,15 @@ class Translator:
             return add(("Un", Str(d.term_name(arg)), x), out)
         if d is not None and d.group == "binary":
             return add((d.term_head, srcs[0], srcs[1]), out)
-        if op in ("sum", "max", "mean"):
-            term = add((op.capitalize(), x, _neg(arg[0], r)), out)
+        if d is not None and d.group == "reduction":
+            term = add((d.term_head, x, _neg(arg[0], r)), out)
             n = shapes[0][arg[0]]
-            if op == "mean" and isinstance(n, int):
+            if d.mean and isinstance(n, int):
                 # over a dim of a known size n, mean(x) = sum(x) * (1/n): the terms carry no extents, so
                 # the translator, which knows the size, states the equation (the frontend writes a mean
                 # over several dims as sums scaled once)
-                scaled = add(("Scale", add(("Sum", x, _neg(arg[0], r)), out), 1.0 / n), out)
+                fold = next(o for o in OPS.values() if o.group == "reduction" and o.monoid == d.monoid and not o.mean)
+                scaled = add(("Scale", add((fold.term_head, x, _neg(arg[0], r)), out), 1.0 / n), out)
                 self.dag.facts.append(f"(union {term.name} {scaled.name})")
             return term
         if d is not None and d.decomp is not None:  # a composite: the terms of its decomposition

@@ -465,6 +465,41 @@ def test_max_of_a_negation_is_a_min_reduction(isa: str, n: int) -> None:
     assert np.array_equal(np.isnan(out), np.isnan(ref)) and np.array_equal(out[~np.isnan(ref)], ref[~np.isnan(ref)])
 
 
+@pytest.mark.parametrize("form", ["min", "min_of_neg", "min_along_rows"])
+@pytest.mark.parametrize("n", [37, 1027])
+@pytest.mark.parametrize("isa", supported_isas())
+def test_min_reduction(isa: str, n: int, form: str) -> None:
+    """The ``min`` reduction (its monoid in prism.ir.reductions): along the innermost axis as a vectorized
+    compare reduction with a NaN flag, ``min(-x)`` as ``-max(x)`` (no negation per element), and along an
+    outer axis as an in-order sweep (``pr_min``); NaN and infinities as NumPy's."""
+    g = prism.Graph()
+    rows = form == "min_along_rows"
+    X = g.input("X", (n, 6) if rows else (6, n))
+    if form == "min_of_neg":
+        g.output(g.min(g.neg(X), 1), "M")
+    else:
+        g.output(g.min(X, 0 if rows else 1), "M")
+    x = np.random.default_rng(n).standard_normal((6, n)).astype(np.float32)
+    x[1, n // 3] = np.nan
+    x[2, n - 1] = np.nan
+    x[3, :] = np.inf
+    x[4, 5] = -np.inf
+    x = np.ascontiguousarray(x.T) if rows else x
+    kernel = prism.compile(g, isa=isa)
+    out = kernel(X=x).reshape(-1)
+    src = kernel.specialize().source
+    with np.errstate(invalid="ignore"):
+        ref = np.min(-x if form == "min_of_neg" else x, axis=0 if rows else 1)
+    if form == "min_of_neg":
+        loop = src.split("reduction(max:")[1].split("}")[0]
+        assert "(-" not in loop, loop
+    elif form == "min":
+        assert "reduction(min:" in src
+    else:
+        assert "pr_min(" in src.split("end of prelude")[1]
+    assert np.array_equal(np.isnan(out), np.isnan(ref)) and np.array_equal(out[~np.isnan(ref)], ref[~np.isnan(ref)])
+
+
 @pytest.mark.parametrize("isa", supported_isas())
 @pytest.mark.parametrize("dim", [2, 1])
 def test_rotate_half_on_tiles_and_as_a_kernel_operator(rng: np.random.Generator, isa: str, dim: int) -> None:

@@ -124,6 +124,17 @@ LOSSES: dict[str, Callable[..., Any]] = {
 }
 
 
+@pytest.mark.parametrize("fn", [lambda x: torch.amin(x, dim=-1), lambda x: x.amin((0, 1)),
+                                lambda x: torch.min(x, dim=0).values, lambda x: torch.min(x, 1, keepdim=True)[0],
+                                lambda x: torch.min(x)], ids=["amin", "amin.dims", "min.values", "min.keepdim",
+                                                              "min.all"])
+def test_min_spellings_are_the_min_reduction(fn: Callable[[Any], Any]) -> None:
+    """Every spelling of a minimum is the ``min`` reduction (prism.ir.reductions), not ``-max(-x)``."""
+    cap = _check(fn, X)
+    ops = [n.op for n in cap.graph.nodes]
+    assert "min" in ops and "max" not in ops and "neg" not in ops, ops
+
+
 def test_layer_norm_written_with_var_is_one_layer_norm() -> None:
     """``(x - mean) / sqrt(var(unbiased=False) + eps)`` is a layer norm: one operator (capture's fuser)."""
     cap = _check(lambda x: (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False)

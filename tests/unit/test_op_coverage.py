@@ -16,6 +16,7 @@ import pytest
 from prism.codegen import generate
 from prism.ir import OPS, Graph
 from prism.ir.builder import OpMethods
+from prism.ir.reductions import MONOIDS
 from prism.reference.numpy_ops import IMPL
 from prism.search.abstract import SUPPORTED, WHY_UNSUPPORTED, TreeAlgebra, graph_exprs
 from prism.tune.cost import OP_FLOPS
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.unit
 
 NOT_COMPUTE = {"input", "output", "customized", "result"}
 COMPUTE = sorted(n for n in OPS if n not in NOT_COMPUTE)
-ELEMENTWISE = sorted(n for n, o in OPS.items() if o.elementwise)
+SPELLED = sorted(n for n, o in OPS.items() if o.elementwise or o.group == "reduction")  # spellings in OpDef.torch
 
 
 def one_op(op: str) -> tuple[Graph, dict[str, np.ndarray]]:
@@ -98,9 +99,12 @@ def test_c_lowering_and_cost(op: str) -> None:
     g, _ = one_op(op)
     src = generate(g, "portable").source
     assert "prism" in src
-    if OPS[op].elementwise:
+    if OPS[op].elementwise or OPS[op].group == "reduction":
         assert OP_FLOPS.get(op, 0) >= 1
+    if OPS[op].elementwise:
         assert OPS[op].c is not None
+    if OPS[op].group == "reduction":
+        assert OPS[op].monoid in MONOIDS
 
 
 # operators without a spelling of their own: the PyTorch calls whose converters produce them
@@ -110,7 +114,7 @@ PRODUCED_BY = {"add": ["add"], "sub": ["sub"], "mul": ["mul"], "div": ["div"], "
                "cast": ["to", "_to_copy", "type_as", "float", "bfloat16", "half"]}
 
 
-@pytest.mark.parametrize("op", ELEMENTWISE)
+@pytest.mark.parametrize("op", SPELLED)
 def test_frontend_spelling(op: str) -> None:
     from prism.frontend.ops import CONVERTERS, SIGS
     d = OPS[op]

@@ -222,6 +222,7 @@ def test_evaluate_accepts_torch_tensors(rng) -> None:
 REDUCE: dict[str, tuple[Callable, Callable]] = {
     "sum": (lambda g, x, d: g.sum(x, d), lambda t, d: torch.sum(t, d, keepdim=True)),
     "max": (lambda g, x, d: g.max(x, d), lambda t, d: torch.amax(t, d, keepdim=True)),
+    "min": (lambda g, x, d: g.min(x, d), lambda t, d: torch.amin(t, d, keepdim=True)),
     "mean": (lambda g, x, d: g.mean(x, d), lambda t, d: torch.mean(t, d, keepdim=True)),
 }
 
@@ -360,8 +361,8 @@ def test_split(rng, sizes: tuple, dim: int, dtype: str) -> None:
 # --- registry coverage: adding an operator without a reference or a test fails here -----------------------
 
 # Ops with a dedicated test above (besides the UNARY/BINARY tables).
-DEDICATED = {"matmul", "sum", "max", "mean", "rms_norm", "layer_norm", "softmax", "rotate_half", "permute", "reshape",
-             "concat", "split"}
+DEDICATED = {"matmul", "sum", "max", "min", "mean", "rms_norm", "layer_norm", "softmax", "rotate_half", "permute",
+             "reshape", "concat", "split"}
 
 
 def test_every_compute_op_has_a_numpy_reference() -> None:

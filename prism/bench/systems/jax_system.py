@@ -26,14 +26,11 @@ def _ints(shape: Sequence[object]) -> tuple[int, ...]:
 
 
 def _op_table(jax: Any, jnp: Any) -> dict[str, Callable[[list, tuple], Any]]:
-    # the element-wise operators' translations come from their definitions (OpDef.jax)
-    elementwise = {n: (lambda f: lambda a, arg: f(jax, a, arg))(o.jax) for n, o in OPS.items() if o.jax}
+    # the element-wise operators' and reductions' translations come from their definitions (OpDef.jax)
+    defined = {n: (lambda f: lambda a, arg: f(jax, a, arg))(o.jax) for n, o in OPS.items() if o.jax}
     table = {
-        **elementwise,
+        **defined,
         "matmul": lambda a, arg: jnp.matmul(a[0], a[1]),
-        "sum": lambda a, arg: jnp.sum(a[0], axis=arg[0], keepdims=True),
-        "max": lambda a, arg: jnp.max(a[0], axis=arg[0], keepdims=True),
-        "mean": lambda a, arg: jnp.mean(a[0], axis=arg[0], keepdims=True),
         # softmax as users write it in JAX (the library's own); the other composites from their decomposition
         "softmax": lambda a, arg: jax.nn.softmax(a[0], axis=arg[0]),
         "permute": lambda a, arg: jnp.transpose(a[0], arg[0]),

@@ -22,7 +22,6 @@ from prism.workloads import Workload
 from prism.workloads.base import Shape
 
 OPSET = 18  # reductions take their axes as an input from here on, uniformly
-_REDUCE = {"sum": "ReduceSum", "max": "ReduceMax", "mean": "ReduceMean"}
 
 
 class _Builder:
@@ -56,12 +55,10 @@ class _Builder:
 
 def _lower(b: _Builder, op: str, ins: list[str], arg: tuple) -> str:
     d = OPS.get(op)
-    if d is not None and d.onnx is not None:  # element-wise: from the definition (OpDef.onnx)
+    if d is not None and d.onnx is not None:  # element-wise and reductions: from the definition (OpDef.onnx)
         return d.onnx(b, ins, tuple(arg))
     if op == "matmul":
         return b.op("MatMul", ins)
-    if op in _REDUCE:
-        return b.reduce(_REDUCE[op], ins[0], arg[0])
     if op == "rms_norm":
         dim, eps = arg
         ms = b.reduce("ReduceMean", b.op("Mul", [ins[0], ins[0]]), dim)

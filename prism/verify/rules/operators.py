@@ -1,4 +1,5 @@
-"""The rewrite rules operators bring with their definitions (``OpDef.rules`` in ``prism.ir.elementwise``),
+"""The rewrite rules operators bring with their definitions (``OpDef.rules`` in ``prism.ir.elementwise`` and
+``prism.ir.reductions``),
 as rules of the algebra stage. Their examples are drawn on [m, n] tensors (``x``) and broadcast pairs."""
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ def _rules() -> list[Rule]:
     for op in OPS.values():
         for r in op.rules:
             doc = f"brought by operator {op.name}"
+            ex = {**_EX, **dict(r.ex)}
             if r.both:
-                out += both(r.name, RULESET, r.lhs, r.rhs, ex=_EX, doc=doc)
+                out += both(r.name, RULESET, r.lhs, r.rhs, ex=ex, doc=doc)
             else:
-                out.append(rewrite(r.name, RULESET, r.lhs, r.rhs, ex=_EX, doc=doc))
+                out.append(rewrite(r.name, RULESET, r.lhs, r.rhs, ex=ex, doc=doc))
     return out
 
 
