@@ -49,8 +49,9 @@ VERSION = "search/6"  # 2: split-reduction variants; 3: checksummed envelope, ve
 # part of the cache key only (the file format is unchanged): results of an older space are not reused.
 # 1: several program outputs (savers of used tiles, outputs needing no user), level 0, square permutes;
 # 2: inputs read through views (transposes and per-channel scales outside the core, prism.search.program);
-# deeper levels explored only where they can win by kernel.LEVEL_MARGIN
-SPACE = 2
+# deeper levels explored only where they can win by kernel.LEVEL_MARGIN; 3: a permute of an input is an atom
+# of its own in the abstraction (abstract.permuted_atom: x @ x.T was searched to its time limit)
+SPACE = 3
 MODES = ("symbolic", "concrete")
 CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} dividing the split dims
 MAX_CHOICES = 4096       # map assignments costed per structure (the rest: rule enumerate_budget)
@@ -333,6 +334,8 @@ def _search(graph: Graph, limits: Limits, mode: str, env: dict[str, int], worker
         prog = peel(graph)
         targets = graph_exprs(prog.core, TreeAlgebra())
         eg = LaxEGraph(targets, axioms=axioms)
+        for n in prog.core.inputs.values():  # (an input read only permuted is not in the target itself)
+            eg.table.ensure_atom(n.arg[0])
     egraph_info = {"nodes": eg.report.nodes, "iterations": eg.report.iterations, "saturated": eg.report.saturated,
                    "seconds": round(eg.report.seconds, 4), "axioms": list(eg.report.axioms)}
     payload = _Payload(graph_to_json(prog.core), eg.table, limits, mode, env, machine())

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from egglog import EGraph, Expr, StringLike, birewrite, eq, function, rewrite, rule, ruleset, union, vars_
 
-from prism.search.abstract import Tree
+from prism.search.abstract import Tree, permuted_atom
 
 
 class AE(Expr):
@@ -103,19 +103,6 @@ def _rules() -> dict[str, list]:
     }
 
 
-class EgglogAlgebra:
-    """Builds egglog terms (for inserting the target)."""
-
-    def atom(self, name: str) -> AE:
-        return AE(name)
-
-    def u(self, op: str, a: AE | None) -> AE | None:
-        return None if a is None else U(op, a)
-
-    def b(self, op: str, a: AE | None, b: AE | None) -> AE | None:
-        return None if a is None or b is None else B(op, a, b)
-
-
 def tree_to_egglog(t: Tree) -> AE:
     if t[0] == "atom":
         return AE(t[1])
@@ -141,6 +128,25 @@ class ClassTable:
 
     def b(self, op: str, a: int | None, b: int | None) -> int | None:
         return None if a is None or b is None else self.bin.get((op, a, b))
+
+    def ensure_atom(self, name: str) -> int:
+        """The class of input ``name``, a new one if the target does not contain it (an input read only
+        permuted: the target holds its permuted atom, the search still starts from the input)."""
+        if name not in self.atoms:
+            ids = [*self.atoms.values(), *self.un.values(), *self.bin.values(), *(k[1] for k in self.un),
+                   *(c for k in self.bin for c in k[1:] if isinstance(c, int))]
+            self.atoms[name] = max(ids, default=-1) + 1
+        return self.atoms[name]
+
+    def permuted(self, a: int | None, perm: tuple[int, ...]) -> int | None:
+        """A permute of an input's class is the class of its permuted atom (``abstract.permuted_atom``);
+        of any other class, the identity."""
+        if a is None:
+            return None
+        names = [n for n, c in self.atoms.items() if c == a]
+        if not names:
+            return a
+        return self.atoms.get(permuted_atom(names[0], perm))
 
     def ops(self) -> set[str]:
         return {k[0] for k in self.un} | {k[0] for k in self.bin}

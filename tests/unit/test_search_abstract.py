@@ -24,7 +24,12 @@ def test_translations() -> None:
     assert op_expr(T, "rms_norm", (1, 1e-6), [X]) == ("div", X, ("sqrt", ("sum", ("mul", X, X))))
     assert op_expr(T, "softmax", (1,), [X]) == ("div", ("exp", X), ("sum", ("exp", X)))
     assert op_expr(T, "mul_scalar", (0.5,), [X]) == ("mul", X, C)  # the constant is kept, its value dropped
-    assert op_expr(T, "permute", ((1, 0),), [X]) == X
+    # a permute of an input is an atom of its own (x @ x.T has two atoms), of anything else the identity
+    assert op_expr(T, "permute", ((1, 0),), [X]) == ("atom", "X^(-1,-2)")
+    assert op_expr(T, "permute", ((0, 2, 1),), [X]) == ("atom", "X^(-1,-2)")   # the same, on a rank-3 tile
+    assert op_expr(T, "permute", ((1, 0),), [op_expr(T, "permute", ((1, 0),), [X])]) == X
+    assert op_expr(T, "permute", ((2, 0, 1),), [op_expr(T, "permute", ((1, 2, 0),), [X])]) == X
+    assert op_expr(T, "permute", ((1, 0),), [mm(X, W)]) == mm(X, W)
     assert op_expr(T, "mean", (1,), [X]) == ("sum", X)
     assert op_expr(T, "sum", (1,), [mm(X, W)]) == mm(X, W)  # sum of sum collapses
     assert acc_expr(T, "rms", [X]) == ("sqrt", ("sum", ("mul", X, X)))
