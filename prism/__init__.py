@@ -10,7 +10,7 @@ The public API is deliberately small::
 """
 
 from prism import reference as _reference  # noqa: F401 -- registers the interpreter behind Graph.evaluate
-from prism import search
+from prism import search, verify  # verify: the package, callable as the function (prism/verify/__init__.py)
 from prism.api import superoptimize
 from prism.errors import (
     DimError,
@@ -26,7 +26,6 @@ from prism.errors import (
 from prism.frontend import optimize
 from prism.ir import BlockBuilder, BlockGraph, Dim, Graph, MapVar, Tensor, sym
 from prism.runtime import compile
-from prism.verify import verify
 
 __version__ = "0.1.0"
 

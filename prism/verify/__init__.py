@@ -1,9 +1,14 @@
 """Equivalence verification: an e-graph proof over the parallel term language (egglog), backed by
 numeric testing. See docs/verify.md.
 
-Note: ``prism/__init__.py`` exports the function :func:`verify` as ``prism.verify``, which shadows this
-package as an attribute of ``prism``; import from it with ``from prism.verify import ...``.
+``prism.verify`` is this package and, called, the function :func:`verify`: ``prism.verify(candidate,
+reference)`` and ``import prism.verify.egraph`` both work (the package's class is a callable module type;
+a function exported under the package's name hid the package from ``import prism.verify.x as y``).
 """
+
+import sys
+import types
+from typing import Any
 
 from prism.verify.api import VerifyResult, verify
 from prism.verify.egraph import FormalResult, Limits, ProofStats, prove
@@ -18,3 +23,11 @@ from prism.verify.numeric import (
 
 __all__ = ["FormalResult", "Limits", "NumericResult", "ProofStats", "Runner", "VerifyResult", "choose_instantiations",
            "compiled_runner", "interpreter_runner", "numeric_check", "prove", "verify"]
+
+
+class _CallablePackage(types.ModuleType):
+    def __call__(self, *args: Any, **kwargs: Any) -> VerifyResult:
+        return verify(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

@@ -40,3 +40,14 @@ def test_the_ir_imports_no_later_stage() -> None:
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             bad += [f"{path.name}: {n}" for n in names if n.startswith(later)]
     assert bad == []
+
+
+def test_prism_verify_is_the_package_and_the_function() -> None:
+    """``prism.verify(candidate, reference)`` is the verifier's entry point, and ``prism.verify`` is also the
+    package: ``import prism.verify.egraph as E`` works (a function exported under the package's name made
+    that an AttributeError)."""
+    code = ("import prism, prism.verify.egraph as E, prism.verify.api as A; "
+            "g = prism.Graph(); x = g.input('x', (4, 8)); g.output(g.exp(x), 'y'); "
+            "r = prism.verify(g, g); print(E.__name__, callable(E.prove), isinstance(r, A.VerifyResult), r.verified)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert r.stdout.split() == ["prism.verify.egraph", "True", "True", "True"], r.stdout + r.stderr
