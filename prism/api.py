@@ -672,11 +672,7 @@ class SuperKernel:
         t.records_read = True
         t.record_key = cache.cache_key(source)
         from prism.verify.numeric import NumericResult
-        try:
-            data = json.loads(cache.readable(self._checks_path(t.record_key)).read_text())
-            envs = data[self._graph_keys()[0]]
-        except (OSError, ValueError, KeyError, TypeError):
-            return
+        envs = self._read_checks(self._checks_path(t.record_key)).get(self._graph_keys()[0])
         seen = [i for r in t.checks for i in r.instantiations]
         for e in envs if isinstance(envs, list) else []:
             if isinstance(e, dict) and e not in seen and all(isinstance(v, int) for v in e.values()):
@@ -684,17 +680,22 @@ class SuperKernel:
                 seen.append(e)
                 STATS.template_checks_recorded += 1
 
+    @staticmethod
+    def _read_checks(path: Any) -> dict[str, Any]:
+        """A template's check record (program key -> checked shapes); empty when missing or damaged."""
+        try:
+            data = json.loads(cache.readable(path).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
     def _record_check(self, t: Any, inst: dict[str, Any]) -> None:
         if t.record_key is None:   # _recorded_checks, called before any check of t, names the record
             return
         path = self._checks_path(t.record_key)
-        try:
-            data = json.loads(cache.readable(path).read_text())
-            if not isinstance(data, dict):
-                data = {}
-        except (OSError, ValueError):
-            data = {}
-        envs = data.setdefault(self._graph_keys()[0], [])
+        data = self._read_checks(path)
+        envs = data.get(self._graph_keys()[0])
+        envs = data[self._graph_keys()[0]] = envs if isinstance(envs, list) else []
         if inst not in envs:
             envs.append({k: int(v) for k, v in inst.items() if isinstance(v, int)})
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -398,18 +399,30 @@ def _src(u: Unit | None, k: int = 0) -> Any:
     return u.lowered.operands[k].node
 
 
+def _fuse_units(units: list[Unit], match: Callable[[Unit], tuple[Lowered, list[Unit]] | None]) -> list[Unit]:
+    """Each unit ``match`` recognizes as the head of a pattern (``(lowered, parts)``) becomes one unit that
+    absorbs the parts' members; the parts leave the list. A unit already absorbed heads nothing."""
+    out: list[Unit] = []
+    absorbed: set[Any] = set()
+    for u in units:
+        m = None if u.node in absorbed else match(u)
+        if m is None:
+            out.append(u)
+            continue
+        low, parts = m
+        out.append(Unit(u.id, u.node, low, [x for p in parts for x in p.members] + u.members))
+        absorbed.update(p.node for p in parts)
+    return [u for u in out if u.node not in absorbed]
+
+
 def _fuse_rms(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
     """x * rsqrt(mean(square(x), -1, keepdim) + eps) / x / sqrt(...) -> one rms_norm unit."""
     def only_user(n: Any, user: Any) -> bool:
         return list(n.users) == [user]
 
-    out: list[Unit] = []
-    absorbed: set[Any] = set()
-    for u in units:
+    def match(u: Unit) -> tuple[Lowered, list[Unit]] | None:
         if u.lowered.sig[:1] not in (("mul",), ("div",)) or len(u.lowered.operands) != 2:
-            out.append(u)
-            continue
-        match = None
+            return None
         for k in (0, 1):
             x, r = _src(u, k), _src(u, 1 - k)
             if u.lowered.sig == ("div",) and k != 0:
@@ -433,17 +446,11 @@ def _fuse_rms(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
             if not ((_sig(su) == ("square",) and _src(su) is x) or (_sig(su) == ("mul",) and _src(su) is x
                     and len(su.lowered.operands) == 1)):
                 continue
-            match = (x, _sig(au)[1], [su, mu, au, ru])
-            break
-        if match is None:
-            out.append(u)
-            continue
-        x, eps, parts = match
-        low = Lowered("rms_norm", "compute", [Operand(x)], lambda g, t, e=eps: g.rms_norm(t[0], e, -1), ("rms_norm",))
-        fused = Unit(u.id, u.node, low, [m for p in parts for m in p.members] + u.members)
-        absorbed.update(p.node for p in parts)
-        out.append(fused)
-    return [u for u in out if u.node not in absorbed]
+            eps = _sig(au)[1]
+            return (Lowered("rms_norm", "compute", [Operand(x)], lambda g, t, e=eps: g.rms_norm(t[0], e, -1),
+                            ("rms_norm",)), [su, mu, au, ru])
+        return None
+    return _fuse_units(units, match)
 
 
 def _fuse_layer_norm(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
@@ -466,14 +473,10 @@ def _fuse_layer_norm(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
             return None
         return x, m, sig[1]
 
-    out: list[Unit] = []
-    absorbed: set[Any] = set()
-    for u in units:
+    def match(u: Unit) -> tuple[Lowered, list[Unit]] | None:
         sig = u.lowered.sig
-        if sig[:1] not in (("mul",), ("div",)) or len(u.lowered.operands) != 2 or u.node in absorbed:
-            out.append(u)
-            continue
-        match = None
+        if sig[:1] not in (("mul",), ("div",)) or len(u.lowered.operands) != 2:
+            return None
         for k in ((0,) if sig == ("div",) else (0, 1)):
             c, r = _src(u, k), _src(u, 1 - k)
             ru = by_node.get(r)
@@ -505,17 +508,11 @@ def _fuse_layer_norm(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
             inside = {p.node for p in parts} | {u.node}
             if any(user not in inside for p in parts for user in p.node.users):
                 continue  # an intermediate is used elsewhere: it stays computed where it is
-            match = (x, d, _sig(au)[1], parts)
-            break
-        if match is None:
-            out.append(u)
-            continue
-        x, d, eps, parts = match
-        low = Lowered("layer_norm", "compute", [Operand(x)],
-                      lambda g, t, e=eps, dd=d: g.layer_norm(t[0], e, dd), ("layer_norm",))
-        out.append(Unit(u.id, u.node, low, [m for p in parts for m in p.members] + u.members))
-        absorbed.update(p.node for p in parts)
-    return [u for u in out if u.node not in absorbed]
+            eps = _sig(au)[1]
+            return (Lowered("layer_norm", "compute", [Operand(x)],
+                            lambda g, t, e=eps, dd=d: g.layer_norm(t[0], e, dd), ("layer_norm",)), parts)
+        return None
+    return _fuse_units(units, match)
 
 
 def _fuse_rotate(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
@@ -525,19 +522,15 @@ def _fuse_rotate(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
     slices and the negation have no other use. As layout operators the slices and the cat would end pieces
     and leave the negation alone in PyTorch: four PyTorch operators per rotation, two rotations per decoder
     layer (0.13-0.15 ms of a 4-layer Llama's decode step in an A/B, docs/frontend.md)."""
-    out: list[Unit] = []
-    absorbed: set[Any] = set()
-    for u in units:
+    def match(u: Unit) -> tuple[Lowered, list[Unit]] | None:
         sig = u.lowered.sig
         if sig[:1] != ("cat",) or sig[2] != 2 or len(u.lowered.operands) != 2:
-            out.append(u)
-            continue
+            return None
         d = sig[1]
         neg, first = by_node.get(_src(u, 0)), by_node.get(_src(u, 1))
         second = by_node.get(_src(neg)) if neg is not None and _sig(neg) == ("neg",) else None
         if second is None or first is None:
-            out.append(u)
-            continue
+            return None
         s1, s2 = _sig(first), _sig(second)
         x = _src(first)
         ok = (len(s1) == 5 and len(s2) == 5 and s1[0] == s2[0] == "slice" and s1[1] == s2[1] == d
@@ -546,14 +539,10 @@ def _fuse_rotate(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
               and list(neg.node.users) == [u.node] and list(second.node.users) == [neg.node]
               and list(first.node.users) == [u.node])
         if not ok:
-            out.append(u)
-            continue
-        low = Lowered("rotate_half", "compute", [Operand(x)], lambda g, t, dd=d: g.rotate_half(t[0], dd),
-                      ("rotate_half", d))
-        parts = sorted((first, second, neg), key=lambda p: p.id)
-        out.append(Unit(u.id, u.node, low, [m for p in parts for m in p.members] + u.members))
-        absorbed.update(p.node for p in parts)
-    return [u for u in out if u.node not in absorbed]
+            return None
+        return (Lowered("rotate_half", "compute", [Operand(x)], lambda g, t, dd=d: g.rotate_half(t[0], dd),
+                        ("rotate_half", d)), sorted((first, second, neg), key=lambda p: p.id))
+    return _fuse_units(units, match)
 
 
 def _compose(inner: tuple[int, ...] | None, outer: tuple[int, ...] | None) -> tuple[int, ...] | None:

@@ -440,11 +440,15 @@ def _drop_identity_casts(g: Any) -> None:
             g.erase_node(n)
 
 
+# Tensor methods that only re-lay out their input (a view, or a copy in another order); a chain of them is
+# collapsed when it keeps the row-major order (_collapse_layout_chains).
+_LAYOUT_CALLS = frozenset(("view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "contiguous", "flatten",
+                           "t"))
 # Layout methods whose repeated calls on the same tensor with the same arguments the rewritten graph computes
 # once: Llama's decoder layers each call ``cos.unsqueeze(1)`` and ``sin.unsqueeze(1)`` on the same cos/sin
-# (16 calls per decode step of an 8-layer model, ~7 µs each, where 2 do).
-_SHARED_VIEWS = frozenset(("unsqueeze", "squeeze", "view", "reshape", "transpose", "permute", "expand", "t",
-                           "contiguous"))
+# (16 calls per decode step of an 8-layer model, ~7 µs each, where 2 do). (expand: shared, never in a chain,
+# it changes the element count.)
+_SHARED_VIEWS = _LAYOUT_CALLS | {"expand"}
 
 
 def _hashable(v: Any) -> bool:
@@ -483,7 +487,7 @@ def _share_repeated_views(g: Any) -> None:
 # the chain test runs the chain on an int32 arange of the input's size: at most 4 MiB of it (the per-head
 # reshapes of a decode step have a few thousand elements; a weight's chain is left alone)
 _CHAIN_MAX_ELEMENTS = 1 << 20
-_CHAIN = frozenset(("view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "contiguous", "flatten", "t"))
+_CHAIN = _LAYOUT_CALLS
 
 
 def _collapse_layout_chains(g: Any) -> None:
