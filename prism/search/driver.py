@@ -50,7 +50,8 @@ VERSION = "search/6"  # 2: split-reduction variants; 3: checksummed envelope, ve
 # 1: several program outputs (savers of used tiles, outputs needing no user), level 0, square permutes;
 # 2: inputs read through views (transposes and per-channel scales outside the core, prism.search.program);
 # deeper levels explored only where they can win by kernel.LEVEL_MARGIN; 3: a permute of an input is an atom
-# of its own in the abstraction (abstract.permuted_atom: x @ x.T was searched to its time limit)
+# of its own in the abstraction (abstract.permuted_atom: x @ x.T was searched to its time limit), and a
+# customized operator may take an input it multiplies by its own permutation twice (KernelSearch.twice)
 SPACE = 3
 MODES = ("symbolic", "concrete")
 CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} dividing the split dims

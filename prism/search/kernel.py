@@ -102,6 +102,23 @@ class KernelSearch:
 
     def __post_init__(self) -> None:
         self.kernel_templates = [t for t in self.templates if t.kernel]
+        # program inputs the target multiplies by their own permutation (x @ x.T): a customized operator may
+        # take such an input twice, one block input per way of reading it (a block iterates each input
+        # once, so one input cannot give both the rows of x and the columns of x.T unless the whole of x is
+        # one tile). Without it only a predefined permute materializing x.T and a deeper kernel graph could
+        # express such a program at most sizes: the search of softmax(x @ x.T / 8) on [64, 64] spent its 60 s
+        # on level-2 kernel graphs (1.2M block states); with it, 120k states, 3.2 s. Only for a product of
+        # the two (an input read two ways in different products, relu(x @ w) @ w.T, gained no candidate
+        # and its search took 5x longer).
+        tab = self.table
+        products = {(a, b) for (op, a, b) in tab.bin if op == "mul"}
+        twice = set()
+        for i, (c, _) in enumerate(self.inputs):
+            name = next((n for n, k in tab.atoms.items() if k == c and "^" not in n), None) if c is not None else None
+            if name is not None and any(n.partition("^")[0] == name and ((c, k) in products or (k, c) in products)
+                                        for n, k in tab.atoms.items() if "^" in n):
+                twice.add(i)
+        self.twice = frozenset(twice)
 
     def initial(self) -> _KState:
         ts = tuple(_KT(c if c is not None else -1, s) for c, s in self.inputs)
@@ -145,6 +162,10 @@ class KernelSearch:
                     subset = (*rest, level)
                     if ok(subset):
                         yield (level, 1, subset), ("custom", subset)
+                        if len(subset) < self.limits.max_block_inputs:
+                            for i in subset:
+                                if i in self.twice:   # the same input read a second way (see __post_init__)
+                                    yield (level, 1, (*subset, i)), ("custom", (*subset, i))
 
     def expand(self, st: _KState, key: tuple, move: Move) -> Iterator[_KState]:
         """Children of ``st`` for one move (a customized move has one child per distinct output signature
