@@ -206,6 +206,15 @@ def _programs() -> list[Program]:
         P("attention", "softmax",
           _fn(lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) / 8.0, -1) @ v, (4, 64, 64), (4, 128, 64),
               (4, 128, 64))),
+        # one input read two ways (the search's x @ x.T case, docs/search.md)
+        P("self_attention_scores", "softmax",
+          _fn(lambda x: torch.softmax(x @ x.transpose(-1, -2) / 8.0, -1), (4, 128, 64))),
+        P("gram_relu_rowsum", "gemm", _fn(lambda x: torch.relu(x @ x.T).sum(-1), (256, 128))),
+        P("cosine_similarity_matrix", "norm",
+          _fn(lambda a, b: F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T, (256, 64), (192, 64))),
+        P("pairwise_sq_distances", "gemm",
+          _fn(lambda a, b: (a * a).sum(-1, keepdim=True) - 2.0 * (a @ b.T) + (b * b).sum(-1)[None, :],
+              (256, 64), (192, 64))),
         # --- element-wise ---
         P("log_abs", "elementwise", _fn(lambda x: torch.log(x.abs() + 1.0), (ROWS * 4, D))),
         P("erf_cdf", "elementwise", _fn(lambda x: 0.5 * (1 + torch.erf(x * 0.7071067811865476)), (ROWS * 4, D))),

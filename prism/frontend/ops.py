@@ -1405,7 +1405,20 @@ def _getitem(c: Conv) -> Lowered:
         raise Unsupported("indexing with two ellipses")
     if Ellipsis in items:
         k = items.index(Ellipsis)
-        items = items[:k] + [slice(None)] * (r - len(items) + 1) + items[k + 1:]
+        used = sum(it is not None for it in items) - 1   # (None adds a dim, it reads none)
+        items = items[:k] + [slice(None)] * (r - used) + items[k + 1:]
+    if any(it is None for it in items):  # x[None, :], x[:, None], x[..., None]: size-1 dims inserted
+        rest = [it for it in items if it is not None]
+        if len(rest) > r or any(not (isinstance(it, slice) and it == slice(None)) for it in rest):
+            raise Unsupported("indexing with None beside anything but full slices ':'")
+        i = c.tensor(x)
+
+        def unsqueeze(g: OpMethods, t: list[Tensor]) -> Tensor:
+            dims, shape = iter(t[i].shape), []
+            for it in items:
+                shape.append(1 if it is None else next(dims))
+            return g.reshape(t[i], (*shape, *dims))
+        return Lowered("getitem", "layout", c.operands, unsqueeze)
     ints = [(d, it) for d, it in enumerate(items) if isinstance(it, int) and not isinstance(it, bool)]
     if len(ints) == 1 and len(items) <= r and all(isinstance(it, slice) and it == slice(None)
                                                   for d, it in enumerate(items) if d != ints[0][0]):
@@ -1418,7 +1431,7 @@ def _getitem(c: Conv) -> Lowered:
         return Lowered("getitem", "layout", inner.operands,
                        lambda g, t: g.reshape(v := inner.emit(g, t), tuple(s for j, s in enumerate(v.shape) if j != d)))
     if len(items) > r or any(not isinstance(it, slice) for it in items):
-        raise Unsupported("indexing other than slices and one integer (None, tensors, several integers)")
+        raise Unsupported("indexing other than slices, one integer and None (tensors, several integers)")
     cut = [(d, it) for d, it in enumerate(items) if it != slice(None)]
     if len(cut) > 1:
         raise Unsupported("slicing more than one dim at once")

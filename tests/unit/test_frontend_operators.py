@@ -99,6 +99,10 @@ FUNCTIONS: dict[str, Callable[[Any], Any]] = {
     "Tensor.min.getitem": lambda x: x.min(0, keepdim=True)[0] + 1,
     "F.mse_loss": lambda x: F.mse_loss(x, x * 0.5),
     "getitem.int_last_row": lambda x: x[-1] + 1,
+    "getitem.none_first": lambda x: x.sum(0)[None, :] + x[:1],
+    "getitem.none_last": lambda x: x + x.amax(-1)[:, None],
+    "getitem.none_ellipsis": lambda x: x - x.mean(-1)[..., None],
+    "getitem.none_alone": lambda x: (x[None] * 2).sum(0),
 }
 
 
