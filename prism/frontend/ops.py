@@ -1411,6 +1411,12 @@ def _getitem(c: Conv) -> Lowered:
         rest = [it for it in items if it is not None]
         if len(rest) > r or any(not (isinstance(it, slice) and it == slice(None)) for it in rest):
             raise Unsupported("indexing with None beside anything but full slices ':'")
+        if static_shape(x) is None:
+            # measured: transformers' repeat_kv (cache[:, :, None].expand(..., kv_len, ...)) converted here
+            # gave the keys the cache's size symbol and the padding mask the expand's, which the attention
+            # could not identify (the batch-with-padding test lost its attention pieces)
+            raise Unsupported("indexing with None on a tensor of symbolic size (its expand names the size "
+                              "another way)")
         i = c.tensor(x)
 
         def unsqueeze(g: OpMethods, t: list[Tensor]) -> Tensor:
