@@ -206,6 +206,63 @@ def lower_causal(gm: Any) -> None:
         gm.recompile()
 
 
+def lower_cross_entropy(gm: Any) -> None:
+    """``cross_entropy(x, t)`` with class indices ``t`` ([N] int64 for [N, C] logits) -> the same loss of the
+    target distribution ``class_target(t, x, ignore_index, reduction)`` built in PyTorch (in place): the
+    one-hot rows, zero for ignored targets and divided by the number kept for 'mean', whose reduction
+    becomes 'sum'. Prism stores no integers, so the ids stay in PyTorch (N x C floats per call) and the loss
+    (log_softmax, product, sums) runs on Prism; the rewritten call means the same in PyTorch. Left as is:
+    class weights, label smoothing, other layouts, calls without fake values."""
+    import torch
+    import torch.nn.functional as F
+    from torch._guards import detect_fake_mode
+
+    aten = getattr(getattr(torch.ops.aten, "cross_entropy_loss", None), "default", None)
+    g = gm.graph
+    changed = False
+    for node in list(g.nodes):
+        if node.op != "call_function" or (node.target is not F.cross_entropy and node.target is not aten):
+            continue
+        name = "cross_entropy" if node.target is F.cross_entropy else "cross_entropy_loss"
+        try:
+            call = O.Call(name, node.args, dict(node.kwargs))
+            x, t = call.get("input"), call.get("target")
+            reduction = O.ce_reduction(call)
+            ignore = call.get("ignore_index", -100)
+            plain = (call.get("weight", None) is None and call.get("label_smoothing", 0.0) in (0, 0.0)
+                     and call.get("size_average", None) is None and call.get("reduce", None) is None)
+        except Unsupported:
+            continue
+        if not plain or not isinstance(ignore, int) or not all(
+                type(v).__name__ == "Node" and is_tensor_meta(meta_value(v)) for v in (x, t)):
+            continue
+        xv, tv = meta_value(x), meta_value(t)
+        if str(tv.dtype) != "torch.int64" or xv.dim() != 2 or tv.dim() != 1:
+            continue
+        mode = getattr(tv, "fake_mode", None) or detect_fake_mode([xv, tv])   # (the tensors' own mode)
+        try:
+            if mode is None:
+                val = O.class_target(tv, xv, ignore, reduction, check=False)
+            else:
+                with mode:
+                    val = O.class_target(tv, xv, ignore, reduction, check=False)
+        except Exception:  # no fake value for the distribution: leave the call as PyTorch wrote it
+            continue
+        with g.inserting_before(node):
+            dist = g.call_function(O.class_target, (t, x, ignore, reduction))
+        dist.meta["val"] = val
+        if "example_value" in node.meta:
+            dist.meta["example_value"] = val
+        red = "sum" if reduction == "mean" else reduction
+        if name == "cross_entropy":
+            node.args, node.kwargs = (x, dist), {"reduction": red}
+        else:
+            node.args, node.kwargs = (x, dist, None, {"none": 0, "mean": 1, "sum": 2}[red]), {}
+        changed = True
+    if changed:
+        gm.recompile()
+
+
 def _attr(gm: Any, target: str) -> Any:
     obj = gm
     for part in target.split("."):
@@ -696,6 +753,7 @@ def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = Non
                              "that Prism can propagate fake tensors through it")
         propagate_meta(gm, list(example_inputs), dynamic)
     lower_causal(gm)
+    lower_cross_entropy(gm)
     env = SymbolEnv()
     for _ in range(_MAX_IDENTIFY + 1):
         with symbol_env(env):
@@ -772,6 +830,9 @@ def _kept_in_pytorch(n: Any) -> str:
     if n.op == "call_function" and n.target is O.causal_bias:
         return ("the causal mask of scaled_dot_product_attention(is_causal=True), built in PyTorch (L x S floats "
                 "per call; no Prism operator depends on an element's position)")
+    if n.op == "call_function" and n.target is O.class_target:
+        return ("cross_entropy's class indices as one-hot target rows, built in PyTorch (N x C floats per call; "
+                "Prism stores no integers)")
     return _KEPT.get(display_name(n), "")
 
 

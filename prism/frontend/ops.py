@@ -151,6 +151,9 @@ SIGS: dict[str, tuple[str, ...]] = {
     "l1_loss": ("input", "target", "size_average", "reduce", "reduction"),
     "smooth_l1_loss": ("input", "target", "size_average", "reduce", "reduction", "beta"),
     "huber_loss": ("input", "target", "reduction", "delta"),
+    "cross_entropy": ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
+                      "label_smoothing"),
+    "cross_entropy_loss": ("input", "target", "weight", "reduction", "ignore_index", "label_smoothing"),
     "binary_cross_entropy_with_logits": ("input", "target", "weight", "size_average", "reduce", "reduction",
                                          "pos_weight"),
     **{k: ("input", "other") for k in ("gt", "ge", "lt", "le", "eq", "ne")},
@@ -961,6 +964,65 @@ def _bce_logits(c: Conv) -> Lowered:
         raise Unsupported("binary_cross_entropy_with_logits: weight/pos_weight")
     # (1 - y) x + log(1 + e^(-x)) = softplus(x) - x y
     return _loss(c, lambda g, x, y: g.sub(g.softplus(x), g.mul(x, y)))
+
+
+_REDUCTION_ENUM = {0: "none", 1: "mean", 2: "sum"}   # aten's reduction argument
+
+
+def ce_reduction(call: Call) -> str:
+    """The reduction of a cross_entropy call (``F.cross_entropy``'s string or ``aten.cross_entropy_loss``'s
+    enum), or raises Unsupported."""
+    r = call.get("reduction", 1 if call.name == "cross_entropy_loss" else "mean")
+    r = _REDUCTION_ENUM.get(r, r) if isinstance(r, int) and not isinstance(r, bool) else r
+    if r not in ("none", "mean", "sum"):
+        raise Unsupported(f"cross_entropy: reduction={r!r}")
+    return r
+
+
+@_conv("cross_entropy", "cross_entropy_loss")
+def _cross_entropy(c: Conv) -> Lowered:
+    """Cross entropy with a target distribution (float probabilities over the classes, dim 1 of ``[N, C]``):
+    ``-(p * log_softmax(x, 1)).sum(1)``, then the reduction ('mean': over the N rows). Class-index targets
+    reach this as a distribution built in PyTorch (:func:`class_target`, capture's ``lower_cross_entropy``)."""
+    x, p = c.get("input"), c.get("target")
+    name = c.call.name
+    if c.get("size_average", None) is not None or c.get("reduce", None) is not None:
+        raise Unsupported(f"{name}: the deprecated size_average/reduce arguments")
+    if c.get("weight", None) is not None:
+        raise Unsupported(f"{name}: class weights")
+    if c.get("label_smoothing", 0.0) not in (0, 0.0):
+        raise Unsupported(f"{name}: label_smoothing")
+    reduction = ce_reduction(c.call)
+    if not c.is_tensor(p) or c.shape(p) != c.shape(x) or c.rank(x) not in (1, 2):
+        raise Unsupported(f"{name}: a target that is not a distribution over the classes of [N, C] or [C] logits "
+                          "(class indices are turned into one when captured; other layouts stay in PyTorch)")
+    i, j = c.tensor(x), c.tensor(p)
+    d = c.rank(x) - 1
+
+    def emit(g: OpMethods, t: list[Tensor]) -> Tensor:
+        rows = g.neg(g.sum(g.mul(t[j], log_softmax(g, t[i], d)), d))          # [N, 1] (or [1])
+        if reduction == "none":
+            return g.reshape(rows, tuple(t[i].shape[:-1]))
+        return _reduced(g, rows, "sum" if reduction == "sum" or d == 0 else "mean")
+    return Lowered(name, "compute", c.operands, emit)
+
+
+def class_target(target: Any, input: Any, ignore_index: int = -100, reduction: str = "mean",
+                 check: bool = True) -> Any:
+    """The target distribution of ``cross_entropy(input, target)`` for class indices ``target`` ([N]): one-hot
+    rows over ``input``'s classes, zero for ``ignore_index``, divided by the number of kept targets when the
+    reduction is 'mean' (so that a 'sum' over the distribution is PyTorch's mean; every target ignored gives
+    NaN, as PyTorch). Built in PyTorch on every call (integer ids: Prism stores no int64). A kept target
+    outside the classes raises IndexError, as PyTorch's loss does (``check``; off only for shape propagation,
+    where the values are not known)."""
+    import torch
+    n_cls = input.shape[-1]
+    keep = target != ignore_index
+    if check and bool((keep & ((target < 0) | (target >= n_cls))).any()):
+        raise IndexError(f"cross_entropy: a target is out of bounds for {n_cls} classes")
+    classes = torch.arange(n_cls, device=target.device)
+    hot = ((target.unsqueeze(-1) == classes) & keep.unsqueeze(-1)).to(input.dtype)
+    return hot / keep.sum().to(input.dtype) if reduction == "mean" else hot
 
 
 @_conv("log_sigmoid", "logsigmoid")

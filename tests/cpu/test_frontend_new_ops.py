@@ -195,3 +195,51 @@ def test_a_cat_of_other_halves_stays_a_cat() -> None:
     with torch.no_grad():
         got, ref = opt(x, c), fn(x, c)
     assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("capture", ["dynamo", "export"])
+@pytest.mark.parametrize("case", ["mean", "sum", "none", "ignored", "all_ignored", "soft"])
+def test_cross_entropy_runs_on_prism(capture: str, case: str) -> None:
+    """``F.cross_entropy`` of a Linear's logits: class indices become one-hot target rows built in PyTorch
+    (the one operator kept there, with its reason), the loss runs on Prism; ignored targets (-100, and a custom
+    ignore_index) drop out of the mean as in PyTorch, every target ignored gives NaN as PyTorch; probability
+    targets go straight to Prism. Compared with the float64 loss of the same inputs."""
+    torch.manual_seed(0)
+    x, w = torch.randn(24, 64), torch.randn(40, 64) * 0.1
+    t = torch.randint(0, 40, (24,))
+    if case == "ignored":
+        t[::3] = 7
+        def fn(x, w, t): return F.cross_entropy(x @ w.T, t, ignore_index=7)
+    elif case == "all_ignored":
+        t[:] = -100
+        def fn(x, w, t): return F.cross_entropy(x @ w.T, t)
+    elif case == "soft":
+        t = torch.softmax(torch.randn(24, 40), -1)
+        def fn(x, w, t): return F.cross_entropy(x @ w.T, t, reduction="sum")
+    else:
+        def fn(x, w, t, r=case): return F.cross_entropy(x @ w.T, t, reduction=r)
+    opt = prism.optimize(fn, (x, w, t), capture=capture, **OPTS)
+    kept = [(f.op, f.reason) for r in opt.report for f in r.fallbacks]
+    assert all("class_target" in op and "one-hot" in why for op, why in kept), kept
+    assert (case == "soft") == (not kept), kept
+    with torch.no_grad():
+        got = opt(x, w, t)
+        ref = fn(x.double(), w.double(), t.double() if case == "soft" else t)
+    assert got.shape == ref.shape and got.dtype == torch.float32
+    if case == "all_ignored":
+        assert torch.isnan(got).all() and torch.isnan(ref).all()
+        return
+    err = float((got.double() - ref).abs().max()) / float(ref.abs().max())
+    assert err <= 1e-5, err
+    assert sum(p.runner.prism_calls for p in opt.prism_pieces()) >= 1
+
+
+def test_cross_entropy_target_out_of_bounds_raises_as_pytorch() -> None:
+    torch.manual_seed(0)
+    x, w, t = torch.randn(8, 64), torch.randn(40, 64) * 0.1, torch.randint(0, 40, (8,))
+    opt = prism.optimize(lambda x, w, t: F.cross_entropy(x @ w.T, t), (x, w, t), capture="export", **OPTS)
+    t[3] = 40
+    with pytest.raises(IndexError, match="out of bounds"):
+        opt(x, w, t)
+    with pytest.raises(IndexError):
+        F.cross_entropy(x @ w.T, t)
