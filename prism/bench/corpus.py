@@ -195,6 +195,9 @@ def _programs() -> list[Program]:
                                     (ROWS * 4, D), (ROWS * 4, D))),
         P("kl_rows", "loss", _fn(lambda x, z: (F.softmax(x, -1) * (F.log_softmax(x, -1) - F.log_softmax(z, -1)))
                                  .sum(-1), (ROWS * 4, D), (ROWS * 4, D))),
+        P("cross_entropy", "loss", lambda: (lambda x, w, t: F.cross_entropy(x @ w.T, t),
+                                            (_x(ROWS * 2, D), _x(1000, D, seed=1, scale=1 / math.sqrt(D)),
+                                             torch.randint(0, 1000, (ROWS * 2,), generator=_gen(2))))),
         # --- softmax, log_softmax, logsumexp ---
         P("softmax", "softmax", _fn(lambda x: x.softmax(-1), (ROWS * 4, D))),
         P("log_softmax", "softmax", _fn(lambda x: F.log_softmax(x, dim=-1), (ROWS * 4, D))),

@@ -80,7 +80,7 @@ def _reference(fn: Any, inputs: tuple) -> Any:
     import torch
     f64 = copy.deepcopy(fn).double() if isinstance(fn, torch.nn.Module) else fn
     with torch.inference_mode():
-        return f64(*[x.double() for x in inputs])
+        return f64(*[x.double() if x.is_floating_point() else x for x in inputs])   # (integer ids stay)
 
 
 def run_program(p: Program, rounds: int, block_ms: float, warmup_ms: float, settle_ms: float,
