@@ -243,3 +243,18 @@ def test_cross_entropy_target_out_of_bounds_raises_as_pytorch() -> None:
         opt(x, w, t)
     with pytest.raises(IndexError):
         F.cross_entropy(x @ w.T, t)
+
+
+def test_cross_entropy_module_through_dynamo() -> None:
+    """``nn.CrossEntropyLoss(ignore_index=...)`` (Dynamo inlines it to ``F.cross_entropy``)."""
+    torch.manual_seed(0)
+    x, w, t = torch.randn(24, 64), torch.randn(40, 64) * 0.1, torch.randint(0, 40, (24,))
+    loss = nn.CrossEntropyLoss(ignore_index=3)
+
+    def fn(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return loss(x @ w.T, t)
+    opt = prism.optimize(fn, (x, w, t), **OPTS)
+    assert [f.op for r in opt.report for f in r.fallbacks] == ["prism.frontend.ops.class_target"]
+    with torch.no_grad():
+        got, ref = opt(x, w, t), fn(x.double(), w.double(), t)
+    assert abs(float(got) - float(ref)) <= 1e-5 * abs(float(ref))
