@@ -7,8 +7,8 @@ past 881k states and its 60 s limit. A permute of an input is now an atom of its
 (``prism.search.abstract.permuted_atom``), and a customized operator may take an input the target multiplies
 by its own permutation twice (``KernelSearch.twice``): without that, ``softmax(x @ x.T / 8)`` could only be
 expressed by a predefined permute and a second kernel, and its search spent its 60 s limit (1.2M block
-states). The state limits below are what the old search could not finish within (measured: 77k and 120k
-states now).
+states); only the later copy is read permuted (the copies are symmetric). The state limits below are what the
+old search could not finish within (measured: 12k and 22k states now).
 """
 
 from __future__ import annotations
