@@ -693,9 +693,8 @@ class SuperKernel:
         if t.record_key is None:   # _recorded_checks, called before any check of t, names the record
             return
         path = self._checks_path(t.record_key)
-        data = self._read_checks(path)
-        envs = data.get(self._graph_keys()[0])
-        envs = data[self._graph_keys()[0]] = envs if isinstance(envs, list) else []
+        data, key = self._read_checks(path), self._graph_keys()[0]
+        envs = data[key] = data[key] if isinstance(data.get(key), list) else []
         if inst not in envs:
             envs.append({k: int(v) for k, v in inst.items() if isinstance(v, int)})
         try:

@@ -159,6 +159,27 @@ def lower_modules(gm: Any) -> None:
         gm.recompile()
 
 
+def _insert_helper(node: Any, fn: Callable[..., Any], args: tuple, fake_args: tuple, fake_kwargs: dict[str, Any],
+                   mode: Any) -> Any:
+    """Insert the call ``fn(*args)`` before ``node``, to run in PyTorch, with its value from ``fn(*fake_args,
+    **fake_kwargs)`` under fake mode ``mode`` (None: as given) as the node's meta; None (nothing inserted)
+    where that value cannot be computed."""
+    try:
+        if mode is None:
+            val = fn(*fake_args, **fake_kwargs)
+        else:
+            with mode:
+                val = fn(*fake_args, **fake_kwargs)
+    except Exception:
+        return None
+    with node.graph.inserting_before(node):
+        new = node.graph.call_function(fn, args)
+    new.meta["val"] = val
+    if "example_value" in node.meta:
+        new.meta["example_value"] = val
+    return new
+
+
 def lower_causal(gm: Any) -> None:
     """``scaled_dot_product_attention(q, k, v, is_causal=True)`` -> the same call with
     ``attn_mask=causal_bias(q, k)`` (in place): Prism has no operator that depends on an element's
@@ -183,20 +204,9 @@ def lower_causal(gm: Any) -> None:
                 type(x).__name__ == "Node" and is_tensor_meta(meta_value(x)) for x in (q, k)):
             continue
         qv, kv = meta_value(q), meta_value(k)
-        mode = detect_fake_mode([qv, kv])
-        try:
-            if mode is None:
-                val = O.causal_bias(qv, kv)
-            else:
-                with mode:
-                    val = O.causal_bias(qv, kv)
-        except Exception:  # no fake value for the mask: leave the call as PyTorch wrote it
+        bias = _insert_helper(node, O.causal_bias, (q, k), (qv, kv), {}, detect_fake_mode([qv, kv]))
+        if bias is None:  # no fake value for the mask: leave the call as PyTorch wrote it
             continue
-        with g.inserting_before(node):
-            bias = g.call_function(O.causal_bias, (q, k))
-        bias.meta["val"] = val
-        if "example_value" in node.meta:
-            bias.meta["example_value"] = val
         args = tuple(node.args[:3])
         kwargs = {key: x for key, x in call.values.items() if key not in ("query", "key", "value")}
         kwargs.update(attn_mask=bias, is_causal=False)
@@ -240,19 +250,10 @@ def lower_cross_entropy(gm: Any) -> None:
         if str(tv.dtype) != "torch.int64" or xv.dim() != 2 or tv.dim() != 1:
             continue
         mode = getattr(tv, "fake_mode", None) or detect_fake_mode([xv, tv])   # (the tensors' own mode)
-        try:
-            if mode is None:
-                val = O.class_target(tv, xv, ignore, reduction, check=False)
-            else:
-                with mode:
-                    val = O.class_target(tv, xv, ignore, reduction, check=False)
-        except Exception:  # no fake value for the distribution: leave the call as PyTorch wrote it
+        dist = _insert_helper(node, O.class_target, (t, x, ignore, reduction), (tv, xv, ignore, reduction),
+                              {"check": False}, mode)
+        if dist is None:  # no fake value for the distribution: leave the call as PyTorch wrote it
             continue
-        with g.inserting_before(node):
-            dist = g.call_function(O.class_target, (t, x, ignore, reduction))
-        dist.meta["val"] = val
-        if "example_value" in node.meta:
-            dist.meta["example_value"] = val
         red = "sum" if reduction == "mean" else reduction
         if name == "cross_entropy":
             node.args, node.kwargs = (x, dist), {"reduction": red}

@@ -78,6 +78,12 @@ def permuted_atom(name: str, perm: Sequence[int]) -> str:
     return base if not rel else f"{base}^({','.join(str(v) for v in rel)})"
 
 
+def permuted_input(name: str) -> str | None:
+    """The input a permuted atom (:func:`permuted_atom`) reads; None for an input's own atom."""
+    base, sep, _ = name.partition("^")
+    return base if sep else None
+
+
 def op_expr(alg: Algebra[T], op: str, arg: tuple, srcs: Sequence[T | None]) -> T | None:
     """The abstract value of kernel/tile operator ``op`` applied to abstract values ``srcs``."""
     if op == "input":

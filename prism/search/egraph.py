@@ -134,7 +134,7 @@ class ClassTable:
         permuted: the target holds its permuted atom, the search still starts from the input)."""
         if name not in self.atoms:
             ids = [*self.atoms.values(), *self.un.values(), *self.bin.values(), *(k[1] for k in self.un),
-                   *(c for k in self.bin for c in k[1:] if isinstance(c, int))]
+                   *(c for k in self.bin for c in k[1:])]
             self.atoms[name] = max(ids, default=-1) + 1
         return self.atoms[name]
 

@@ -19,7 +19,7 @@ from typing import Any
 from prism.errors import PrismError
 from prism.ir import ops as O
 from prism.ir.dims import Dim, DimLike, evaluate
-from prism.search.abstract import op_expr
+from prism.search.abstract import op_expr, permuted_input
 from prism.search.block import BlockContext, BlockSearch, BlockStruct, _beq
 from prism.search.egraph import ClassTable
 from prism.search.space import COMMUTATIVE, FREE_OPS, Limits, Template
@@ -112,13 +112,11 @@ class KernelSearch:
         # and its search took 5x longer).
         tab = self.table
         products = {(a, b) for (op, a, b) in tab.bin if op == "mul"}
-        twice = set()
-        for i, (c, _) in enumerate(self.inputs):
-            name = next((n for n, k in tab.atoms.items() if k == c and "^" not in n), None) if c is not None else None
-            if name is not None and any(n.partition("^")[0] == name and ((c, k) in products or (k, c) in products)
-                                        for n, k in tab.atoms.items() if "^" in n):
-                twice.add(i)
-        self.twice = frozenset(twice)
+        plain = {k: n for n, k in tab.atoms.items() if permuted_input(n) is None}
+        self.twice = frozenset(
+            i for i, (c, _) in enumerate(self.inputs)
+            if c in plain and any(permuted_input(n) == plain[c] and ((c, k) in products or (k, c) in products)
+                                  for n, k in tab.atoms.items()))
 
     def initial(self) -> _KState:
         ts = tuple(_KT(c if c is not None else -1, s) for c, s in self.inputs)
