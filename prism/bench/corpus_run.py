@@ -1,7 +1,8 @@
 """``prism bench --corpus``: each corpus program under eager PyTorch, ``torch.compile`` (inductor, default
-mode), ``prism.optimize`` (Dynamo capture, the default) and ``prism.optimize(..., capture="export")``
-(``prism-export``: exported once, called without Dynamo), checked against float64 and timed in one
-interleaved run.
+mode), ``prism.optimize`` (its default capture, ``"auto"``: exported once and called without Dynamo, or
+through Dynamo where the function does not export) and ``prism.optimize(..., capture="dynamo")``
+(``prism-dynamo``: Dynamo's frame evaluation and guards on every call, as ``torch.compile``), checked against
+float64 and timed in one interleaved run.
 
 Per program: the four systems are prepared (compile and Prism's search/tuning happen here, untimed),
 each output is compared with the float64 result of the same program on the same inputs, then the four
@@ -28,8 +29,8 @@ from prism.bench.corpus import Program, programs
 from prism.bench.schedule import interleave
 from prism.tune.contention import CpuMeter, wait_until_idle
 
-SYSTEMS = ("eager", "compile", "prism", "prism-export")
-PRISMS = ("prism", "prism-export")
+SYSTEMS = ("eager", "compile", "prism", "prism-dynamo")
+PRISMS = ("prism", "prism-dynamo")
 
 
 @dataclass
@@ -41,7 +42,8 @@ class Row:
     err: dict[str, float | None] = field(default_factory=dict)     # max relative error vs float64
     status: dict[str, str] = field(default_factory=dict)           # ok | wrong | failed: reason
     fallbacks: list[str] = field(default_factory=list)             # Prism: operators left in PyTorch
-    export_fallbacks: list[str] = field(default_factory=list)      # the same, of prism-export
+    dynamo_fallbacks: list[str] = field(default_factory=list)      # the same, of prism-dynamo
+    capture: str = ""                                               # how the default captured it
     prism_pieces: int = 0
     prepare_s: dict[str, float] = field(default_factory=dict)
     foreign_cores: float | None = None
@@ -125,14 +127,16 @@ def run_program(p: Program, rounds: int, block_ms: float, warmup_ms: float, sett
         opt = prism.optimize(fn, inputs, **prism_options)
         row.fallbacks = sorted({f"{f.op}: {f.reason}" for r in opt.report for f in r.fallbacks})
         row.prism_pieces = len(opt.prism_pieces())
+        row.capture = opt.capture
         return lambda: opt(*inputs)
     prepare("prism", build_prism)
 
-    def build_prism_export() -> Callable[[], Any]:
-        opt = prism.optimize(fn, inputs, capture="export", **prism_options)  # the same pieces: cached searches
-        row.export_fallbacks = sorted({f"{f.op}: {f.reason}" for r in opt.report for f in r.fallbacks})
+    def build_prism_dynamo() -> Callable[[], Any]:
+        torch._dynamo.reset()
+        opt = prism.optimize(fn, inputs, capture="dynamo", **prism_options)  # the same pieces: cached searches
+        row.dynamo_fallbacks = sorted({f"{f.op}: {f.reason}" for r in opt.report for f in r.fallbacks})
         return lambda: opt(*inputs)
-    prepare("prism-export", build_prism_export)
+    prepare("prism-dynamo", build_prism_dynamo)
     log(f"{p.name}: prepared in " + ", ".join(f"{k} {v:.1f} s" for k, v in row.prepare_s.items())
         + (f"; {len(row.fallbacks)} fallback(s)" if row.fallbacks else ""))
 
@@ -158,11 +162,11 @@ def geomean(xs: list[float]) -> float | None:
 
 
 def summary(rows: list[Row], system: str = "prism") -> dict[str, Any]:
-    """Totals of ``system`` (``prism`` or ``prism-export``); ``export`` holds those of ``prism-export``."""
+    """Totals of ``system`` (``prism`` or ``prism-dynamo``); ``dynamo`` holds those of ``prism-dynamo``."""
     vs_eager = [r.speedup("eager", system) for r in rows]
     vs_compile = [r.speedup("compile", system) for r in rows]
     clean = [r for r in rows if r.status.get(system) == "ok"
-             and not (r.export_fallbacks if system == "prism-export" else r.fallbacks)]
+             and not (r.dynamo_fallbacks if system == "prism-dynamo" else r.fallbacks)]
     out: dict[str, Any] = {
         "programs": len(rows),
         "prism_ok": sum(r.status.get(system) == "ok" for r in rows),
@@ -173,7 +177,8 @@ def summary(rows: list[Row], system: str = "prism") -> dict[str, Any]:
         "compared": sum(1 for x in vs_eager if x),
     }
     if system == "prism":
-        out["export"] = summary(rows, "prism-export")
+        out["exported"] = sum(r.capture == "export" for r in rows)
+        out["dynamo"] = summary(rows, "prism-dynamo")
     return out
 
 
@@ -183,13 +188,13 @@ def _fmt(x: float | None, spec: str = "{:.1f}") -> str:
 
 def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
     s = summary(rows)
-    x = s["export"]
+    x = s["dynamo"]
     lines = [f"Machine: {meta.get('cpu', '?')}, {meta.get('threads')} threads; load before {meta.get('load_before')}, "
              f"after {meta.get('load_after')}; {meta.get('rounds')} rounds of {meta.get('block_ms')} ms blocks.",
              "",
-             "| program | category | eager µs | compile µs | prism µs | vs eager | vs compile | prism-export µs | "
-             "vs eager | vs compile | max err | notes |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| program | category | eager µs | compile µs | prism µs | vs eager | vs compile | capture | "
+             "prism-dynamo µs | vs eager | vs compile | max err | notes |",
+             "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|"]
     for r in rows:
         notes = []
         for k in SYSTEMS:
@@ -197,24 +202,27 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
                 notes.append(f"{k} {r.status[k]}")
         if r.fallbacks:
             notes.append("fallback: " + "; ".join(r.fallbacks))
-        if r.export_fallbacks:
-            notes.append("prism-export fallback: " + "; ".join(r.export_fallbacks))
+        if r.dynamo_fallbacks:
+            notes.append("prism-dynamo fallback: " + "; ".join(r.dynamo_fallbacks))
         lines.append(f"| {r.name} | {r.category} | {_fmt(r.us.get('eager'))} | {_fmt(r.us.get('compile'))} | "
                      f"{_fmt(r.us.get('prism'))} | {_fmt(r.speedup('eager'), '{:.2f}x')} | "
-                     f"{_fmt(r.speedup('compile'), '{:.2f}x')} | {_fmt(r.us.get('prism-export'))} | "
-                     f"{_fmt(r.speedup('eager', 'prism-export'), '{:.2f}x')} | "
-                     f"{_fmt(r.speedup('compile', 'prism-export'), '{:.2f}x')} | "
+                     f"{_fmt(r.speedup('compile'), '{:.2f}x')} | {r.capture or '-'} | "
+                     f"{_fmt(r.us.get('prism-dynamo'))} | "
+                     f"{_fmt(r.speedup('eager', 'prism-dynamo'), '{:.2f}x')} | "
+                     f"{_fmt(r.speedup('compile', 'prism-dynamo'), '{:.2f}x')} | "
                      f"{_fmt(r.err.get('prism'), '{:.1e}')} | "
                      f"{'; '.join(notes)} |")
-    lines += ["", f"{s['programs']} programs; Prism correct on {s['prism_ok']}, with no fallback on "
+    lines += ["", f"{s['programs']} programs ({s['exported']} exported by prism.optimize's default capture, the "
+              f"others through Dynamo); Prism correct on {s['prism_ok']}, with no fallback on "
               f"{s['without_fallback']}; at or above eager on {s['at_or_above_eager']} of {s['compared']} compared. "
               f"Geometric mean speedup: {_fmt(s['geomean_vs_eager'], '{:.2f}x')} over eager, "
               f"{_fmt(s['geomean_vs_compile'], '{:.2f}x')} over torch.compile.",
-              f"prism-export (capture='export', no Dynamo per call): correct on {x['prism_ok']}, with no fallback "
+              f"prism-dynamo (capture='dynamo', Dynamo per call as torch.compile): correct on {x['prism_ok']}, "
+              f"with no fallback "
               f"on {x['without_fallback']}; at or above "
               f"eager on {x['at_or_above_eager']} of {x['compared']}; geometric mean "
               f"{_fmt(x['geomean_vs_eager'], '{:.2f}x')} over eager, {_fmt(x['geomean_vs_compile'], '{:.2f}x')} over "
-              "torch.compile (which pays Dynamo per call)."]
+              "torch.compile."]
     return "\n".join(lines)
 
 

@@ -16,10 +16,13 @@ class Optimized:
     """What ``prism.optimize`` returns: call it like the original. ``report`` lists the captured graphs
     (one per Dynamo graph break), ``pieces()`` the pieces, ``explain()`` says what runs where."""
 
-    def __init__(self, fn: Callable[..., Any], original: Any, reports: list[GraphReport]) -> None:
+    def __init__(self, fn: Callable[..., Any], original: Any, reports: list[GraphReport], capture: str,
+                 note: str = "") -> None:
         self._fn = fn
         self.original = original
         self.report = reports
+        self.capture = capture  # how it was captured: "export", "dynamo" or "graph" (a GraphModule / export given)
+        self.note = note        # why capture="auto" went through Dynamo, if it did
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._fn(*args, **kwargs)
@@ -33,7 +36,8 @@ class Optimized:
     def explain(self, kernels: bool = False) -> str:
         """The report of every captured graph; ``kernels=True`` adds each Prism kernel's own explain
         (chosen sGraph, proof, tuning table, generated C)."""
-        parts = [r.table() for r in self.report] or ["nothing captured yet"]
+        parts = ([f"captured through Dynamo: {self.note}"] if self.note else []) + \
+            ([r.table() for r in self.report] or ["nothing captured yet"])
         if kernels:
             for p in self.prism_pieces():
                 k = getattr(p.runner, "kernel", None)
@@ -70,15 +74,42 @@ def _options(options: Any, kwargs: dict[str, Any]) -> Any:
     return opts
 
 
-CAPTURES = ("dynamo", "export")
+CAPTURES = ("auto", "dynamo", "export")
 
 
-def optimize(fn_or_module: Any, example_inputs: Any, dynamic: Any = None, *, capture: str = "dynamo",
+def _dynamo_capture(fn_or_module: Any, args: tuple, dynamic: Any, opts: Any,
+                    reports: list[GraphReport]) -> tuple[Callable[..., Any], tuple]:
+    """``torch.compile`` of ``fn_or_module`` with Prism's backend (each captured graph's report appended to
+    ``reports``), and the arguments to run it on first (``dynamic`` dims marked on aliases of ``args``)."""
+    import torch
+
+    from prism.frontend import dynamo
+
+    def backend(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
+        out = dynamo.prism_backend(gm, example, options=opts)
+        from prism.frontend.report import reports as all_reports
+        reports.append(all_reports()[-1])
+        return out
+    if dynamic is None or isinstance(dynamic, bool):
+        return torch.compile(fn_or_module, backend=backend, dynamic=dynamic), args
+    from prism.frontend.capture import dynamic_dims
+    marks = dynamic_dims(list(args), dynamic)
+    marked = []
+    for x, ds in zip(args, marks):
+        if ds and isinstance(x, torch.Tensor):
+            x = x.view(x.shape)  # a new tensor object: the caller's tensor is not marked
+            for d in sorted(ds):
+                torch._dynamo.mark_dynamic(x, d)
+        marked.append(x)
+    return torch.compile(fn_or_module, backend=backend), tuple(marked)
+
+
+def optimize(fn_or_module: Any, example_inputs: Any, dynamic: Any = None, *, capture: str = "auto",
              options: Any = None, **option_kwargs: Any) -> Optimized:
     """Capture ``fn_or_module`` on ``example_inputs``, superoptimize what Prism supports, leave the rest to
     PyTorch, and return an :class:`Optimized` callable.
 
-    ``fn_or_module``: a function or ``nn.Module`` (captured by Dynamo: graph breaks are fine), a
+    ``fn_or_module``: a function or ``nn.Module`` (see ``capture``), a
     ``torch.fx.GraphModule`` (e.g. from ``torch.fx.symbolic_trace``) or a ``torch.export.ExportedProgram``
     (captured directly, its own dynamic dims kept).
 
@@ -87,16 +118,25 @@ def optimize(fn_or_module: Any, example_inputs: Any, dynamic: Any = None, *, cap
     dim), ``False`` (none), ``None`` (Dynamo's default: static first, dynamic after a size changes, which
     costs a second search).
 
-    ``capture``: ``"dynamo"`` (default) captures through ``torch.compile``: graph breaks are fine and Dynamo's
-    guards re-capture when the function's Python state or input properties change, at a per-call cost
-    (frame evaluation and guards: ~25-35 µs on a 2-core EPYC, more than many small programs take).
-    ``"export"`` captures once through ``torch.export`` (non-strict) and calls the rewritten graph
-    directly -- the ahead-of-time contract of ``torch.export``: Python control flow, globals and
-    non-tensor attributes are fixed at capture (parameters and buffers are shared, so in-place updates
-    are seen), the whole function must export (no graph breaks), and each call checks only the inputs
-    (count, tensor, dtype, device, rank, static sizes; dynamic sizes by the exported program's own
-    check). A call whose inputs do not match runs the original function in PyTorch, said once in the
-    ``prism`` log with the fix. See docs/frontend.md, "Per-call cost".
+    ``capture``:
+
+    - ``"auto"`` (default): exported once through ``torch.export`` (non-strict) and called without Dynamo
+      (~4 µs per call around the kernels instead of Dynamo's ~15-30), as ``"export"`` below; a call whose
+      inputs do not match the export (count, tensor, dtype, device, rank, static sizes; a module's
+      ``training`` flag) goes through a Dynamo capture made on the first such call, and a function that
+      does not export (data-dependent control flow, ...) is captured by Dynamo from the start (said in the
+      ``prism`` log). The export's contract is ``jax.jit``'s: Python control flow, globals and non-tensor
+      attributes read by the function are fixed at capture (parameters and buffers are the module's own,
+      so in-place updates are seen). A function whose Python state changes between calls needs
+      ``"dynamo"``.
+    - ``"dynamo"``: captured through ``torch.compile``: graph breaks are fine and Dynamo's guards
+      re-capture when the function's Python state or input properties change, at Dynamo's per-call cost
+      (frame evaluation and guards: ~10-25 µs on a 2-core EPYC, more than many small programs take).
+    - ``"export"``: as ``"auto"``, but a function that does not export raises
+      :class:`~prism.frontend.direct.ExportError`, and a call that does not match runs the original
+      function in PyTorch, said once in the ``prism`` log with the fix.
+
+    See docs/frontend.md, "Per-call cost".
 
     Options (keywords or ``options={...}``): ``time_limit`` (search seconds per piece), ``limits``
     (``prism.search.Limits``), ``top_k``, ``tune_budget_s``, ``measure_machine``, ``verbose``, ``budget``,
@@ -106,47 +146,42 @@ def optimize(fn_or_module: Any, example_inputs: Any, dynamic: Any = None, *, cap
     shapes happen now. Prism kernels have no backward: call the result under ``torch.no_grad()`` or
     ``torch.inference_mode()``; while autograd records, pieces run in PyTorch (logged once).
     """
-    import torch
+    import logging
 
-    from prism.frontend import dynamo
+    import torch
 
     args = _as_args(example_inputs)
     opts = _options(options, option_kwargs)
     if capture not in CAPTURES:
         raise ValueError(f"prism.optimize: capture must be one of {list(CAPTURES)}, got {capture!r}")
     reports: list[GraphReport] = []
-    graph_given = isinstance(fn_or_module, (torch.export.ExportedProgram, torch.fx.GraphModule))
-    if capture == "export" and not graph_given:
-        from prism.frontend.direct import export_and_compile
-        fn, report = export_and_compile(fn_or_module, args, dynamic, opts)
-        reports.append(report)
-    elif graph_given:
+    fn: Callable[..., Any] | None = None
+    note = ""
+    if isinstance(fn_or_module, (torch.export.ExportedProgram, torch.fx.GraphModule)):
         gm, report = compile_fx(fn_or_module, args, dynamic=dynamic, options=opts)
         reports.append(report)
-        fn: Callable[..., Any] = gm
-    else:
-        def backend(gm: torch.fx.GraphModule, example: list[Any]) -> Any:
-            out = dynamo.prism_backend(gm, example, options=opts)
-            from prism.frontend.report import reports as all_reports
-            reports.append(all_reports()[-1])
-            return out
-        if dynamic is None or isinstance(dynamic, bool):
-            fn = torch.compile(fn_or_module, backend=backend, dynamic=dynamic)
-        else:
-            from prism.frontend.capture import dynamic_dims
-            marks = dynamic_dims(list(args), dynamic)
-            marked = []
-            for x, ds in zip(args, marks):
-                if ds and isinstance(x, torch.Tensor):
-                    x = x.view(x.shape)  # a new tensor object: the caller's tensor is not marked
-                    for d in sorted(ds):
-                        torch._dynamo.mark_dynamic(x, d)
-                marked.append(x)
-            args = tuple(marked)
-            fn = torch.compile(fn_or_module, backend=backend)
+        fn, how = gm, "graph"
+    elif capture in ("auto", "export"):
+        from prism.frontend.direct import ExportError, export_and_compile
+
+        def through_dynamo() -> Callable[..., Any]:
+            return _dynamo_capture(fn_or_module, args, None, opts, reports)[0]
+        try:
+            fn, report = export_and_compile(fn_or_module, args, dynamic, opts,
+                                            through_dynamo if capture == "auto" else None)
+            reports.append(report)
+            how = "export"
+        except ExportError as e:
+            if capture == "export":
+                raise
+            note = str(e).split(": ", 1)[-1].split(". Use capture=")[0]
+            logging.getLogger("prism").info("prism.optimize: %s -- captured through Dynamo instead", note)
+    if fn is None:
+        fn, args = _dynamo_capture(fn_or_module, args, dynamic, opts, reports)
+        how = "dynamo"
     with torch.no_grad():
         fn(*args)
-    return Optimized(fn, fn_or_module, reports)
+    return Optimized(fn, fn_or_module, reports, how, note)
 
 
 def compile_fx(gm_or_exported: Any, example_inputs: Sequence[Any] | None = None, dynamic: Any = None,

@@ -202,9 +202,10 @@ def optimize_main(argv: list[str] | None = None) -> int:
     p.add_argument("--explain", action="store_true", help="print every Prism kernel's explain() as well")
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="max |optimized - eager| / max |eager| (default 1e-4)")
-    p.add_argument("--capture", choices=("dynamo", "export"), default="dynamo",
-                   help="dynamo (default: graph breaks fine, Dynamo's guards per call) or export (torch.export once, "
-                        "no Dynamo per call; Python state fixed at capture; docs/frontend.md)")
+    p.add_argument("--capture", choices=("auto", "dynamo", "export"), default="auto",
+                   help="auto (default: torch.export once, no Dynamo per call, Python state fixed at capture; Dynamo "
+                        "where the export fails or a call does not match it), dynamo (graph breaks fine, Dynamo's "
+                        "guards per call) or export (export only; docs/frontend.md)")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     if "torch" not in sys.modules:  # see docs/frontend.md "Threads": PyTorch and Prism share libgomp
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

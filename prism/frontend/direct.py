@@ -10,9 +10,14 @@ checking only what the export assumed of the inputs:
 - the count, and per input: a CPU tensor of the example's dtype and rank with the example's sizes
   (a dynamic dim: any size the exported program's own range check accepts); a non-tensor argument
   equal to the example's;
-- anything else -- and a function whose export fails -- is not guessed at: a mismatching call runs the
-  original function in PyTorch and says so once in the ``prism`` log, with the fix; a failing export
-  raises with the reason and the fix (``capture="dynamo"``).
+- for a module, the ``training`` flag it had at export (``model.train()`` / ``model.eval()`` set every
+  submodule's);
+- anything else -- and a function whose export fails -- is not guessed at. Under ``capture="auto"`` (the
+  default of ``prism.optimize``) a call that does not match goes through a Dynamo capture of the same
+  function, made on the first such call (Dynamo re-captures per input signature and guards the Python
+  state), and a function that does not export is captured by Dynamo from the start. Under
+  ``capture="export"`` a mismatching call runs the original function in PyTorch and a failing export
+  raises (``ExportError``) with the reason and the fix; both are said in the ``prism`` log.
 
 Python control flow, globals and non-tensor attributes are fixed at export; parameters and buffers are
 the module's own tensors (``ExportedProgram.module()`` shares them), so in-place updates are seen.
@@ -20,7 +25,11 @@ the module's own tensors (``ExportedProgram.module()`` shares them), so in-place
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,6 +41,11 @@ from prism.frontend.report import GraphReport
 from prism.runtime import fastcall
 
 log = logging.getLogger("prism")
+
+
+class ExportError(UnsupportedError):
+    """``torch.export`` could not export the function (data-dependent control flow, unsupported Python...).
+    ``capture="auto"`` then captures through Dynamo; ``capture="export"`` raises this."""
 
 
 class _AsModule(torch.nn.Module):
@@ -48,9 +62,16 @@ class _AsModule(torch.nn.Module):
 class DirectCall:
     """The callable of an exported, rewritten graph (see the module docstring)."""
 
-    def __init__(self, gm: Any, original: Any, example: tuple, dynamic: list[set[int]]) -> None:
+    def __init__(self, gm: Any, original: Any, example: tuple, dynamic: list[set[int]],
+                 otherwise: Callable[[], Callable[..., Any]] | None = None) -> None:
         self.gm = gm
         self.original = original
+        # what runs a call that does not match: None -> the original in PyTorch (capture="export"); else a
+        # factory of the callable (capture="auto": a Dynamo capture), made on the first such call
+        self._otherwise_factory = otherwise
+        self._otherwise: Callable[..., Any] | None = None
+        # a module's training flag at export (the exported graph has its dropout / batch-norm mode fixed)
+        self._training = original.training if isinstance(original, torch.nn.Module) else None
         self.n = len(example)
         # per input: (dtype, rank, ((dim, size) of the static dims), the whole shape when every dim is
         # static: one comparison) for a tensor, else ("value", example)
@@ -102,6 +123,9 @@ class DirectCall:
         return runner._fast
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._training is not None and self.original.training is not self._training:
+            return self._eager(f"the module's training flag is {self.original.training} (exported with "
+                               f"{self._training})", args, kwargs)
         piece = self._piece
         if piece is not None and not kwargs and len(args) == self.n:
             outs = piece(args)
@@ -168,17 +192,29 @@ class DirectCall:
         return "the inputs do not match the export"
 
     def _eager(self, why: str, args: tuple, kwargs: dict) -> Any:
+        """Run a call the export does not cover: through the Dynamo capture (``capture="auto"``) or the
+        original function in PyTorch (``capture="export"``); said once per optimized function."""
+        if self._otherwise_factory is not None:
+            if self._otherwise is None:
+                log.warning("prism: this call does not match the export (%s): it goes through a Dynamo capture of "
+                            "the function, made now, which re-captures per input signature at Dynamo's per-call "
+                            "cost. For inputs of varying sizes pass dynamic=... to prism.optimize. Said once per "
+                            "optimized function", why)
+                self._otherwise = self._otherwise_factory()
+            return self._otherwise(*args, **kwargs)
         if not self._warned:
             self._warned = True
             log.warning("prism: capture='export': this call runs the original function in PyTorch: %s. Export "
-                        "again for these inputs, or use capture='dynamo' (re-captures on new inputs). Said once "
-                        "per optimized function", why)
+                        "again for these inputs, or use capture='auto' or 'dynamo' (re-capture on new inputs). "
+                        "Said once per optimized function", why)
         return self.original(*args, **kwargs)
 
 
-def export_and_compile(fn_or_module: Any, args: tuple, dynamic: Any, opts: Any) -> tuple[DirectCall, GraphReport]:
+def export_and_compile(fn_or_module: Any, args: tuple, dynamic: Any, opts: Any,
+                       otherwise: Callable[[], Callable[..., Any]] | None = None) -> tuple[DirectCall, GraphReport]:
     """Export ``fn_or_module`` on ``args`` (``dynamic``: as for ``prism.optimize``), rewrite the exported
-    graph's supported pieces into Prism kernels, and return the direct callable and the graph's report."""
+    graph's supported pieces into Prism kernels, and return the direct callable and the graph's report.
+    ``otherwise``: see :class:`DirectCall`. Raises :class:`ExportError` where ``torch.export`` fails."""
     from prism.frontend.api import compile_fx
 
     dyn = dynamic_dims(list(args), dynamic)
@@ -187,12 +223,19 @@ def export_and_compile(fn_or_module: Any, args: tuple, dynamic: Any, opts: Any) 
     if any(dyn):
         per_arg = tuple({d: torch.export.Dim.AUTO for d in sorted(ds)} if ds else None for ds in dyn)
         shapes = (per_arg,) if isinstance(module, _AsModule) else per_arg
+    # where a failure is not the end (capture="auto" goes on through Dynamo), torch's dump of the partial
+    # graph to stderr on a failed export is dropped; what else reached stderr during an export that
+    # succeeded (the function's own prints) is passed on
+    err = io.StringIO() if otherwise is not None else None
     try:
-        ep = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+        with contextlib.redirect_stderr(err) if err is not None else contextlib.nullcontext():
+            ep = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+        if err is not None and err.getvalue():
+            sys.stderr.write(err.getvalue())
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise UnsupportedError(f"prism.optimize(capture='export'): torch.export could not export the function: "
-                               f"{type(e).__name__}: {first}. Use capture='dynamo' (the default), which handles "
-                               "graph breaks and Python state") from e
+        raise ExportError(f"prism.optimize(capture='export'): torch.export could not export the function: "
+                          f"{type(e).__name__}: {first}. Use capture='auto' (the default) or 'dynamo', which "
+                          "handle graph breaks and Python state through Dynamo") from e
     gm, report = compile_fx(ep, args, options=opts)
-    return DirectCall(gm, fn_or_module, args, dyn), report
+    return DirectCall(gm, fn_or_module, args, dyn, otherwise), report

@@ -176,6 +176,7 @@ SIGS: dict[str, tuple[str, ...]] = {
     "cat": ("tensors", "dim"), "split": ("input", "split_size_or_sections", "dim"),
     "split_with_sizes": ("input", "split_sizes", "dim"), "chunk": ("input", "chunks", "dim"),
     "getitem": ("input", "idx"), "slice": ("input", "dim", "start", "end", "step"),
+    "select": ("input", "dim", "index"),
     # the element-wise operators' and reductions' spellings come from their definitions (OpDef.torch,
     # prism.ir.elementwise and prism.ir.reductions)
     **{name: spec.params for o in OPS.values() for spec in o.torch for name in spec.names},
@@ -1453,6 +1454,26 @@ def _slice_lowered(c: Conv, x: Any, d: int, s: slice) -> Lowered:
                    ("slice", d, start, stop, total))
 
 
+def _select_lowered(c: Conv, x: Any, d: int, k: int, op: str) -> Lowered:
+    """``x[:, k]`` / ``x.select(d, k)``: the slice ``k:k+1`` of dim ``d``, then the dim dropped."""
+    total = c.shape(x)[d]
+    if not isinstance(total, int) or not -total <= k < total:
+        raise Unsupported(f"index {k} of a dim of size {total}")
+    k %= total
+    inner = _slice_lowered(c, x, d, slice(k, k + 1))
+    return Lowered(op, "layout", inner.operands,
+                   lambda g, t: g.reshape(v := inner.emit(g, t), tuple(s for j, s in enumerate(v.shape) if j != d)))
+
+
+@_conv("select")
+def _select_index(c: Conv) -> Lowered:
+    """``torch.select`` / ``Tensor.select`` / ``aten.select.int`` (an exported graph's ``x[:, k]``)."""
+    x, d, k = c.get("input"), c.get("dim"), c.get("index")
+    if not c.is_tensor(x) or not isinstance(d, int) or not isinstance(k, int) or isinstance(k, bool):
+        raise Unsupported("select with a symbolic dim or index")
+    return _select_lowered(c, x, d % c.rank(x), k, "select")
+
+
 @_conv("getitem")
 def _getitem(c: Conv) -> Lowered:
     x, idx = c.get("input"), c.get("idx")
@@ -1494,14 +1515,7 @@ def _getitem(c: Conv) -> Lowered:
     ints = [(d, it) for d, it in enumerate(items) if isinstance(it, int) and not isinstance(it, bool)]
     if len(ints) == 1 and len(items) <= r and all(isinstance(it, slice) and it == slice(None)
                                                   for d, it in enumerate(items) if d != ints[0][0]):
-        d, k = ints[0]  # x[:, k]: the slice k:k+1, then the dim dropped
-        total = c.shape(x)[d]
-        if not isinstance(total, int) or not -total <= k < total:
-            raise Unsupported(f"index {k} of a dim of size {total}")
-        k %= total
-        inner = _slice_lowered(c, x, d, slice(k, k + 1))
-        return Lowered("getitem", "layout", inner.operands,
-                       lambda g, t: g.reshape(v := inner.emit(g, t), tuple(s for j, s in enumerate(v.shape) if j != d)))
+        return _select_lowered(c, x, *ints[0], "getitem")
     if len(items) > r or any(not isinstance(it, slice) for it in items):
         raise Unsupported("indexing other than slices, one integer and None (tensors, several integers)")
     cut = [(d, it) for d, it in enumerate(items) if it != slice(None)]

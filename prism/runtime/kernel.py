@@ -184,7 +184,9 @@ class Variant:
         if fast is not None:  # the same path in one C call (runtime/fastcall.py)
             t = self.template   # a template's launchers share the first one's workspace and lock
             launcher = fast(ctypes.cast(self.fn, ctypes.c_void_p).value, self.max_threads, empty, default_dtype,
-                            tuple((tuple(s),) for s in out_shapes), tuple({"dtype": d} for d in dtypes),
+                            # the sizes as separate arguments: empty(256) is ~0.5 µs cheaper than empty((256,))
+                            tuple(tuple(s) if len(s) else ((),) for s in out_shapes),
+                            tuple({"dtype": d} for d in dtypes),
                             tuple(dtypes), num_threads, self.gen.ws_floats, self.gen.scratch_floats, self.words,
                             t.launcher if t is not None else None)
             if t is not None and t.launcher is None:

@@ -22,8 +22,8 @@ def test_corpus_quick_run(tmp_path, capsys) -> None:
     (row,) = doc["rows"]
     assert row["name"] == "softsign"
     assert row["status"]["eager"] == "ok" and row["status"]["prism"] == "ok"
-    assert row["status"]["prism-export"] == "ok" and row["err"]["prism-export"] <= row["tol"]
-    assert row["err"]["prism"] <= row["tol"] and row["fallbacks"] == []
-    assert row["us"]["prism"] > 0 and row["us"]["eager"] > 0 and row["us"]["prism-export"] > 0
+    assert row["status"]["prism-dynamo"] == "ok" and row["err"]["prism-dynamo"] <= row["tol"]
+    assert row["err"]["prism"] <= row["tol"] and row["fallbacks"] == [] and row["capture"] == "export"
+    assert row["us"]["prism"] > 0 and row["us"]["eager"] > 0 and row["us"]["prism-dynamo"] > 0
     assert "| softsign | elementwise |" in capsys.readouterr().out
     assert main(["--corpus", "--corpus-filter", "no-such-program"]) == 2

@@ -517,3 +517,36 @@ def test_rotate_half_on_tiles_and_as_a_kernel_operator(rng: np.random.Generator,
     Z = p.input("Z", (3, 10, 64))
     p.output(p.rotate_half(Z, dim), "Y")
     check(p, rng, isa=isa)
+
+
+@pytest.mark.parametrize("M, N, K", [(64, 16, 16), (67, 37, 19), (128, 130, 200), (96, 256, 64)])
+def test_short_k_nt_product_runs_as_nn_on_a_transposed_copy(rng: np.random.Generator, M: int, N: int, K: int) -> None:
+    """A @ B^T with a short K and many rows (a Gram matrix, attention scores): on AVX-512 B's block is copied
+    transposed into scratch (16 x 16 register tiles, loops for the edges) and the nn kernel runs on it; as a
+    block operator, inside a for-loop whose products add up (split K), and as a kernel-level matmul."""
+    g = prism.Graph()
+    A, B = g.input("A", (M, K)), g.input("B", (N, K))
+    bb = BlockBuilder(grid=(1,), forloop=1, inputs=[A, B])
+    bb.save(bb.matmul(bb.iter(0), bb.transpose(bb.iter(1), 0, 1)), omap=(None,))
+    (y,) = g.customized(bb.build(), [A, B])
+    g.output(y, "Y")
+    src = compile_kernel(g, isa="avx512").source
+    assert "pr_tr16(" in src and "pr_nn_avx512" in src and "pr_nt_avx512" not in src
+    if "avx512" in supported_isas():
+        check(g, rng, isa="avx512")
+    check(g, rng)                                     # this machine's best ISA (AVX2: the nt kernels)
+
+    g = prism.Graph()                                 # K split over a for-loop: each iteration packs its block
+    A, B = g.input("A", (M, 2 * K)), g.input("B", (N, 2 * K))
+    bb = BlockBuilder(grid=(1,), forloop=2, inputs=[A, B])
+    prod = bb.matmul(bb.iter(0, imap=(None,), fmap=1), bb.transpose(bb.iter(1, imap=(None,), fmap=1), 0, 1))
+    bb.save(bb.accumulate("sum", prod), omap=(None,))
+    (y,) = g.customized(bb.build(), [A, B])
+    g.output(y, "Y")
+    assert "pr_tr16(" in compile_kernel(g, isa="avx512").source
+    check(g, rng)
+
+    g = prism.Graph()                                 # kernel level, batched: a copy per product
+    A, B = g.input("A", (3, M, K)), g.input("B", (3, N, K))
+    g.output(g.matmul(A, g.permute(B, (0, 2, 1))), "Y")
+    check(g, rng)

@@ -220,21 +220,23 @@ def test_attention_with_a_bool_mask_from_pytorch_runs_on_prism() -> None:
     assert "scaled_dot_product_attention" in p.label and p.runner.prism_calls == 2 and p.runner.fallback_calls == 0
 
 
-def test_unsupported_operator_between_pieces(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("capture, name", [("auto", "aten.cumsum.default"), ("dynamo", "torch.cumsum")])
+def test_unsupported_operator_between_pieces(caplog: pytest.LogCaptureFixture, capture: str, name: str) -> None:
     def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         y = torch.softmax(x @ w, -1)
         return torch.cumsum(y, -1) @ w.t() * 0.5
 
     x, w = _x(4, 64), torch.randn(64, 64)
     with caplog.at_level(logging.WARNING, logger="prism"):
-        opt = prism.optimize(fn, (x, w), **OPTS)
+        opt = prism.optimize(fn, (x, w), capture=capture, **OPTS)
+    assert opt.capture == ("export" if capture == "auto" else capture)
     lines = [r.getMessage() for r in caplog.records if "cumsum" in r.getMessage()]
     assert len(lines) == 1 and "left to PyTorch" in lines[0]
     with torch.no_grad():
         _close(opt(x, w), fn(x, w))
     labels = [p.label for p in opt.prism_pieces()]
     assert "matmul+softmax" in labels, labels
-    assert [f.op for r in opt.report for f in r.fallbacks] == ["torch.cumsum"]
+    assert [f.op for r in opt.report for f in r.fallbacks] == [name]
 
 
 def test_graph_break_gives_two_graphs_both_optimized() -> None:
@@ -244,7 +246,7 @@ def test_graph_break_gives_two_graphs_both_optimized() -> None:
         return torch.softmax(y @ w, -1)
 
     x, w = _x(4, 32), torch.randn(32, 32)
-    opt = prism.optimize(fn, (x, w), **OPTS)
+    opt = prism.optimize(fn, (x, w), capture="dynamo", **OPTS)  # (an export has no graph breaks)
     with torch.no_grad():
         _close(opt(x, w), fn(x, w))
     assert len(opt.report) == 2
@@ -407,18 +409,19 @@ def test_updated_weights_are_used() -> None:
     assert mlp.runner.prism_calls == 4
 
 
-def test_in_place_update_of_an_input_still_happens() -> None:
+@pytest.mark.parametrize("capture, name", [("auto", "aten.add_.Tensor"), ("dynamo", "operator.iadd")])
+def test_in_place_update_of_an_input_still_happens(capture: str, name: str) -> None:
     def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        x += 1.0  # mutates the caller's tensor (Dynamo: operator.iadd), must stay PyTorch's
+        x += 1.0  # mutates the caller's tensor (Dynamo: operator.iadd; export: aten.add_), must stay PyTorch's
         return torch.softmax(x @ w, -1)
 
     w = torch.randn(32, 16)
-    opt = prism.optimize(fn, (_x(4, 32), w), **OPTS)
+    opt = prism.optimize(fn, (_x(4, 32), w), capture=capture, **OPTS)
     a, b = _x(4, 32, seed=9), _x(4, 32, seed=9)
     with torch.no_grad():
         _close(opt(a, w), fn(b, w))
     assert torch.equal(a, b)  # both mutated alike
-    assert [f.op for r in opt.report for f in r.fallbacks] == ["operator.iadd"]
+    assert [f.op for r in opt.report for f in r.fallbacks] == [name]
     assert [p.label for p in opt.prism_pieces()] == ["matmul+softmax"]
 
 

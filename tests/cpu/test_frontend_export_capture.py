@@ -119,7 +119,7 @@ def test_a_function_that_does_not_export_says_so_and_names_the_fix() -> None:
             return x * 2
         return x - 1
 
-    with pytest.raises(prism.UnsupportedError, match="capture='dynamo'"):
+    with pytest.raises(prism.UnsupportedError, match="capture='auto'"):
         prism.optimize(fn, (_x(4, 8),), capture="export", **OPTS)
     with pytest.raises(ValueError, match="capture must be one of"):
         prism.optimize(fn, (_x(4, 8),), capture="aot", **OPTS)
@@ -215,3 +215,67 @@ def test_a_graph_that_is_one_piece_is_called_through_the_piece(caplog: pytest.Lo
         assert got.requires_grad and torch.allclose(got, fn(g, b))
         assert runner.fallback.module is not None and runner.fallback_calls == 1
     assert _calls(opt) == calls + 1  # none of the mismatching calls reached the kernel
+
+
+# --- capture="auto" (the default): the export, and Dynamo for what it does not cover ---------------------------
+
+
+def test_auto_is_the_default_and_exports() -> None:
+    m = LinearGelu()
+    opt = prism.optimize(m, (_x(4, 32),), **OPTS)
+    assert opt.capture == "export" and isinstance(opt._fn, DirectCall) and not opt.note
+    x = _x(4, 32, seed=3)
+    with torch.inference_mode():
+        before = _calls(opt)
+        assert _err(opt(x), _f64(m, x)) <= 1e-5
+        assert _calls(opt) == before + 1
+
+
+def test_auto_sends_a_call_the_export_does_not_cover_through_dynamo(caplog: pytest.LogCaptureFixture) -> None:
+    """Another static size: not the original in PyTorch (as capture="export") but a Dynamo capture, made on
+    the first such call and said once, whose own Prism piece runs it."""
+    m = LinearGelu()
+    opt = prism.optimize(m, (_x(4, 32),), **OPTS)
+    with caplog.at_level(logging.WARNING, logger="prism"), torch.inference_mode():
+        for seed in (5, 6):
+            x = _x(6, 32, seed=seed)
+            assert _err(opt(x), _f64(m, x)) <= 1e-5
+    said = [r.getMessage() for r in caplog.records if "does not match the export" in r.getMessage()]
+    assert len(said) == 1 and "size 6 in dim 0" in said[0]
+    assert [r.source for r in opt.report] == ["export", "dynamo"]
+    dyn = opt.report[1].prism_pieces()
+    assert dyn and all(p.runner.prism_calls == 2 for p in dyn)
+
+
+def test_auto_sees_a_change_of_the_training_flag() -> None:
+    """The export fixed dropout's mode: a module switched to training goes through Dynamo (dropout in PyTorch,
+    in training mode), switched back it takes the export again."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 32), nn.Dropout(0.5)).eval()
+    opt = prism.optimize(m, (_x(8, 32),), **OPTS)
+    x = _x(8, 32, seed=2)
+    with torch.no_grad():
+        assert _err(opt(x), _f64(m, x)) <= 1e-5
+        m.train()
+        y = opt(x)
+        zeros = float((y == 0).float().mean())
+        assert 0.3 < zeros < 0.7, zeros  # dropout ran (p = 0.5), as m(x) in training mode
+        m.eval()
+        calls = _calls(opt)
+        assert _err(opt(x), _f64(m, x)) <= 1e-5
+    assert opt.report[0].source == "export" and _calls(opt) > calls
+
+
+def test_auto_captures_through_dynamo_what_does_not_export() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # data-dependent control flow: no single graph
+            return torch.softmax(x * 2, -1)
+        return torch.softmax(x - 1, -1)
+
+    x = _x(4, 8)
+    opt = prism.optimize(fn, (x,), **OPTS)
+    assert opt.capture == "dynamo" and "could not export" in opt.note and "could not export" in opt.explain()
+    with torch.no_grad():
+        for v in (x, -x.abs() - 1):
+            assert _err(opt(v), fn(v.double())) <= 1e-5
+    assert opt.prism_pieces()

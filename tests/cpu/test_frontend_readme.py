@@ -65,7 +65,9 @@ def test_prism_optimize_command(tmp_path: Path, capsys: pytest.CaptureFixture[st
                        "    return x * 2 if x.sum() > 0 else x - 1\n"
                        "example_inputs = (torch.ones(4, 8),)\n")
     assert optimize_main([str(branchy), "--capture", "export"]) == 2
-    assert "capture='dynamo'" in capsys.readouterr().err
+    assert "capture='auto' (the default) or 'dynamo'" in capsys.readouterr().err
+    assert optimize_main([str(branchy), "--time-limit", "60"]) == 0  # the default: through Dynamo
+    assert "(dynamo, " in capsys.readouterr().out
     bad = tmp_path / "bad.py"
     bad.write_text("x = 1\n")
     assert optimize_main([str(bad)]) == 2

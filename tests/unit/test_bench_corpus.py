@@ -51,18 +51,19 @@ def test_summary_and_table() -> None:
     assert "| a | gemm |" in text and "fallback: x: y" in text
 
 
-def test_summary_counts_the_export_capture_separately() -> None:
-    a = Row("a", "gemm", 1e-4, us={"eager": 10.0, "compile": 20.0, "prism": 40.0, "prism-export": 5.0},
-            status={"eager": "ok", "compile": "ok", "prism": "ok", "prism-export": "ok"})
-    b = Row("b", "loss", 1e-4, us={"eager": 10.0, "compile": 10.0, "prism": 20.0, "prism-export": 1.0},
-            status={"eager": "ok", "compile": "ok", "prism": "ok", "prism-export": "failed: x"})
-    a.export_fallbacks = ["aten.expand_as.default: not supported by Prism"]
+def test_summary_counts_the_dynamo_capture_separately() -> None:
+    a = Row("a", "gemm", 1e-4, us={"eager": 10.0, "compile": 20.0, "prism": 40.0, "prism-dynamo": 5.0},
+            status={"eager": "ok", "compile": "ok", "prism": "ok", "prism-dynamo": "ok"})
+    b = Row("b", "loss", 1e-4, us={"eager": 10.0, "compile": 10.0, "prism": 20.0, "prism-dynamo": 1.0},
+            status={"eager": "ok", "compile": "ok", "prism": "ok", "prism-dynamo": "failed: x"})
+    a.dynamo_fallbacks = ["aten.expand_as.default: not supported by Prism"]
+    a.capture, b.capture = "export", "dynamo"
     s = summary([a, b])
-    assert s["without_fallback"] == 2 and s["export"]["without_fallback"] == 0
+    assert s["without_fallback"] == 2 and s["dynamo"]["without_fallback"] == 0
     assert s["at_or_above_eager"] == 0 and s["geomean_vs_eager"] == pytest.approx((0.25 * 0.5) ** 0.5)
-    x = s["export"]
+    x = s["dynamo"]
     assert x["prism_ok"] == 1 and x["compared"] == 1 and x["geomean_vs_eager"] == pytest.approx(2.0)
-    assert a.speedup("compile", "prism-export") == pytest.approx(4.0) and b.speedup("eager", "prism-export") is None
+    assert a.speedup("compile", "prism-dynamo") == pytest.approx(4.0) and b.speedup("eager", "prism-dynamo") is None
     text = markdown([a, b], {"threads": 2})
-    assert "| 5.0 | 2.00x | 4.00x |" in text and "prism-export failed: x" in text
-    assert "prism-export fallback: aten.expand_as.default" in text
+    assert "| export | 5.0 | 2.00x | 4.00x |" in text and "prism-dynamo failed: x" in text
+    assert "prism-dynamo fallback: aten.expand_as.default" in text and s["exported"] == 1
