@@ -132,7 +132,6 @@ def run_program(p: Program, rounds: int, block_ms: float, warmup_ms: float, sett
     prepare("prism", build_prism)
 
     def build_prism_dynamo() -> Callable[[], Any]:
-        torch._dynamo.reset()
         opt = prism.optimize(fn, inputs, capture="dynamo", **prism_options)  # the same pieces: cached searches
         row.dynamo_fallbacks = sorted({f"{f.op}: {f.reason}" for r in opt.report for f in r.fallbacks})
         return lambda: opt(*inputs)
