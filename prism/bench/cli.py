@@ -68,6 +68,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--new-lengths", default=None, metavar="N,N",
                    help="with --models: prompt + N tokens, the new prompt lengths timed after the rounds (default "
                         "13,29; 'none' skips them)")
+    p.add_argument("--first-token", action="store_true",
+                   help="with --models: after the rounds, time the first token of a new process per compiling "
+                        "system on the caches the run filled (the model built untimed)")
     p.add_argument("--fresh-tokens", type=int, default=None, metavar="N",
                    help="with --models: tokens decoded past the KV lengths the rounds saw, timed once after the "
                         "rounds (a generate() longer than any before; default 8, 0 skips)")

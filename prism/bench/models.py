@@ -24,6 +24,11 @@ Per model (a ``transformers`` config built with seeded random weights; nothing i
 5. **Share on Prism**: of the compute operators in the prefill and the dynamic decode graph (layout
    operators -- views, ``cat``, slicing -- not counted), the fraction inside pieces that Prism runs;
    what stays in PyTorch is listed with its reason.
+6. **First token in a new process** (``--first-token``): after the rounds, per compiling system, a child
+   process builds the same model (untimed), wraps ``forward`` as above and times its first
+   ``generate(max_new_tokens=1)`` on the caches this run filled (Dynamo's capture of the prefill graph,
+   Prism's cached searches and tunings or inductor's cache, the prefill itself); its token must equal
+   eager's in that process.
 
 ``--dtype bfloat16``: the same models moved to bfloat16 (``model.to(torch.bfloat16)``) for every system. Eager
 rounds every operator's result to bfloat16, Prism only where PyTorch stores a tensor, so greedy tokens may part
@@ -176,6 +181,7 @@ class SystemResult:
     # Prism: where a decode step's time goes (ms per step; _decode_breakdown): step, kernels, piece calls
     # (kernels included), and piece calls / kernel launches per step
     breakdown: dict[str, float] = field(default_factory=dict)
+    first_token_s: float | None = None   # --first-token: a new process's first generate(1), warm caches
 
     def ttft(self) -> float | None:
         return statistics.median(self.ttft_ms) if self.ttft_ms else None
@@ -267,9 +273,51 @@ def _decode_breakdown(model: Any, ids: Any, n: int, kw: dict[str, Any]) -> dict[
             "piece_ms": d.piece_s / steps * 1e3, "piece_calls": d.pieces / steps, "kernel_calls": d.kernels / steps}
 
 
+FIRST_TOKEN_CHILD = r"""
+import json, sys, time
+import torch
+from prism.bench.models import MODELS, build, prompt_ids
+name, dtype, system, prompt, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+torch.set_num_threads(threads)
+model = build(MODELS[name], dtype=dtype)
+model.generation_config.eos_token_id = None
+ids = prompt_ids(MODELS[name], prompt)
+kw = dict(do_sample=False, pad_token_id=0)
+with torch.inference_mode():
+    ref = model.generate(ids, max_new_tokens=1, **kw)
+    model.forward = torch.compile(model.forward, backend="prism") if system == "prism" else torch.compile(model.forward)
+    t = time.perf_counter()
+    got = model.generate(ids, max_new_tokens=1, **kw)
+    dt = time.perf_counter() - t
+print("FIRST_TOKEN " + json.dumps({"seconds": dt, "same": bool(torch.equal(got, ref))}))
+"""
+
+
+def prompt_ids(spec: ModelSpec, prompt: int) -> Any:
+    """The benchmark's prompt: ``prompt`` token ids drawn with a generator seeded 1."""
+    import torch
+    return torch.randint(0, spec.vocab, (1, prompt), generator=torch.Generator().manual_seed(1))
+
+
+def first_token_in_new_process(name: str, dtype: str, system: str, prompt: int, threads: int) -> tuple[float | None, str]:
+    """(seconds, "") of a new process's first ``generate(max_new_tokens=1)`` under ``system`` ("compile" or
+    "prism") on the caches as they are (item 6 of the module docstring), or (None, why not)."""
+    import subprocess
+    r = subprocess.run([sys.executable, "-c", FIRST_TOKEN_CHILD, name, dtype, system, str(prompt), str(threads)],
+                       capture_output=True, text=True)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("FIRST_TOKEN ")), None)
+    if r.returncode != 0 or line is None:
+        tail = (r.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return None, f"failed (exit {r.returncode}): {tail}"
+    got = json.loads(line.split(" ", 1)[1])
+    if not got["same"]:
+        return None, "wrong: its first token differs from eager's"
+    return float(got["seconds"]), ""
+
+
 def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: int,
               log: Callable[[str], None], new_lengths: tuple[int, ...] = NEW_LENGTHS,
-              dtype: str = "float32", fresh_tokens: int = FRESH_TOKENS) -> ModelResult:
+              dtype: str = "float32", fresh_tokens: int = FRESH_TOKENS, first_token: bool = False) -> ModelResult:
     import torch
 
     from prism.frontend import clear_reports, reports
@@ -283,7 +331,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
     base.generation_config.eos_token_id = None
     res = ModelResult(name, asdict(spec), prompt, new_tokens, decode_bytes(base), dtype=dtype)
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, spec.vocab, (1, prompt), generator=g)
+    ids = torch.randint(0, spec.vocab, (1, prompt), generator=g)   # = prompt_ids(spec, prompt); g goes on
     kw = dict(do_sample=False, pad_token_id=0)
     calls: dict[str, Any] = {}
     ref = None
@@ -394,6 +442,14 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 f"{s} {_f(r.fresh_tps, '{:.2f}')} tok/s" for s, r in res.systems.items() if s in calls))
     if lcpp is not None:
         shutil.rmtree(lcpp[2], ignore_errors=True)
+    if first_token:  # a new process on the caches this run filled
+        for sysname in ("compile", "prism"):
+            if sysname in calls:
+                secs, why = first_token_in_new_process(name, dtype, sysname, prompt, torch.get_num_threads())
+                res.systems[sysname].first_token_s = secs
+                if why:
+                    res.notes.append(f"{sysname}: first token in a new process {why}")
+                log(f"{name}: {sysname}: first token in a new process: {_f(secs, '{:.2f}')} s {why}")
     if "prism" in calls:   # over the whole run: new lengths are served after start-up
         now = dataclasses.asdict(STATS)
         res.notes.append(f"prism over the whole run: {now['tune_derived'] - run0['tune_derived']} shapes derived "
@@ -462,14 +518,15 @@ def markdown(results: list[ModelResult], meta: dict[str, Any]) -> str:
                   f"{m.spec['mlp']}, {m.spec['heads']}/{m.spec['kv_heads']} heads, vocab {m.spec['vocab']}; "
                   f"{m.decode_bytes / 1e9:.2f} GB read per decode step; read bandwidth {_f(bw)} GB/s; prompt "
                   f"{m.prompt} tokens, {m.new_tokens} new)", "",
-                  "| system | start-up s | warm-up s | new lengths s | memory added MiB | prefill ms | prefill tok/s | "
-                  "decode tok/s | decode vs eager | roofline | decode tok/s, new KV lengths | status |",
-                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "| system | start-up s | first token s, new process | warm-up s | new lengths s | memory added MiB | "
+                  "prefill ms | prefill tok/s | decode tok/s | decode vs eager | roofline | decode tok/s, new KV "
+                  "lengths | status |",
+                  "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         eager_tps = m.systems["eager"].decode_tps(m.new_tokens) if "eager" in m.systems else None
         for s, r in m.systems.items():
             tps, ttft = r.decode_tps(m.new_tokens), r.ttft()
             lens = ", ".join(f"{x:.2f}" for x in r.new_length_s) or "-"
-            lines.append(f"| {s} | {_f(r.startup_s)} | {_f(r.warmup_s)} | {lens} | {_f(r.memory_mib, '{:.0f}')} | "
+            lines.append(f"| {s} | {_f(r.startup_s)} | {_f(r.first_token_s, '{:.2f}')} | {_f(r.warmup_s)} | {lens} | {_f(r.memory_mib, '{:.0f}')} | "
                          f"{_f(ttft)} | "
                          f"{_f(m.prompt / ttft * 1e3 if ttft else None)} | {_f(tps, '{:.2f}')} | "
                          f"{_f(tps / eager_tps if tps and eager_tps else None, '{:.2f}x')} | "
@@ -555,7 +612,8 @@ def main(args: Any, threads: int) -> int:
     if fresh < 0:
         print("prism bench --models: --fresh-tokens must be >= 0", file=sys.stderr)
         return 2
-    results = [run_model(n, MODELS[n], prompt, new, rounds, log, lengths, dtype, fresh) for n in names]
+    results = [run_model(n, MODELS[n], prompt, new, rounds, log, lengths, dtype, fresh,
+                         bool(getattr(args, "first_token", False))) for n in names]
     meta["load_after"] = os.getloadavg()[0]
     print(markdown(results, meta))
     if args.json:

@@ -408,12 +408,12 @@ def _pch_flags() -> list[str]:
 def _build_pch(cc: tuple[str, ...], text: str) -> Path | None:
     flags = _pch_flags()
     try:
-        with tempfile.TemporaryDirectory(prefix="prism-pch-") as d:
-            h = Path(d) / PCH_NAME
-            h.write_text(text)
-            r = subprocess.run([*cc, *flags, "-E", "-P", str(h)], capture_output=True, text=True, timeout=120)
-            if r.returncode != 0:
-                return None
+        # preprocessed from stdin: a temporary header directory was left in /tmp by every process killed
+        # during this call (41 of them after a day of test runs)
+        r = subprocess.run([*cc, *flags, "-E", "-P", "-x", "c", "-"], input=text, capture_output=True, text=True,
+                           timeout=120)
+        if r.returncode != 0:
+            return None
         key = hashlib.sha256("\0".join([text, r.stdout, " ".join(cc), " ".join(flags), _version(cc),
                                         machine_fingerprint()]).encode()).hexdigest()[:32]
         d = cache_dir() / "pch" / key

@@ -88,7 +88,7 @@ def test_models_bench_on_the_tiny_llama(tmp_path: Any, capsys: pytest.CaptureFix
     from prism.bench.cli import main
     out = tmp_path / "m.json"
     rc = main(["--models", "llama-tiny", "--rounds", "1", "--prompt", "7", "--new-tokens", "6", "--new-lengths", "none",
-               "--json", str(out)])
+               "--first-token", "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "| prism |" in text and "| compile |" in text and "compute operators on Prism" in text
@@ -110,6 +110,10 @@ def test_models_bench_on_the_tiny_llama(tmp_path: Any, capsys: pytest.CaptureFix
     assert 0 < b["kernel_ms"] < b["piece_ms"] < b["step_ms"], b
     assert b["piece_calls"] == int(b["piece_calls"]) > 0 and b["kernel_calls"] >= b["piece_calls"], b
     assert "Prism's decode step" in text and all(not s["breakdown"] for k, s in m["systems"].items() if k != "prism")
+    # a new process's first token on the caches the run filled (its token checked against eager's there)
+    assert m["systems"]["eager"]["first_token_s"] is None, m["notes"]
+    assert all(m["systems"][k]["first_token_s"] > 0 for k in ("compile", "prism")), m["notes"]
+    assert "first token s, new process" in text
 
 
 def test_batch_of_eight_with_left_padding() -> None:
