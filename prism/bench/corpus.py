@@ -71,6 +71,23 @@ def _weights(f: Callable[..., Any], *shapes: tuple[int, ...]) -> Callable[[], tu
                              for k, s in enumerate(shapes)))
 
 
+class _SwiGLUChunk:
+    """silu(a) * b of ``a, b = (x W^T).chunk(2, -1)``: the gated MLP written with one Linear and ``chunk``."""
+
+    def __new__(cls) -> Any:
+        torch = _t()
+
+        class SwiGLU(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.w12 = _lin(D, 2 * 1024, 5, bias=False)
+
+            def forward(self, x: Any) -> Any:
+                a, b = self.w12(x).chunk(2, dim=-1)
+                return torch.nn.functional.silu(a) * b
+        return SwiGLU()
+
+
 class _Gated:
     """silu(x W_g^T) * (x W_u^T): the gated MLP's first half."""
 
@@ -163,6 +180,8 @@ def _programs() -> list[Program]:
         P("linear_silu_scaled", "gemm", _weights(lambda x, w: F.silu(x @ w.T) * 0.5, (ROWS, D), (D, D))),
         P("mlp_gelu", "gemm", lambda: (_seq(_lin(D, 1024, 1), nn.GELU(), _lin(1024, D, 2)), (_x(ROWS, D),))),
         P("gated_silu", "gemm", lambda: (_Gated(), (_x(ROWS, D),))),
+        P("swiglu_chunk", "gemm", lambda: (_SwiGLUChunk(), (_x(ROWS, D),))),
+        P("linear_glu", "gemm", lambda: (_seq(_lin(D, 2 * D, 6), _t().nn.GLU()), (_x(ROWS, D),))),
         # --- row and column reductions ---
         P("row_sum", "reduction", _fn(lambda x: x.sum(-1), (256, 1024))),
         P("col_mean", "reduction", _fn(lambda x: x.mean(0), (256, 1024))),

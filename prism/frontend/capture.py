@@ -20,6 +20,7 @@ Steps (``capture``):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Callable
@@ -178,6 +179,118 @@ def _insert_helper(node: Any, fn: Callable[..., Any], args: tuple, fake_args: tu
     if "example_value" in node.meta:
         new.meta["example_value"] = val
     return new
+
+
+def _split_parts(node: Any, total: int, rank: int) -> list[int] | None:
+    """The static part sizes of ``node`` when it is ``split``/``split_with_sizes``/``chunk`` of a tensor of
+    rank ``rank`` along its last dim of size ``total`` (any spelling: method, ``torch.``, ``aten.``), else None."""
+    name = O.canonical_name(node)
+    if name not in ("split", "split_with_sizes", "chunk"):
+        return None
+    try:
+        call = O.Call(name, node.args, dict(node.kwargs))
+        d = call.get("dim", 0)
+        size = call.get({"split": "split_size_or_sections", "split_with_sizes": "split_sizes",
+                         "chunk": "chunks"}[name])
+    except Unsupported:
+        return None
+    if not isinstance(d, int) or d % rank != rank - 1:
+        return None
+    if name == "chunk":
+        if not isinstance(size, int) or size < 1:
+            return None
+        size = -(-total // size)
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return [min(size, total - k) for k in range(0, total, size)]
+    if isinstance(size, (list, tuple)) and all(isinstance(v, int) and v >= 0 for v in size) and sum(size) == total:
+        return list(size)
+    return None
+
+
+def lower_split_linear(gm: Any) -> None:
+    """Parts of a linear layer's output along its features -> linear layers of the parts of its weight (in
+    place): ``a, b = linear(x, W, c).chunk(2, -1)`` (any split of the last dim, and ``glu(linear(...), -1)`` =
+    ``a * sigmoid(b)``) -> ``a = linear(x, W[:h], c[:h])``, ``b = linear(x, W[h:], c[h:])``. A row range of
+    ``W`` ([out, in]) is a contiguous view, so no copy is made, and the parts' users join the products in one
+    piece: gated MLPs written with ``chunk`` (SwiGLU, GEGLU) and ``F.glu``. Before, the split of the product
+    was a layout operator in PyTorch between two pieces, whose strided halves each piece copied. Left as is:
+    a product used elsewhere too, a split of another dim or of a symbolic size, parts taken other than by
+    a constant index."""
+    import operator
+
+    import torch
+    import torch.nn.functional as F
+
+    linears = {F.linear, torch._C._nn.linear, torch.ops.aten.linear.default}
+    glus = {F.glu, torch.ops.aten.glu.default}
+    g = gm.graph
+    changed = False
+    for node in list(g.nodes):
+        if node.op != "call_function" or node.target not in linears or len(node.users) != 1:
+            continue
+        try:
+            call = O.Call("linear", node.args, dict(node.kwargs))
+            x, w, bias = call.get("input"), call.get("weight"), call.get("bias", None)
+        except Unsupported:
+            continue
+        yv, wv = meta_value(node), meta_value(w) if type(w).__name__ == "Node" else None
+        if not (is_tensor_meta(yv) and is_tensor_meta(wv) and wv.dim() == 2 and isinstance(wv.shape[0], int)):
+            continue
+        (user,) = node.users
+        total, rank = int(wv.shape[0]), yv.dim()
+        if user.op == "call_function" and user.target in glus:
+            d = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", -1)
+            if not isinstance(d, int) or d % rank != rank - 1 or total % 2:
+                continue
+            parts, takes = [total // 2, total // 2], [(0, None), (1, None)]
+        else:
+            parts = _split_parts(user, total, rank)
+            gets = list(user.users)
+            if parts is None or not gets or not all(
+                    x.op == "call_function" and x.target is operator.getitem and isinstance(x.args[1], int)
+                    and -len(parts) <= x.args[1] < len(parts) for x in gets):
+                continue
+            takes = [(x.args[1] % len(parts), x) for x in gets]
+        starts = [sum(parts[:k]) for k in range(len(parts))]
+        made: dict[int, Any] = {}
+        with g.inserting_before(user):
+            for k, _ in takes:
+                if k in made:
+                    continue
+                a, e = starts[k], starts[k] + parts[k]
+                pieces = []
+                for t in (w, bias):
+                    if t is None:
+                        pieces.append(None)
+                        continue
+                    view = g.call_function(operator.getitem, (t, slice(a, e)))
+                    tv = meta_value(t)
+                    mode = getattr(tv, "fake_mode", None)
+                    with mode if mode is not None else contextlib.nullcontext():
+                        view.meta["val"] = tv[a:e]
+                    pieces.append(view)
+                lin = g.call_function(node.target, (x, pieces[0], pieces[1]))
+                mode = getattr(yv, "fake_mode", None)
+                with mode if mode is not None else contextlib.nullcontext():
+                    lin.meta["val"] = yv[..., a:e]
+                made[k] = lin
+            if user.op == "call_function" and user.target in glus:
+                gate = g.call_function(torch.sigmoid, (made[1],))
+                out = g.call_function(operator.mul, (made[0], gate))
+                mode = getattr(yv, "fake_mode", None)
+                with mode if mode is not None else contextlib.nullcontext():
+                    gate.meta["val"] = torch.sigmoid(made[1].meta["val"])
+                    out.meta["val"] = made[0].meta["val"] * gate.meta["val"]
+                user.replace_all_uses_with(out)
+        for k, x in takes:
+            if x is not None:
+                x.replace_all_uses_with(made[k])
+                g.erase_node(x)
+        g.erase_node(user)
+        g.erase_node(node)
+        changed = True
+    if changed:
+        gm.recompile()
 
 
 def lower_causal(gm: Any) -> None:
@@ -753,6 +866,7 @@ def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = Non
             raise PrismError("this FX graph has no shape information (meta['val']); pass example_inputs so "
                              "that Prism can propagate fake tensors through it")
         propagate_meta(gm, list(example_inputs), dynamic)
+    lower_split_linear(gm)
     lower_causal(gm)
     lower_cross_entropy(gm)
     env = SymbolEnv()

@@ -258,3 +258,60 @@ def test_cross_entropy_module_through_dynamo() -> None:
     with torch.no_grad():
         got, ref = opt(x, w, t), fn(x.double(), w.double(), t)
     assert abs(float(got) - float(ref)) <= 1e-5 * abs(float(ref))
+
+
+@pytest.mark.parametrize("capture", ["auto", "dynamo"])
+@pytest.mark.parametrize("form", ["chunk_swiglu", "glu", "split_qkv", "split_sizes"])
+def test_parts_of_a_linear_output_are_linears_of_weight_parts(capture: str, form: str) -> None:
+    """``a, b = linear(x).chunk(2, -1)`` and ``glu(linear(x))``: each part is the linear layer of a row range of
+    the weight (a contiguous view, no copy), so the parts' users join the products in Prism pieces and no split
+    of the product is left between them; results as eager's (float32, 1e-5 of the largest)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 96 if form in ("split_qkv", "split_sizes") else 64).eval()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = lin(x)
+        if form == "chunk_swiglu":
+            a, b = y.chunk(2, dim=-1)
+            return F.silu(a) * b
+        if form == "glu":
+            return F.glu(y, dim=-1)
+        if form == "split_qkv":
+            q, k, v = y.split(32, dim=-1)
+            return torch.softmax(q @ k.T, -1) @ v
+        a, b = torch.split(y, [40, 56], dim=1)
+        return a.sum(-1, keepdim=True) * b.mean(-1, keepdim=True)
+
+    x = torch.randn(16, 64)
+    opt = prism.optimize(fn, (x,), capture=capture, **OPTS)
+    assert not [f for r in opt.report for f in r.fallbacks]
+    with torch.no_grad():
+        got, ref = opt(x), fn(x)
+    assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+    labels = [p.label for p in opt.prism_pieces()]
+    assert sum(label.count("linear") for label in labels) == (3 if form == "split_qkv" else 2), labels
+    assert all(p.runner.prism_calls == 2 for p in opt.prism_pieces())   # the example run and this call
+
+
+def test_a_linear_output_used_whole_as_well_keeps_its_split() -> None:
+    """The product is read whole too: splitting the weight would compute it twice; the split stays (a layout
+    operator in PyTorch), and so does a split of another dim."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 64).eval()
+
+    def whole(x: torch.Tensor) -> torch.Tensor:
+        y = lin(x)
+        a, b = y.chunk(2, dim=-1)
+        return (F.silu(a) * b).sum(-1, keepdim=True) + y.mean(-1, keepdim=True)
+
+    def rows(x: torch.Tensor) -> torch.Tensor:
+        a, b = lin(x).chunk(2, dim=0)
+        return F.silu(a) * b
+
+    x = torch.randn(16, 64)
+    for fn in (whole, rows):
+        opt = prism.optimize(fn, (x,), **OPTS)
+        with torch.no_grad():
+            got, ref = opt(x), fn(x)
+        assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+        assert sum(p.label.count("linear") for p in opt.prism_pieces()) == 1, [p.label for p in opt.prism_pieces()]
