@@ -299,7 +299,8 @@ def prompt_ids(spec: ModelSpec, prompt: int) -> Any:
     return torch.randint(0, spec.vocab, (1, prompt), generator=torch.Generator().manual_seed(1))
 
 
-def first_token_in_new_process(name: str, dtype: str, system: str, prompt: int, threads: int) -> tuple[float | None, str]:
+def first_token_in_new_process(name: str, dtype: str, system: str, prompt: int,
+                               threads: int) -> tuple[float | None, str]:
     """(seconds, "") of a new process's first ``generate(max_new_tokens=1)`` under ``system`` ("compile" or
     "prism") on the caches as they are (item 6 of the module docstring), or (None, why not)."""
     import subprocess
@@ -526,7 +527,8 @@ def markdown(results: list[ModelResult], meta: dict[str, Any]) -> str:
         for s, r in m.systems.items():
             tps, ttft = r.decode_tps(m.new_tokens), r.ttft()
             lens = ", ".join(f"{x:.2f}" for x in r.new_length_s) or "-"
-            lines.append(f"| {s} | {_f(r.startup_s)} | {_f(r.first_token_s, '{:.2f}')} | {_f(r.warmup_s)} | {lens} | {_f(r.memory_mib, '{:.0f}')} | "
+            lines.append(f"| {s} | {_f(r.startup_s)} | {_f(r.first_token_s, '{:.2f}')} | {_f(r.warmup_s)} | {lens} | "
+                         f"{_f(r.memory_mib, '{:.0f}')} | "
                          f"{_f(ttft)} | "
                          f"{_f(m.prompt / ttft * 1e3 if ttft else None)} | {_f(tps, '{:.2f}')} | "
                          f"{_f(tps / eager_tps if tps and eager_tps else None, '{:.2f}x')} | "

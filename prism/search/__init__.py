@@ -8,9 +8,8 @@ top-level name serves as the function without shadowing the package: ``prism.sea
 ``import prism.search as S`` keep working.
 """
 
-import sys
-import types
 
+from prism._callable import make_callable
 from prism.search.driver import Candidate, SearchResult, search
 from prism.search.executor import Executor, InlineExecutor, LocalProcessExecutor
 from prism.search.space import Limits
@@ -20,9 +19,4 @@ __all__ = ["Candidate", "Executor", "InlineExecutor", "Limits", "LocalProcessExe
            "StopReason", "search"]
 
 
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args: object, **kwargs: object) -> SearchResult:
-        return search(*args, **kwargs)  # type: ignore[arg-type]
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, search)

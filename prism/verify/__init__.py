@@ -6,10 +6,8 @@ reference)`` and ``import prism.verify.egraph`` both work (the package's class i
 a function exported under the package's name hid the package from ``import prism.verify.x as y``).
 """
 
-import sys
-import types
-from typing import Any
 
+from prism._callable import make_callable
 from prism.verify.api import VerifyResult, verify
 from prism.verify.egraph import FormalResult, Limits, ProofStats, prove
 from prism.verify.numeric import (
@@ -25,9 +23,4 @@ __all__ = ["FormalResult", "Limits", "NumericResult", "ProofStats", "Runner", "V
            "compiled_runner", "interpreter_runner", "numeric_check", "prove", "verify"]
 
 
-class _CallablePackage(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> VerifyResult:
-        return verify(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallablePackage
+make_callable(__name__, verify)
