@@ -273,16 +273,18 @@ def _decode_breakdown(model: Any, ids: Any, n: int, kw: dict[str, Any]) -> dict[
             "piece_ms": d.piece_s / steps * 1e3, "piece_calls": d.pieces / steps, "kernel_calls": d.kernels / steps}
 
 
+GENERATE_KW = dict(do_sample=False, pad_token_id=0)   # greedy, as every timed generate() of this bench
+
+
 FIRST_TOKEN_CHILD = r"""
 import json, sys, time
 import torch
-from prism.bench.models import MODELS, build, prompt_ids
+from prism.bench.models import GENERATE_KW as kw, MODELS, build, prompt_ids
 name, dtype, system, prompt, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(threads)
 model = build(MODELS[name], dtype=dtype)
 model.generation_config.eos_token_id = None
 ids = prompt_ids(MODELS[name], prompt)
-kw = dict(do_sample=False, pad_token_id=0)
 with torch.inference_mode():
     ref = model.generate(ids, max_new_tokens=1, **kw)
     model.forward = torch.compile(model.forward, backend="prism") if system == "prism" else torch.compile(model.forward)
@@ -333,7 +335,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
     res = ModelResult(name, asdict(spec), prompt, new_tokens, decode_bytes(base), dtype=dtype)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, spec.vocab, (1, prompt), generator=g)   # = prompt_ids(spec, prompt); g goes on
-    kw = dict(do_sample=False, pad_token_id=0)
+    kw = GENERATE_KW
     calls: dict[str, Any] = {}
     ref = None
     run0 = dataclasses.asdict(STATS)

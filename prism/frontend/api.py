@@ -174,7 +174,7 @@ def optimize(fn_or_module: Any, example_inputs: Any, dynamic: Any = None, *, cap
         except ExportError as e:
             if capture == "export":
                 raise
-            note = str(e).split(": ", 1)[-1].split(". Use capture=")[0]
+            note = f"torch.export could not export the function: {e.reason}"
             logging.getLogger("prism").info("prism.optimize: %s -- captured through Dynamo instead", note)
     if fn is None:
         fn, args = _dynamo_capture(fn_or_module, args, dynamic, opts, reports)

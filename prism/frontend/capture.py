@@ -207,6 +207,12 @@ def _split_parts(node: Any, total: int, rank: int) -> list[int] | None:
     return None
 
 
+def _fake_mode_of(v: Any) -> Any:
+    """The context to compute on ``v`` in: its fake mode for a fake tensor, nothing for a real one."""
+    mode = getattr(v, "fake_mode", None)
+    return mode if mode is not None else contextlib.nullcontext()
+
+
 def lower_split_linear(gm: Any) -> None:
     """Parts of a linear layer's output along its features -> linear layers of the parts of its weight (in
     place): ``a, b = linear(x, W, c).chunk(2, -1)`` (any split of the last dim, and ``glu(linear(...), -1)`` =
@@ -238,7 +244,8 @@ def lower_split_linear(gm: Any) -> None:
             continue
         (user,) = node.users
         total, rank = int(wv.shape[0]), yv.dim()
-        if user.op == "call_function" and user.target in glus:
+        glu = user.op == "call_function" and user.target in glus
+        if glu:
             d = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim", -1)
             if not isinstance(d, int) or d % rank != rank - 1 or total % 2:
                 continue
@@ -247,10 +254,10 @@ def lower_split_linear(gm: Any) -> None:
             parts = _split_parts(user, total, rank)
             gets = list(user.users)
             if parts is None or not gets or not all(
-                    x.op == "call_function" and x.target is operator.getitem and isinstance(x.args[1], int)
-                    and -len(parts) <= x.args[1] < len(parts) for x in gets):
+                    u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int)
+                    and -len(parts) <= u.args[1] < len(parts) for u in gets):
                 continue
-            takes = [(x.args[1] % len(parts), x) for x in gets]
+            takes = [(u.args[1] % len(parts), u) for u in gets]
         starts = [sum(parts[:k]) for k in range(len(parts))]
         made: dict[int, Any] = {}
         with g.inserting_before(user):
@@ -265,27 +272,24 @@ def lower_split_linear(gm: Any) -> None:
                         continue
                     view = g.call_function(operator.getitem, (t, slice(a, e)))
                     tv = meta_value(t)
-                    mode = getattr(tv, "fake_mode", None)
-                    with mode if mode is not None else contextlib.nullcontext():
+                    with _fake_mode_of(tv):
                         view.meta["val"] = tv[a:e]
                     pieces.append(view)
                 lin = g.call_function(node.target, (x, pieces[0], pieces[1]))
-                mode = getattr(yv, "fake_mode", None)
-                with mode if mode is not None else contextlib.nullcontext():
+                with _fake_mode_of(yv):
                     lin.meta["val"] = yv[..., a:e]
                 made[k] = lin
-            if user.op == "call_function" and user.target in glus:
+            if glu:
                 gate = g.call_function(torch.sigmoid, (made[1],))
                 out = g.call_function(operator.mul, (made[0], gate))
-                mode = getattr(yv, "fake_mode", None)
-                with mode if mode is not None else contextlib.nullcontext():
+                with _fake_mode_of(yv):
                     gate.meta["val"] = torch.sigmoid(made[1].meta["val"])
                     out.meta["val"] = made[0].meta["val"] * gate.meta["val"]
                 user.replace_all_uses_with(out)
-        for k, x in takes:
-            if x is not None:
-                x.replace_all_uses_with(made[k])
-                g.erase_node(x)
+        for k, get in takes:
+            if get is not None:
+                get.replace_all_uses_with(made[k])
+                g.erase_node(get)
         g.erase_node(user)
         g.erase_node(node)
         changed = True

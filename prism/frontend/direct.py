@@ -45,7 +45,14 @@ log = logging.getLogger("prism")
 
 class ExportError(UnsupportedError):
     """``torch.export`` could not export the function (data-dependent control flow, unsupported Python...).
-    ``capture="auto"`` then captures through Dynamo; ``capture="export"`` raises this."""
+    ``capture="auto"`` then captures through Dynamo; ``capture="export"`` raises this. ``reason``: what
+    torch.export said (its exception type and first line)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"prism.optimize(capture='export'): torch.export could not export the function: {reason}. "
+                         "Use capture='auto' (the default) or 'dynamo', which handle graph breaks and Python state "
+                         "through Dynamo")
+        self.reason = reason
 
 
 class _AsModule(torch.nn.Module):
@@ -124,7 +131,7 @@ class DirectCall:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._training is not None and self.original.training is not self._training:
-            return self._eager(f"the module's training flag is {self.original.training} (exported with "
+            return self._uncovered(f"the module's training flag is {self.original.training} (exported with "
                                f"{self._training})", args, kwargs)
         piece = self._piece
         if piece is not None and not kwargs and len(args) == self.n:
@@ -140,23 +147,23 @@ class DirectCall:
 
     def _checked(self, args: tuple, kwargs: dict) -> Any:
         if kwargs or len(args) != self.n:
-            return self._eager(f"called with {len(args)} positional and {len(kwargs)} keyword arguments "
+            return self._uncovered(f"called with {len(args)} positional and {len(kwargs)} keyword arguments "
                                f"(exported with {self.n} positional)", args, kwargs)
         for a, spec in zip(args, self.specs):
             if spec[0] == "value":
                 if not (type(a) is type(spec[1]) and a == spec[1]):
-                    return self._eager(f"a non-tensor argument is {a!r} (exported with {spec[1]!r})", args, kwargs)
+                    return self._uncovered(f"a non-tensor argument is {a!r} (exported with {spec[1]!r})", args, kwargs)
                 continue
             if not isinstance(a, Tensor) or a.dtype is not spec[0] or not a.is_cpu or a.dim() != spec[1]:
-                return self._eager(self._why(args), args, kwargs)
+                return self._uncovered(self._why(args), args, kwargs)
             if spec[3] is not None:
                 if a.shape != spec[3]:
-                    return self._eager(self._why(args), args, kwargs)
+                    return self._uncovered(self._why(args), args, kwargs)
                 continue
             shape = a.shape
             for d, s in spec[2]:
                 if shape[d] != s:
-                    return self._eager(self._why(args), args, kwargs)
+                    return self._uncovered(self._why(args), args, kwargs)
         return self._run(args, kwargs)
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
@@ -164,7 +171,7 @@ class DirectCall:
             try:
                 self._guards(*args)
             except Exception as e:  # a dynamic size outside the exported range: not this program
-                return self._eager(f"the exported program's input check failed: {type(e).__name__}: "
+                return self._uncovered(f"the exported program's input check failed: {type(e).__name__}: "
                                    f"{str(e).splitlines()[0] if str(e) else ''}", args, kwargs)
         out = self.forward(*args)
         if self.leaf:
@@ -191,7 +198,7 @@ class DirectCall:
                             f"dynamic: prism.optimize(..., dynamic={{{i}: [{d}]}}))")
         return "the inputs do not match the export"
 
-    def _eager(self, why: str, args: tuple, kwargs: dict) -> Any:
+    def _uncovered(self, why: str, args: tuple, kwargs: dict) -> Any:
         """Run a call the export does not cover: through the Dynamo capture (``capture="auto"``) or the
         original function in PyTorch (``capture="export"``); said once per optimized function."""
         if self._otherwise_factory is not None:
@@ -234,8 +241,6 @@ def export_and_compile(fn_or_module: Any, args: tuple, dynamic: Any, opts: Any,
             sys.stderr.write(err.getvalue())
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ExportError(f"prism.optimize(capture='export'): torch.export could not export the function: "
-                          f"{type(e).__name__}: {first}. Use capture='auto' (the default) or 'dynamo', which "
-                          "handle graph breaks and Python state through Dynamo") from e
+        raise ExportError(f"{type(e).__name__}: {first}") from e
     gm, report = compile_fx(ep, args, options=opts)
     return DirectCall(gm, fn_or_module, args, dyn, otherwise), report
