@@ -27,6 +27,7 @@ import torch
 from prism.errors import PrismError
 from prism.frontend import ops as O
 from prism.frontend.capture import Captured, Unit, capture
+from prism.frontend.chain import form_chains
 from prism.frontend.ops import Operand, meta_value
 from prism.frontend.partition import Budget, Piece, PlanUnit, plan
 from prism.frontend.report import Fallback, GraphReport, PieceReport, new_report
@@ -50,7 +51,8 @@ class Options:
     callback ``(event, index, total, label)`` with events "search", "done", "failed". ``derive``: a new
     value of a dynamic dim within a factor of 2 of a tuned one takes that tuning's winner, compiled and
     checked at the new shape, not measured (``prism.superoptimize(derive=...)``; a decoder's KV length is
-    new at every step)."""
+    new at every step). ``chains``: runs of consecutive pieces with small static shapes are called as one
+    (``prism.frontend.chain``: a decode step's per-call cost)."""
 
     limits: Any = None
     time_limit: float | None = None
@@ -61,6 +63,7 @@ class Options:
     budget: Budget = field(default_factory=Budget)
     progress: Progress | None = None
     derive: bool = True
+    chains: bool = True   # consecutive small static-shape pieces called as one (frontend/chain.py)
 
     @classmethod
     def from_any(cls, options: Any) -> Options:
@@ -393,6 +396,8 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
     _collapse_layout_chains(gm.graph)
     _absorb_output_reshapes(gm)
     gm.graph.eliminate_dead_code(is_impure_node=_kept)
+    if opts.chains:
+        report.chains = form_chains(gm, f"prism_chain_{report.index}")
     gm.graph.lint()
     gm.recompile()
     log.info("prism: %s", report.summary())

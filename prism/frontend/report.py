@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -50,6 +51,7 @@ class GraphReport:
     layout: int = 0                            # supported layout operators run as PyTorch views/copies
     error: str = ""                            # capture failed entirely: the graph runs in PyTorch
     assumptions: list[str] = field(default_factory=list)  # sizes identified (frontend.symbolic.identify)
+    chains: list[Any] = field(default_factory=list)   # PieceChains: pieces called as one (frontend/chain.py)
 
     def prism_pieces(self) -> list[PieceReport]:
         return [p for p in self.pieces if p.by_prism]
@@ -64,7 +66,8 @@ class GraphReport:
         return (f"graph {self.index} ({self.source}, {self.nodes} operators): {n} piece(s) run by Prism, "
                 + (f"{split} split again, " if split else "")
                 + f"{failed} failed to superoptimize, {small} too small, {self.layout} layout operator(s) and "
-                f"{sum(f.count for f in self.fallbacks)} unsupported operator(s) left to PyTorch")
+                f"{sum(f.count for f in self.fallbacks)} unsupported operator(s) left to PyTorch"
+                + (f"; {len(self.chains)} chain(s) of pieces called as one" if self.chains else ""))
 
     def table(self) -> str:
         lines = [self.summary()]
@@ -77,6 +80,9 @@ class GraphReport:
                          + (f"  -- {p.reason}" if p.reason else "") + calls)
             if p.structure:
                 lines.append(f"      sGraph: {p.structure}")
+        for c in self.chains:
+            lines.append(f"  chain {c.label}: calls {getattr(c, 'prism_calls', 0)} in one C call"
+                         + (f" (one by one: {c._why_not})" if getattr(c, '_why_not', '') else ""))
         for a in self.assumptions:
             lines.append(f"  assumes {a}")
         for f in self.fallbacks:

@@ -535,6 +535,289 @@ static PyTypeObject GuardType = {
     .tp_call = (ternaryfunc)Guard_call,
 };
 
+/* --- Chain: consecutive pieces of a rewritten graph in one call (prism/frontend/chain.py) -------------
+   Chain(ext, tensor_type, grad_enabled, steps, results, counters)(args) -> tuple of outputs, or None.
+   ext: per external input (arg index, dtype, shape): args[arg index] must be a tensor (tensor_type) of that
+   dtype and shape, on the CPU, contiguous, not requiring grad while grad mode is on (else None: nothing has
+   run). steps: per piece, in order, (launcher, srcs, buffer): a single-output Launcher, the sources of its
+   inputs (s >= 0: external s; s < 0: the output of step -1 - s, an earlier one) and the tensor its output is
+   written to (an internal value, owned by the chain, reused by every call) or None (a fresh output per call,
+   allocated as the launcher does). All kernels run with the GIL released once, under the chain's lock (one
+   call at a time: the internal buffers are shared); results: the step indices whose outputs are returned;
+   counters: dicts whose "prism_calls" is incremented per call (the pieces' runners). */
+typedef struct {
+    Launcher* launcher;
+    Py_ssize_t nsrc;
+    Py_ssize_t* src;
+    PyObject* buffer;   /* NULL: a fresh output per call */
+    void* buf_ptr;
+} ChainStep;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t next;
+    Py_ssize_t* ext_arg;
+    PyObject* ext_dtype;   /* tuple */
+    PyObject* ext_shape;   /* tuple of tuples */
+    PyTypeObject* tensor_type;
+    PyObject* grad_enabled;
+    Py_ssize_t nsteps;
+    ChainStep* steps;
+    PyObject* results;     /* tuple of step indices */
+    PyObject* counters;    /* tuple of dicts */
+    PyThread_type_lock lock;
+} Chain;
+
+#define CHAIN_MAX_EXT 64
+#define CHAIN_MAX_STEPS 64
+#define CHAIN_MAX_SRC 16
+
+static void chain_clear_steps(Chain* self) {
+    for (Py_ssize_t i = 0; i < self->nsteps; i++) {
+        Py_XDECREF((PyObject*)self->steps[i].launcher);
+        Py_XDECREF(self->steps[i].buffer);
+        PyMem_Free(self->steps[i].src);
+    }
+    PyMem_Free(self->steps);
+    self->steps = NULL;
+    self->nsteps = 0;
+}
+
+static void Chain_dealloc(Chain* self) {
+    chain_clear_steps(self);
+    PyMem_Free(self->ext_arg);
+    Py_XDECREF(self->ext_dtype);
+    Py_XDECREF(self->ext_shape);
+    Py_XDECREF((PyObject*)self->tensor_type);
+    Py_XDECREF(self->grad_enabled);
+    Py_XDECREF(self->results);
+    Py_XDECREF(self->counters);
+    if (self->lock) PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static int chain_bad(const char* msg) {
+    PyErr_SetString(PyExc_ValueError, msg);
+    return -1;
+}
+
+static int Chain_init(Chain* self, PyObject* args, PyObject* kw) {
+    PyObject *ext, *tensor_type, *grad_enabled, *steps, *results, *counters;
+    if (!PyArg_ParseTuple(args, "O!O!OO!O!O!", &PyTuple_Type, &ext, &PyType_Type, &tensor_type, &grad_enabled,
+                          &PyTuple_Type, &steps, &PyTuple_Type, &results, &PyTuple_Type, &counters))
+        return -1;
+    if (self->steps != NULL || self->ext_arg != NULL) return chain_bad("Chain: already initialized");
+    Py_ssize_t next = PyTuple_GET_SIZE(ext), nsteps = PyTuple_GET_SIZE(steps);
+    if (next > CHAIN_MAX_EXT || nsteps > CHAIN_MAX_STEPS || nsteps < 1)
+        return chain_bad("Chain: 1 to 64 steps and at most 64 external inputs");
+    PyObject* dts = PyTuple_New(next);
+    PyObject* shs = PyTuple_New(next);
+    self->ext_arg = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(next ? next : 1));
+    self->steps = PyMem_Calloc((size_t)nsteps, sizeof(ChainStep));
+    if (!dts || !shs || !self->ext_arg || !self->steps) {
+        Py_XDECREF(dts); Py_XDECREF(shs);
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->ext_dtype = dts;
+    self->ext_shape = shs;
+    for (Py_ssize_t e = 0; e < next; e++) {
+        PyObject* sp = PyTuple_GET_ITEM(ext, e);
+        if (!PyTuple_Check(sp) || PyTuple_GET_SIZE(sp) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(sp, 2)))
+            return chain_bad("Chain: each external input is (arg index, dtype, shape tuple)");
+        self->ext_arg[e] = PyLong_AsSsize_t(PyTuple_GET_ITEM(sp, 0));
+        if (self->ext_arg[e] < 0) return PyErr_Occurred() ? -1 : chain_bad("Chain: negative arg index");
+        Py_INCREF(PyTuple_GET_ITEM(sp, 1)); PyTuple_SET_ITEM(dts, e, PyTuple_GET_ITEM(sp, 1));
+        Py_INCREF(PyTuple_GET_ITEM(sp, 2)); PyTuple_SET_ITEM(shs, e, PyTuple_GET_ITEM(sp, 2));
+    }
+    self->next = next;
+    for (Py_ssize_t i = 0; i < nsteps; i++) {
+        PyObject* st = PyTuple_GET_ITEM(steps, i);
+        ChainStep* cs = &self->steps[i];
+        self->nsteps = i + 1;  /* cleared up to here on failure */
+        if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) != 3 || Py_TYPE(PyTuple_GET_ITEM(st, 0)) != &LauncherType
+                || !PyTuple_Check(PyTuple_GET_ITEM(st, 1)))
+            return chain_bad("Chain: each step is (Launcher, sources tuple, buffer or None)");
+        Launcher* l = (Launcher*)PyTuple_GET_ITEM(st, 0);
+        if (l->nout != 1) return chain_bad("Chain: a step's launcher has one output");
+        Py_INCREF(l);
+        cs->launcher = l;
+        PyObject* srcs = PyTuple_GET_ITEM(st, 1);
+        cs->nsrc = PyTuple_GET_SIZE(srcs);
+        if (cs->nsrc > CHAIN_MAX_SRC || cs->nsrc + 1 + l->nwords > 24) return chain_bad("Chain: too many inputs");
+        cs->src = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(cs->nsrc ? cs->nsrc : 1));
+        if (cs->src == NULL) { PyErr_NoMemory(); return -1; }
+        for (Py_ssize_t j = 0; j < cs->nsrc; j++) {
+            Py_ssize_t s = PyLong_AsSsize_t(PyTuple_GET_ITEM(srcs, j));
+            if (s == -1 && PyErr_Occurred()) return -1;
+            if (s >= next || (s < 0 && -1 - s >= i))
+                return chain_bad("Chain: a source is not an external input or an earlier step");
+            cs->src[j] = s;
+        }
+        PyObject* buf = PyTuple_GET_ITEM(st, 2);
+        if (buf != Py_None) {
+            if (!PyObject_TypeCheck(buf, (PyTypeObject*)tensor_type)) return chain_bad("Chain: a buffer is a tensor");
+            PyObject* p = PyObject_CallMethodNoArgs(buf, str_data_ptr);
+            if (p == NULL) return -1;
+            cs->buf_ptr = PyLong_AsVoidPtr(p);
+            Py_DECREF(p);
+            if (PyErr_Occurred()) return -1;
+            Py_INCREF(buf);
+            cs->buffer = buf;
+        }
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(results); k++) {
+        Py_ssize_t r = PyLong_AsSsize_t(PyTuple_GET_ITEM(results, k));
+        if (r == -1 && PyErr_Occurred()) return -1;
+        if (r < 0 || r >= nsteps || self->steps[r].buffer != NULL)
+            return chain_bad("Chain: a result is a step whose output is fresh per call");
+    }
+    Py_INCREF(tensor_type); self->tensor_type = (PyTypeObject*)tensor_type;
+    Py_INCREF(grad_enabled); self->grad_enabled = grad_enabled;
+    Py_INCREF(results); self->results = results;
+    Py_INCREF(counters); self->counters = counters;
+    self->lock = PyThread_allocate_lock();
+    if (!self->lock) { PyErr_NoMemory(); return -1; }
+    return 0;
+}
+
+/* a fresh output of a one-output launcher, as launcher_run allocates it; its data pointer in *ptr */
+static PyObject* launcher_new_output(Launcher* l, PyObject* dd, void** ptr) {
+    PyObject* kwk = PyTuple_GET_ITEM(l->out_dtypes, 0) == dd ? NULL : PyTuple_GET_ITEM(l->out_kw, 0);
+    PyObject* o = PyObject_Call(l->empty, PyTuple_GET_ITEM(l->out_args, 0), kwk);
+    if (o == NULL) return NULL;
+    PyObject* p = PyObject_CallMethodNoArgs(o, str_data_ptr);
+    if (p == NULL) { Py_DECREF(o); return NULL; }
+    *ptr = PyLong_AsVoidPtr(p);
+    Py_DECREF(p);
+    if (PyErr_Occurred()) { Py_DECREF(o); return NULL; }
+    return o;
+}
+
+static PyObject* Chain_call(Chain* self, PyObject* args, PyObject* kw) {
+    PyObject* argv = sole_arg(args, kw, &PyTuple_Type, "a Chain takes one argument, the tuple of its arguments");
+    if (argv == NULL) return NULL;
+    if (self->steps == NULL) { PyErr_SetString(PyExc_RuntimeError, "Chain: not initialized"); return NULL; }
+    const int prof = prof_on;
+    const double t_in = prof ? prof_now() : 0.0;
+    PyObject* g = PyObject_CallNoArgs(self->grad_enabled);
+    if (g == NULL) return NULL;
+    const int grad = g == Py_True;
+    Py_DECREF(g);
+    void* ext_ptr[CHAIN_MAX_EXT];
+    const Py_ssize_t nargs = PyTuple_GET_SIZE(argv);
+    for (Py_ssize_t e = 0; e < self->next; e++) {
+        if (self->ext_arg[e] >= nargs) Py_RETURN_NONE;
+        PyObject* a = PyTuple_GET_ITEM(argv, self->ext_arg[e]);
+        if (!PyObject_TypeCheck(a, self->tensor_type)) Py_RETURN_NONE;
+        int r = attr_is(a, str_dtype, PyTuple_GET_ITEM(self->ext_dtype, e));
+        if (r == 1) r = attr_is(a, str_is_cpu, Py_True);
+        if (r == 1 && grad) r = attr_is(a, str_requires_grad, Py_False);
+        if (r == 1) {
+            PyObject* c = PyObject_CallMethodNoArgs(a, str_is_contiguous);
+            if (c == NULL) return NULL;
+            r = c == Py_True;
+            Py_DECREF(c);
+        }
+        if (r == 1) {
+            PyObject* sh = PyObject_GetAttr(a, str_shape);
+            if (sh == NULL) return NULL;
+            r = PyObject_RichCompareBool(sh, PyTuple_GET_ITEM(self->ext_shape, e), Py_EQ);
+            Py_DECREF(sh);
+        }
+        if (r < 0) return NULL;
+        if (r == 0) Py_RETURN_NONE;
+        PyObject* p = PyObject_CallMethodNoArgs(a, str_data_ptr);
+        if (p == NULL) return NULL;
+        ext_ptr[e] = PyLong_AsVoidPtr(p);
+        Py_DECREF(p);
+        if (PyErr_Occurred()) return NULL;
+    }
+    const Py_ssize_t n = self->nsteps;
+    PyObject* vals[CHAIN_MAX_STEPS];
+    void* vptr[CHAIN_MAX_STEPS];
+    int nth[CHAIN_MAX_STEPS];
+    memset(vals, 0, sizeof(PyObject*) * (size_t)n);
+    PyObject* result = NULL;
+    PyObject* dd = PyObject_CallNoArgs(self->steps[0].launcher->default_dtype);
+    if (dd == NULL) return NULL;
+    Py_DECREF(dd);  /* dtypes are singletons kept by torch: compared by identity */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ChainStep* cs = &self->steps[i];
+        if (cs->buffer != NULL) vptr[i] = cs->buf_ptr;
+        else if ((vals[i] = launcher_new_output(cs->launcher, dd, &vptr[i])) == NULL) goto done;
+        nth[i] = thread_count(cs->launcher);
+        if (nth[i] < 0) goto done;
+    }
+    int rc = 0, oom = 0;
+    double tk = 0.0;
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    for (Py_ssize_t i = 0; i < n && rc == 0 && !oom; i++) {
+        ChainStep* cs = &self->steps[i];
+        Launcher* l = cs->launcher;
+        Launcher* o = l->owner != NULL ? (Launcher*)l->owner : l;
+        void* ptrs[24];
+        for (Py_ssize_t j = 0; j < cs->nsrc; j++) {
+            const Py_ssize_t s = cs->src[j];
+            ptrs[j] = s >= 0 ? ext_ptr[s] : vptr[-1 - s];
+        }
+        ptrs[cs->nsrc] = vptr[i];
+        for (Py_ssize_t j = 0; j < l->nwords; j++) ptrs[cs->nsrc + 1 + j] = l->words[j];
+        long need = l->ws_floats + (long)nth[i] * l->scratch_floats;
+        if (need < 1) need = 1;
+        PyThread_acquire_lock(o->lock, WAIT_LOCK);
+        if (grow_workspace(o, need) != 0) oom = 1;
+        else {
+            const double t0 = prof ? prof_now() : 0.0;
+            rc = l->fn(ptrs, o->ws, nth[i]);
+            if (prof) tk += prof_now() - t0;
+        }
+        PyThread_release_lock(o->lock);
+    }
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    if (oom) { PyErr_NoMemory(); goto done; }
+    if (rc != 0) { PyErr_Format(PyExc_RuntimeError, "prism kernel returned error code %d", rc); goto done; }
+    for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(self->counters); c++) {
+        PyObject* d = PyTuple_GET_ITEM(self->counters, c);
+        PyObject* cnt = PyDict_GetItemWithError(d, str_prism_calls);
+        if (cnt == NULL) { if (PyErr_Occurred()) goto done; continue; }
+        PyObject* nxt = PyNumber_Add(cnt, one);
+        if (nxt == NULL) goto done;
+        int bad = PyDict_SetItem(d, str_prism_calls, nxt) < 0;
+        Py_DECREF(nxt);
+        if (bad) goto done;
+    }
+    const Py_ssize_t nres = PyTuple_GET_SIZE(self->results);
+    result = PyTuple_New(nres);
+    if (result == NULL) goto done;
+    for (Py_ssize_t k = 0; k < nres; k++) {
+        PyObject* v = vals[PyLong_AsSsize_t(PyTuple_GET_ITEM(self->results, k))];
+        Py_INCREF(v);
+        PyTuple_SET_ITEM(result, k, v);
+    }
+    if (prof) {
+        prof_kernel_s += tk; prof_kernel_n += n;
+        prof_piece_s += prof_now() - t_in; prof_piece_n += n;
+    }
+done:
+    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(vals[i]);
+    return result;
+}
+
+static PyTypeObject ChainType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_prism_fastcall.Chain",
+    .tp_basicsize = sizeof(Chain),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Consecutive pieces in one call (prism/runtime/fastcall.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Chain_init,
+    .tp_dealloc = (destructor)Chain_dealloc,
+    .tp_call = (ternaryfunc)Chain_call,
+};
+
 /* profile(on) -> (on, kernel seconds, kernel calls, piece seconds, piece calls) before the call; on: 1 turns
    the accounting on, 0 off, -1 leaves it */
 static PyObject* mod_profile(PyObject* m, PyObject* args) {
@@ -553,7 +836,8 @@ static PyMethodDef mod_methods[] = {
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_prism_fastcall", NULL, -1, mod_methods};
 
 PyMODINIT_FUNC PyInit__prism_fastcall(void) {
-    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PieceType) < 0 || PyType_Ready(&GuardType) < 0)
+    if (PyType_Ready(&LauncherType) < 0 || PyType_Ready(&PieceType) < 0 || PyType_Ready(&GuardType) < 0
+            || PyType_Ready(&ChainType) < 0)
         return NULL;
     str_data_ptr = PyUnicode_InternFromString("data_ptr");
     str_dtype = PyUnicode_InternFromString("dtype");
@@ -570,7 +854,9 @@ PyMODINIT_FUNC PyInit__prism_fastcall(void) {
     Py_INCREF(&LauncherType);
     Py_INCREF(&PieceType);
     Py_INCREF(&GuardType);
-    if (PyModule_AddObject(m, "Launcher", (PyObject*)&LauncherType) < 0
+    Py_INCREF(&ChainType);
+    if (PyModule_AddObject(m, "Chain", (PyObject*)&ChainType) < 0
+            || PyModule_AddObject(m, "Launcher", (PyObject*)&LauncherType) < 0
             || PyModule_AddObject(m, "Piece", (PyObject*)&PieceType) < 0
             || PyModule_AddObject(m, "Guard", (PyObject*)&GuardType) < 0) {
         Py_DECREF(m);
@@ -662,6 +948,12 @@ def piece_type() -> Any:
     """The C ``Piece`` type, or None (see :func:`extension`)."""
     m = extension()
     return None if m is None else m.Piece
+
+
+def chain_type() -> Any:
+    """The C ``Chain`` type, or None (see :func:`extension`)."""
+    m = extension()
+    return None if m is None else m.Chain
 
 
 def guard_type() -> Any:

@@ -1,0 +1,154 @@
+"""Chains (prism/frontend/chain.py): consecutive small static-shape pieces called as one. Results equal the
+pieces called one by one (float32 against float64), every piece's kernel runs (call counters), the internal
+buffers are never shared between concurrent calls, and whatever the C path does not take (another dtype, a
+non-contiguous input, autograd) runs the pieces one by one with their own checks."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import prism  # noqa: E402
+from prism.frontend.chain import MAX_ELEMENTS, PieceChain  # noqa: E402
+from prism.runtime import fastcall  # noqa: E402
+
+pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("fresh_dynamo"),
+              pytest.mark.skipif(fastcall.chain_type() is None, reason="no C launcher: chains are not formed")]
+
+OPTS = {"top_k": 2, "time_limit": 60.0, "measure_machine": False}
+
+
+class Stack(nn.Module):
+    """Four Linears with residuals: more contractions than one piece may hold, so several pieces in a row."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for lin in self.ls:
+            x = torch.relu(lin(x)) * 0.5 + x
+        return x
+
+
+def _x(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double() - ref.double()).abs().max()) / max(float(ref.double().abs().max()), 1e-30)
+
+
+def _f64(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    import copy
+    with torch.no_grad():
+        return copy.deepcopy(m).double()(x.double())
+
+
+def _chains(opt: Any) -> list[PieceChain]:
+    return [c for r in opt.report for c in r.chains]
+
+
+@pytest.mark.parametrize("capture", ["export", "dynamo"])
+def test_consecutive_pieces_run_as_one_chain_with_the_same_results(capture: str) -> None:
+    m = Stack()
+    opt = prism.optimize(m, (_x(1, 64),), capture=capture, **OPTS)
+    rep = opt.report[-1]
+    pieces = opt.prism_pieces()
+    assert len(pieces) >= 2 and len(rep.chains) == 1, rep.table()
+    assert "chain(s) of pieces called as one" in rep.summary()
+    with torch.no_grad():  # as prism.optimize ran the example (under Dynamo another grad mode recompiles)
+        for seed in range(1, 4):
+            before = [p.runner.prism_calls for p in pieces]
+            x = _x(1, 64, seed=seed)
+            assert _err(opt(x), _f64(m, x)) <= 1e-5
+            assert [p.runner.prism_calls for p in pieces] == [b + 1 for b in before]
+
+
+def test_the_chain_binds_its_c_path_and_counts_its_calls() -> None:
+    m = Stack()
+    opt = prism.optimize(m, (_x(1, 64),), capture="export", **OPTS)
+    (chain,) = _chains(opt)
+    with torch.inference_mode():
+        opt(_x(1, 64, seed=1))
+        assert chain._fast is not None, chain._why_not
+        n = chain.prism_calls
+        x = _x(1, 64, seed=2)
+        assert _err(opt(x), _f64(m, x)) <= 1e-5
+        assert chain.prism_calls == n + 1
+
+
+def test_a_call_the_c_path_does_not_take_runs_the_pieces_one_by_one() -> None:
+    m = Stack()
+    opt = prism.optimize(m, (_x(1, 64),), capture="export", **OPTS)
+    (chain,) = _chains(opt)
+    seen: list[tuple] = []
+    x = _x(1, 64, seed=1)
+    with torch.inference_mode():
+        opt(x)  # binds the C path
+        fast = chain._fast
+        assert fast is not None, chain._why_not
+        chain._fast = lambda a: (seen.append(a), fast(a))[1]
+        opt(x)
+        chain._fast = fast
+    (args,) = seen
+    j = next(k for k, a in enumerate(args) if a is x)
+    # a non-contiguous input of the same shape, another dtype, another shape: "not mine", nothing has run
+    odd = _x(1, 128, seed=5)[:, ::2]
+    assert not odd.is_contiguous()
+    with torch.inference_mode():
+        for bad in (odd, x.double(), _x(2, 64)):
+            assert fast(args[:j] + (bad,) + args[j + 1:]) is None
+        before = chain.prism_calls
+        out = chain(*(args[:j] + (odd,) + args[j + 1:]))  # one by one, through the pieces' own checks
+        assert chain.prism_calls == before
+        ref = _f64(m, odd)
+        assert _err(out[-1] if isinstance(out, tuple) else out, ref) <= 1e-5
+    with torch.enable_grad():  # autograd recording: not the C path either
+        w = args[j].clone().requires_grad_(True)
+        assert fast(args[:j] + (w,) + args[j + 1:]) is None
+
+
+def test_concurrent_calls_never_share_the_internal_buffers() -> None:
+    m = Stack()
+    opt = prism.optimize(m, (_x(1, 64),), capture="export", **OPTS)
+    (chain,) = _chains(opt)
+    xs = [_x(1, 64, seed=s) for s in range(8)]
+    refs = [_f64(m, x) for x in xs]
+    bad: list[float] = []
+
+    def work(k: int) -> None:
+        with torch.inference_mode():
+            for _ in range(60):
+                i = (k * 3 + _) % len(xs)
+                e = _err(opt(xs[i]), refs[i])
+                if e > 1e-5:
+                    bad.append(e)
+
+    with torch.inference_mode():
+        opt(xs[0])
+    assert chain._fast is not None
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not bad
+
+
+def test_options_turn_chains_off_and_large_outputs_do_not_chain() -> None:
+    m = Stack()
+    off = prism.optimize(m, (_x(1, 64),), capture="export", chains=False, **OPTS)
+    assert off.report[-1].chains == [] and not _chains(off)
+    rows = MAX_ELEMENTS // 64 + 1
+    big = prism.optimize(m, (_x(rows, 64),), capture="export", **OPTS)
+    assert big.report[-1].chains == [] and not _chains(big)
+    x = _x(rows, 64, seed=3)
+    with torch.inference_mode():
+        assert _err(big(x), _f64(m, x)) <= 1e-5
