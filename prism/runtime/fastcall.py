@@ -535,47 +535,78 @@ static PyTypeObject GuardType = {
     .tp_call = (ternaryfunc)Guard_call,
 };
 
-/* --- Chain: consecutive pieces of a rewritten graph in one call (prism/frontend/chain.py) -------------
-   Chain(ext, tensor_type, grad_enabled, steps, results, counters)(args) -> tuple of outputs, or None.
-   ext: per external input (arg index, dtype, shape): args[arg index] must be a tensor (tensor_type) of that
-   dtype and shape, on the CPU, contiguous, not requiring grad while grad mode is on (else None: nothing has
-   run). steps: per piece, in order, (launcher, srcs, buffer): a single-output Launcher, the sources of its
-   inputs (s >= 0: external s; s < 0: the output of step -1 - s, an earlier one) and the tensor its output is
-   written to (an internal value, owned by the chain, reused by every call) or None (a fresh output per call,
-   allocated as the launcher does). All kernels run with the GIL released once, under the chain's lock (one
-   call at a time: the internal buffers are shared); results: the step indices whose outputs are returned;
-   counters: dicts whose "prism_calls" is incremented per call (the pieces' runners). */
+/* --- Chain: consecutive steps of a rewritten graph in one call (prism/frontend/chain.py) --------------
+   Chain(ext, tensor_type, grad_enabled, empty, steps, results, counters)(args) -> tuple of outputs, or None.
+   Values: the external inputs 0..len(ext)-1, then one per step. ext: per external input (arg index, dtype,
+   shape pattern): args[arg index] must be a tensor (tensor_type) of that dtype, of the pattern's rank and its
+   sizes where they are >= 0 (-1: a dynamic size), on the CPU, contiguous, not requiring grad while grad mode
+   is on. steps, in order, each a tuple whose first item is its kind:
+     (0, launcher, srcs, buffer, shape)  a piece of static shapes: a one-output Launcher, the value indices of
+                                         its kernel's inputs, the tensor its output is written to (owned by
+                                         the chain, reused by every call) or None (fresh per call), its shape;
+     (1, compiled, plan, srcs)           a piece with a dynamic input size: ``compiled`` its runner's dict
+                                         (tuple of input shapes -> (launcher, order or None)), ``plan`` its
+                                         runner's ``_plan`` (called on a miss: a launcher or why not), srcs in
+                                         the runner's input order; its output is fresh per call;
+     (2, srcs, dim, dtype)               torch.cat of the sources along ``dim`` (a fresh tensor).
+   Phase 1, with the GIL: the checks, every value's shape, the launchers of dynamic steps and every fresh
+   output; anything not as expected answers None and nothing has run. Phase 2: the kernels and copies in order
+   with the GIL released once, under the chain's lock (one call at a time: the buffers are shared). results:
+   the step indices whose outputs are returned; counters: dicts whose "prism_calls" is incremented per call. */
+#define CHAIN_MAX_EXT 128
+#define CHAIN_MAX_STEPS 512
+#define CHAIN_MAX_SRC 16
+#define CHAIN_MAX_RANK 8
+enum { STEP_STATIC = 0, STEP_DYNAMIC = 1, STEP_CAT = 2 };
+
 typedef struct {
-    Launcher* launcher;
+    int kind;
+    Launcher* launcher;     /* STEP_STATIC */
+    PyObject* compiled;     /* STEP_DYNAMIC */
+    PyObject* plan;         /* STEP_DYNAMIC */
     Py_ssize_t nsrc;
-    Py_ssize_t* src;
-    PyObject* buffer;   /* NULL: a fresh output per call */
+    Py_ssize_t* src;        /* value indices */
+    PyObject* buffer;       /* STEP_STATIC internal value, or NULL */
     void* buf_ptr;
+    int rank;               /* STEP_STATIC: the output's shape */
+    Py_ssize_t shape[CHAIN_MAX_RANK];
+    int dim;                /* STEP_CAT */
+    PyObject* dtype;        /* STEP_CAT */
 } ChainStep;
 
 typedef struct {
     PyObject_HEAD
     Py_ssize_t next;
     Py_ssize_t* ext_arg;
-    PyObject* ext_dtype;   /* tuple */
-    PyObject* ext_shape;   /* tuple of tuples */
+    PyObject* ext_dtype;    /* tuple */
+    int* ext_rank;
+    Py_ssize_t* ext_shape;  /* next x CHAIN_MAX_RANK; -1: dynamic */
     PyTypeObject* tensor_type;
     PyObject* grad_enabled;
+    PyObject* empty;
     Py_ssize_t nsteps;
     ChainStep* steps;
-    PyObject* results;     /* tuple of step indices */
-    PyObject* counters;    /* tuple of dicts */
+    PyObject* results;      /* tuple of step indices */
+    PyObject* counters;     /* tuple of dicts */
     PyThread_type_lock lock;
 } Chain;
 
-#define CHAIN_MAX_EXT 64
-#define CHAIN_MAX_STEPS 64
-#define CHAIN_MAX_SRC 16
+/* one value of a call */
+typedef struct {
+    void* ptr;
+    int rank;
+    Py_ssize_t shape[CHAIN_MAX_RANK];
+    Py_ssize_t itemsize;
+    PyObject* obj;          /* owned: a fresh output; NULL otherwise */
+} ChainValue;
 
 static void chain_clear_steps(Chain* self) {
     for (Py_ssize_t i = 0; i < self->nsteps; i++) {
         Py_XDECREF((PyObject*)self->steps[i].launcher);
+        Py_XDECREF(self->steps[i].compiled);
+        Py_XDECREF(self->steps[i].plan);
         Py_XDECREF(self->steps[i].buffer);
+        Py_XDECREF(self->steps[i].dtype);
         PyMem_Free(self->steps[i].src);
     }
     PyMem_Free(self->steps);
@@ -586,10 +617,12 @@ static void chain_clear_steps(Chain* self) {
 static void Chain_dealloc(Chain* self) {
     chain_clear_steps(self);
     PyMem_Free(self->ext_arg);
+    PyMem_Free(self->ext_rank);
+    PyMem_Free(self->ext_shape);
     Py_XDECREF(self->ext_dtype);
-    Py_XDECREF(self->ext_shape);
     Py_XDECREF((PyObject*)self->tensor_type);
     Py_XDECREF(self->grad_enabled);
+    Py_XDECREF(self->empty);
     Py_XDECREF(self->results);
     Py_XDECREF(self->counters);
     if (self->lock) PyThread_free_lock(self->lock);
@@ -601,69 +634,111 @@ static int chain_bad(const char* msg) {
     return -1;
 }
 
+/* a tuple of ints into out[0..rank); -1 on error (ValueError set when not a tuple of ints of rank <= 8) */
+static int int_tuple(PyObject* t, Py_ssize_t* out, int* rank) {
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) > CHAIN_MAX_RANK)
+        return chain_bad("Chain: a shape is a tuple of <= 8 ints");
+    *rank = (int)PyTuple_GET_SIZE(t);
+    for (int d = 0; d < *rank; d++) {
+        out[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, d));
+        if (out[d] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+static int chain_srcs(ChainStep* cs, PyObject* srcs, Py_ssize_t limit) {
+    if (!PyTuple_Check(srcs)) return chain_bad("Chain: sources are a tuple");
+    cs->nsrc = PyTuple_GET_SIZE(srcs);
+    if (cs->nsrc > CHAIN_MAX_SRC) return chain_bad("Chain: at most 16 sources per step");
+    cs->src = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(cs->nsrc ? cs->nsrc : 1));
+    if (cs->src == NULL) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t j = 0; j < cs->nsrc; j++) {
+        Py_ssize_t s = PyLong_AsSsize_t(PyTuple_GET_ITEM(srcs, j));
+        if (s == -1 && PyErr_Occurred()) return -1;
+        if (s < 0 || s >= limit) return chain_bad("Chain: a source is not an external input or an earlier step");
+        cs->src[j] = s;
+    }
+    return 0;
+}
+
 static int Chain_init(Chain* self, PyObject* args, PyObject* kw) {
-    PyObject *ext, *tensor_type, *grad_enabled, *steps, *results, *counters;
-    if (!PyArg_ParseTuple(args, "O!O!OO!O!O!", &PyTuple_Type, &ext, &PyType_Type, &tensor_type, &grad_enabled,
-                          &PyTuple_Type, &steps, &PyTuple_Type, &results, &PyTuple_Type, &counters))
+    PyObject *ext, *tensor_type, *grad_enabled, *empty, *steps, *results, *counters;
+    if (!PyArg_ParseTuple(args, "O!O!OOO!O!O!", &PyTuple_Type, &ext, &PyType_Type, &tensor_type, &grad_enabled,
+                          &empty, &PyTuple_Type, &steps, &PyTuple_Type, &results, &PyTuple_Type, &counters))
         return -1;
     if (self->steps != NULL || self->ext_arg != NULL) return chain_bad("Chain: already initialized");
     Py_ssize_t next = PyTuple_GET_SIZE(ext), nsteps = PyTuple_GET_SIZE(steps);
     if (next > CHAIN_MAX_EXT || nsteps > CHAIN_MAX_STEPS || nsteps < 1)
-        return chain_bad("Chain: 1 to 64 steps and at most 64 external inputs");
-    PyObject* dts = PyTuple_New(next);
-    PyObject* shs = PyTuple_New(next);
+        return chain_bad("Chain: 1 to 512 steps and at most 128 external inputs");
+    self->ext_dtype = PyTuple_New(next);
     self->ext_arg = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(next ? next : 1));
+    self->ext_rank = PyMem_Malloc(sizeof(int) * (size_t)(next ? next : 1));
+    self->ext_shape = PyMem_Malloc(sizeof(Py_ssize_t) * CHAIN_MAX_RANK * (size_t)(next ? next : 1));
     self->steps = PyMem_Calloc((size_t)nsteps, sizeof(ChainStep));
-    if (!dts || !shs || !self->ext_arg || !self->steps) {
-        Py_XDECREF(dts); Py_XDECREF(shs);
+    if (!self->ext_dtype || !self->ext_arg || !self->ext_rank || !self->ext_shape || !self->steps) {
         PyErr_NoMemory();
         return -1;
     }
-    self->ext_dtype = dts;
-    self->ext_shape = shs;
     for (Py_ssize_t e = 0; e < next; e++) {
         PyObject* sp = PyTuple_GET_ITEM(ext, e);
-        if (!PyTuple_Check(sp) || PyTuple_GET_SIZE(sp) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(sp, 2)))
-            return chain_bad("Chain: each external input is (arg index, dtype, shape tuple)");
+        if (!PyTuple_Check(sp) || PyTuple_GET_SIZE(sp) != 3)
+            return chain_bad("Chain: each external input is (arg index, dtype, shape pattern)");
         self->ext_arg[e] = PyLong_AsSsize_t(PyTuple_GET_ITEM(sp, 0));
         if (self->ext_arg[e] < 0) return PyErr_Occurred() ? -1 : chain_bad("Chain: negative arg index");
-        Py_INCREF(PyTuple_GET_ITEM(sp, 1)); PyTuple_SET_ITEM(dts, e, PyTuple_GET_ITEM(sp, 1));
-        Py_INCREF(PyTuple_GET_ITEM(sp, 2)); PyTuple_SET_ITEM(shs, e, PyTuple_GET_ITEM(sp, 2));
+        Py_INCREF(PyTuple_GET_ITEM(sp, 1));
+        PyTuple_SET_ITEM(self->ext_dtype, e, PyTuple_GET_ITEM(sp, 1));
+        if (int_tuple(PyTuple_GET_ITEM(sp, 2), self->ext_shape + e * CHAIN_MAX_RANK, &self->ext_rank[e]) < 0)
+            return -1;
     }
     self->next = next;
     for (Py_ssize_t i = 0; i < nsteps; i++) {
         PyObject* st = PyTuple_GET_ITEM(steps, i);
         ChainStep* cs = &self->steps[i];
         self->nsteps = i + 1;  /* cleared up to here on failure */
-        if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) != 3 || Py_TYPE(PyTuple_GET_ITEM(st, 0)) != &LauncherType
-                || !PyTuple_Check(PyTuple_GET_ITEM(st, 1)))
-            return chain_bad("Chain: each step is (Launcher, sources tuple, buffer or None)");
-        Launcher* l = (Launcher*)PyTuple_GET_ITEM(st, 0);
-        if (l->nout != 1) return chain_bad("Chain: a step's launcher has one output");
-        Py_INCREF(l);
-        cs->launcher = l;
-        PyObject* srcs = PyTuple_GET_ITEM(st, 1);
-        cs->nsrc = PyTuple_GET_SIZE(srcs);
-        if (cs->nsrc > CHAIN_MAX_SRC || cs->nsrc + 1 + l->nwords > 24) return chain_bad("Chain: too many inputs");
-        cs->src = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(cs->nsrc ? cs->nsrc : 1));
-        if (cs->src == NULL) { PyErr_NoMemory(); return -1; }
-        for (Py_ssize_t j = 0; j < cs->nsrc; j++) {
-            Py_ssize_t s = PyLong_AsSsize_t(PyTuple_GET_ITEM(srcs, j));
-            if (s == -1 && PyErr_Occurred()) return -1;
-            if (s >= next || (s < 0 && -1 - s >= i))
-                return chain_bad("Chain: a source is not an external input or an earlier step");
-            cs->src[j] = s;
-        }
-        PyObject* buf = PyTuple_GET_ITEM(st, 2);
-        if (buf != Py_None) {
-            if (!PyObject_TypeCheck(buf, (PyTypeObject*)tensor_type)) return chain_bad("Chain: a buffer is a tensor");
-            PyObject* p = PyObject_CallMethodNoArgs(buf, str_data_ptr);
-            if (p == NULL) return -1;
-            cs->buf_ptr = PyLong_AsVoidPtr(p);
-            Py_DECREF(p);
-            if (PyErr_Occurred()) return -1;
-            Py_INCREF(buf);
-            cs->buffer = buf;
+        if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) < 1) return chain_bad("Chain: a step is a tuple");
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(st, 0));
+        if (kind == -1 && PyErr_Occurred()) return -1;
+        cs->kind = (int)kind;
+        if (kind == STEP_STATIC) {
+            if (PyTuple_GET_SIZE(st) != 5 || Py_TYPE(PyTuple_GET_ITEM(st, 1)) != &LauncherType)
+                return chain_bad("Chain: a static step is (0, Launcher, srcs, buffer or None, shape)");
+            Launcher* l = (Launcher*)PyTuple_GET_ITEM(st, 1);
+            if (l->nout != 1) return chain_bad("Chain: a step's launcher has one output");
+            Py_INCREF(l);
+            cs->launcher = l;
+            if (chain_srcs(cs, PyTuple_GET_ITEM(st, 2), next + i) < 0) return -1;
+            if (cs->nsrc + 1 + l->nwords > 24) return chain_bad("Chain: too many kernel arguments");
+            if (int_tuple(PyTuple_GET_ITEM(st, 4), cs->shape, &cs->rank) < 0) return -1;
+            PyObject* buf = PyTuple_GET_ITEM(st, 3);
+            if (buf != Py_None) {
+                if (!PyObject_TypeCheck(buf, (PyTypeObject*)tensor_type))
+                    return chain_bad("Chain: a buffer is a tensor");
+                PyObject* p = PyObject_CallMethodNoArgs(buf, str_data_ptr);
+                if (p == NULL) return -1;
+                cs->buf_ptr = PyLong_AsVoidPtr(p);
+                Py_DECREF(p);
+                if (PyErr_Occurred()) return -1;
+                Py_INCREF(buf);
+                cs->buffer = buf;
+            }
+        } else if (kind == STEP_DYNAMIC) {
+            if (PyTuple_GET_SIZE(st) != 4 || !PyDict_Check(PyTuple_GET_ITEM(st, 1))
+                    || !PyCallable_Check(PyTuple_GET_ITEM(st, 2)))
+                return chain_bad("Chain: a dynamic step is (1, compiled dict, plan, srcs)");
+            Py_INCREF(PyTuple_GET_ITEM(st, 1)); cs->compiled = PyTuple_GET_ITEM(st, 1);
+            Py_INCREF(PyTuple_GET_ITEM(st, 2)); cs->plan = PyTuple_GET_ITEM(st, 2);
+            if (chain_srcs(cs, PyTuple_GET_ITEM(st, 3), next + i) < 0) return -1;
+        } else if (kind == STEP_CAT) {
+            if (PyTuple_GET_SIZE(st) != 4) return chain_bad("Chain: a cat step is (2, srcs, dim, dtype)");
+            if (chain_srcs(cs, PyTuple_GET_ITEM(st, 1), next + i) < 0) return -1;
+            if (cs->nsrc < 1) return chain_bad("Chain: a cat has sources");
+            long d = PyLong_AsLong(PyTuple_GET_ITEM(st, 2));
+            if (d == -1 && PyErr_Occurred()) return -1;
+            if (d < 0 || d >= CHAIN_MAX_RANK) return chain_bad("Chain: a cat's dim is normalized (0 <= dim < 8)");
+            cs->dim = (int)d;
+            Py_INCREF(PyTuple_GET_ITEM(st, 3)); cs->dtype = PyTuple_GET_ITEM(st, 3);
+        } else {
+            return chain_bad("Chain: unknown step kind");
         }
     }
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(results); k++) {
@@ -674,6 +749,7 @@ static int Chain_init(Chain* self, PyObject* args, PyObject* kw) {
     }
     Py_INCREF(tensor_type); self->tensor_type = (PyTypeObject*)tensor_type;
     Py_INCREF(grad_enabled); self->grad_enabled = grad_enabled;
+    Py_INCREF(empty); self->empty = empty;
     Py_INCREF(results); self->results = results;
     Py_INCREF(counters); self->counters = counters;
     self->lock = PyThread_allocate_lock();
@@ -681,17 +757,76 @@ static int Chain_init(Chain* self, PyObject* args, PyObject* kw) {
     return 0;
 }
 
-/* a fresh output of a one-output launcher, as launcher_run allocates it; its data pointer in *ptr */
-static PyObject* launcher_new_output(Launcher* l, PyObject* dd, void** ptr) {
-    PyObject* kwk = PyTuple_GET_ITEM(l->out_dtypes, 0) == dd ? NULL : PyTuple_GET_ITEM(l->out_kw, 0);
-    PyObject* o = PyObject_Call(l->empty, PyTuple_GET_ITEM(l->out_args, 0), kwk);
-    if (o == NULL) return NULL;
+/* the data pointer of tensor o; NULL with an error set on failure (a tensor's pointer is never NULL here:
+   zero-size values do not reach a chain) */
+static void* tensor_ptr(PyObject* o) {
     PyObject* p = PyObject_CallMethodNoArgs(o, str_data_ptr);
-    if (p == NULL) { Py_DECREF(o); return NULL; }
-    *ptr = PyLong_AsVoidPtr(p);
+    if (p == NULL) return NULL;
+    void* r = PyLong_AsVoidPtr(p);
     Py_DECREF(p);
-    if (PyErr_Occurred()) { Py_DECREF(o); return NULL; }
-    return o;
+    return PyErr_Occurred() ? NULL : r;
+}
+
+/* a fresh output of a one-output launcher (its dtype always named); its pointer and shape in *v */
+static int launcher_new_output(Launcher* l, ChainValue* v) {
+    PyObject* kwk = PyTuple_GET_ITEM(l->out_kw, 0);
+    PyObject* sizes = PyTuple_GET_ITEM(l->out_args, 0);
+    /* empty(*sizes); a 0-d output's sizes are ((),) */
+    PyObject* dims = PyTuple_GET_SIZE(sizes) == 1 && PyTuple_Check(PyTuple_GET_ITEM(sizes, 0))
+                     ? PyTuple_GET_ITEM(sizes, 0) : sizes;
+    if (int_tuple(dims, v->shape, &v->rank) < 0) return -1;
+    PyObject* o = PyObject_Call(l->empty, sizes, kwk);
+    if (o == NULL) return -1;
+    v->obj = o;
+    v->ptr = tensor_ptr(o);
+    return v->ptr == NULL ? -1 : 0;
+}
+
+static PyObject* shape_tuple(const ChainValue* v) {
+    PyObject* t = PyTuple_New(v->rank);
+    if (t == NULL) return NULL;
+    for (int d = 0; d < v->rank; d++) {
+        PyObject* n = PyLong_FromSsize_t(v->shape[d]);
+        if (n == NULL) { Py_DECREF(t); return NULL; }
+        PyTuple_SET_ITEM(t, d, n);
+    }
+    return t;
+}
+
+/* the checked external input e of a call into *v: 1 taken, 0 not this chain's, -1 error */
+static int chain_ext(Chain* self, Py_ssize_t e, PyObject* a, int grad, ChainValue* v) {
+    if (!PyObject_TypeCheck(a, self->tensor_type)) return 0;
+    int r = attr_is(a, str_dtype, PyTuple_GET_ITEM(self->ext_dtype, e));
+    if (r == 1) r = attr_is(a, str_is_cpu, Py_True);
+    if (r == 1 && grad) r = attr_is(a, str_requires_grad, Py_False);
+    if (r == 1) {
+        PyObject* c = PyObject_CallMethodNoArgs(a, str_is_contiguous);
+        if (c == NULL) return -1;
+        r = c == Py_True;
+        Py_DECREF(c);
+    }
+    if (r != 1) return r;
+    PyObject* sh = PyObject_GetAttr(a, str_shape);
+    if (sh == NULL) return -1;
+    const Py_ssize_t* want = self->ext_shape + e * CHAIN_MAX_RANK;
+    if (!PyTuple_Check(sh) || PyTuple_GET_SIZE(sh) != self->ext_rank[e]) { Py_DECREF(sh); return 0; }
+    v->rank = self->ext_rank[e];
+    for (int d = 0; d < v->rank; d++) {
+        v->shape[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(sh, d));
+        if (v->shape[d] == -1 && PyErr_Occurred()) { Py_DECREF(sh); return -1; }
+        if (want[d] >= 0 && v->shape[d] != want[d]) { Py_DECREF(sh); return 0; }
+    }
+    Py_DECREF(sh);
+    v->ptr = tensor_ptr(a);
+    return v->ptr == NULL ? -1 : 1;
+}
+
+static Py_ssize_t itemsize_of(PyObject* dtype) {
+    PyObject* s = PyObject_GetAttrString(dtype, "itemsize");
+    if (s == NULL) return -1;
+    Py_ssize_t n = PyLong_AsSsize_t(s);
+    Py_DECREF(s);
+    return n;
 }
 
 static PyObject* Chain_call(Chain* self, PyObject* args, PyObject* kw) {
@@ -704,76 +839,139 @@ static PyObject* Chain_call(Chain* self, PyObject* args, PyObject* kw) {
     if (g == NULL) return NULL;
     const int grad = g == Py_True;
     Py_DECREF(g);
-    void* ext_ptr[CHAIN_MAX_EXT];
-    const Py_ssize_t nargs = PyTuple_GET_SIZE(argv);
-    for (Py_ssize_t e = 0; e < self->next; e++) {
-        if (self->ext_arg[e] >= nargs) Py_RETURN_NONE;
-        PyObject* a = PyTuple_GET_ITEM(argv, self->ext_arg[e]);
-        if (!PyObject_TypeCheck(a, self->tensor_type)) Py_RETURN_NONE;
-        int r = attr_is(a, str_dtype, PyTuple_GET_ITEM(self->ext_dtype, e));
-        if (r == 1) r = attr_is(a, str_is_cpu, Py_True);
-        if (r == 1 && grad) r = attr_is(a, str_requires_grad, Py_False);
-        if (r == 1) {
-            PyObject* c = PyObject_CallMethodNoArgs(a, str_is_contiguous);
-            if (c == NULL) return NULL;
-            r = c == Py_True;
-            Py_DECREF(c);
-        }
-        if (r == 1) {
-            PyObject* sh = PyObject_GetAttr(a, str_shape);
-            if (sh == NULL) return NULL;
-            r = PyObject_RichCompareBool(sh, PyTuple_GET_ITEM(self->ext_shape, e), Py_EQ);
-            Py_DECREF(sh);
-        }
-        if (r < 0) return NULL;
-        if (r == 0) Py_RETURN_NONE;
-        PyObject* p = PyObject_CallMethodNoArgs(a, str_data_ptr);
-        if (p == NULL) return NULL;
-        ext_ptr[e] = PyLong_AsVoidPtr(p);
-        Py_DECREF(p);
-        if (PyErr_Occurred()) return NULL;
-    }
-    const Py_ssize_t n = self->nsteps;
-    PyObject* vals[CHAIN_MAX_STEPS];
-    void* vptr[CHAIN_MAX_STEPS];
-    int nth[CHAIN_MAX_STEPS];
-    memset(vals, 0, sizeof(PyObject*) * (size_t)n);
+    const Py_ssize_t next = self->next, n = self->nsteps, nargs = PyTuple_GET_SIZE(argv);
+    ChainValue* vals = PyMem_Calloc((size_t)(next + n), sizeof(ChainValue));
+    Launcher** run = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Launcher*));   /* per piece step: its launcher */
+    Py_ssize_t* order = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(n * CHAIN_MAX_SRC + 1));  /* kernel srcs */
+    int* nth = PyMem_Malloc(sizeof(int) * (size_t)(n ? n : 1));
     PyObject* result = NULL;
-    PyObject* dd = PyObject_CallNoArgs(self->steps[0].launcher->default_dtype);
-    if (dd == NULL) return NULL;
-    Py_DECREF(dd);  /* dtypes are singletons kept by torch: compared by identity */
+    int mine = 1;   /* 0: answer None */
+    if (!vals || !run || !order || !nth) { PyErr_NoMemory(); goto done; }
+    /* phase 1: checks, shapes, launchers, fresh outputs */
+    for (Py_ssize_t e = 0; e < next; e++) {
+        if (self->ext_arg[e] >= nargs) { mine = 0; goto done; }
+        int r = chain_ext(self, e, PyTuple_GET_ITEM(argv, self->ext_arg[e]), grad, &vals[e]);
+        if (r < 0) goto done;
+        if (r == 0) { mine = 0; goto done; }
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         ChainStep* cs = &self->steps[i];
-        if (cs->buffer != NULL) vptr[i] = cs->buf_ptr;
-        else if ((vals[i] = launcher_new_output(cs->launcher, dd, &vptr[i])) == NULL) goto done;
-        nth[i] = thread_count(cs->launcher);
-        if (nth[i] < 0) goto done;
+        ChainValue* out = &vals[next + i];
+        Py_ssize_t* ko = order + i * CHAIN_MAX_SRC;
+        if (cs->kind == STEP_STATIC) {
+            run[i] = cs->launcher;
+            for (Py_ssize_t j = 0; j < cs->nsrc; j++) ko[j] = cs->src[j];
+            if (cs->buffer != NULL) {
+                out->ptr = cs->buf_ptr;
+                out->rank = cs->rank;
+                memcpy(out->shape, cs->shape, sizeof(Py_ssize_t) * (size_t)cs->rank);
+            } else if (launcher_new_output(cs->launcher, out) < 0) goto done;
+        } else if (cs->kind == STEP_DYNAMIC) {
+            PyObject* key = PyTuple_New(cs->nsrc);
+            if (key == NULL) goto done;
+            for (Py_ssize_t j = 0; j < cs->nsrc; j++) {
+                PyObject* t = shape_tuple(&vals[cs->src[j]]);
+                if (t == NULL) { Py_DECREF(key); goto done; }
+                PyTuple_SET_ITEM(key, j, t);
+            }
+            PyObject* hit = PyDict_GetItemWithError(cs->compiled, key);  /* borrowed */
+            Py_XINCREF(hit);
+            if (hit == NULL && !PyErr_Occurred()) {
+                PyObject* empty_args = PyTuple_New(0);
+                hit = empty_args == NULL ? NULL : PyObject_CallFunctionObjArgs(cs->plan, key, empty_args, NULL);
+                Py_XDECREF(empty_args);
+                if (hit == NULL) PyErr_Clear();   /* the pieces one by one say why */
+            }
+            Py_DECREF(key);
+            if (hit == NULL) { if (PyErr_Occurred()) goto done; mine = 0; goto done; }
+            if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 2 || Py_TYPE(PyTuple_GET_ITEM(hit, 0)) != &LauncherType
+                    || ((Launcher*)PyTuple_GET_ITEM(hit, 0))->nout != 1) {
+                Py_DECREF(hit);
+                mine = 0;
+                goto done;
+            }
+            Launcher* l = (Launcher*)PyTuple_GET_ITEM(hit, 0);
+            PyObject* perm = PyTuple_GET_ITEM(hit, 1);
+            int ok = cs->nsrc + 1 + l->nwords <= 24;
+            for (Py_ssize_t j = 0; j < cs->nsrc && ok; j++) {
+                Py_ssize_t p = j;
+                if (perm != Py_None) {
+                    p = PyTuple_Check(perm) && j < PyTuple_GET_SIZE(perm)
+                        ? PyLong_AsSsize_t(PyTuple_GET_ITEM(perm, j)) : -1;
+                    if (p < 0 || p >= cs->nsrc) { PyErr_Clear(); ok = 0; break; }
+                }
+                ko[j] = cs->src[p];
+            }
+            run[i] = l;   /* a reference of this call's: the runner's dict may drop the entry meanwhile */
+            Py_INCREF(l);
+            Py_DECREF(hit);
+            if (!ok) { mine = 0; goto done; }
+            if (launcher_new_output(l, out) < 0) goto done;
+        } else {  /* STEP_CAT */
+            const ChainValue* first = &vals[cs->src[0]];
+            if (cs->dim >= first->rank) { mine = 0; goto done; }
+            out->rank = first->rank;
+            memcpy(out->shape, first->shape, sizeof(Py_ssize_t) * (size_t)first->rank);
+            out->shape[cs->dim] = 0;
+            for (Py_ssize_t j = 0; j < cs->nsrc; j++) {
+                const ChainValue* s = &vals[cs->src[j]];
+                if (s->rank != first->rank) { mine = 0; goto done; }
+                for (int d = 0; d < s->rank; d++)
+                    if (d != cs->dim && s->shape[d] != first->shape[d]) { mine = 0; goto done; }
+                out->shape[cs->dim] += s->shape[cs->dim];
+            }
+            out->itemsize = itemsize_of(cs->dtype);
+            if (out->itemsize <= 0) goto done;
+            PyObject* sizes = shape_tuple(out);
+            if (sizes == NULL) goto done;
+            PyObject* kwd = Py_BuildValue("{s:O}", "dtype", cs->dtype);
+            PyObject* a1 = kwd == NULL ? NULL : PyTuple_Pack(1, sizes);
+            out->obj = a1 == NULL ? NULL : PyObject_Call(self->empty, a1, kwd);
+            Py_XDECREF(a1); Py_XDECREF(kwd); Py_DECREF(sizes);
+            if (out->obj == NULL || (out->ptr = tensor_ptr(out->obj)) == NULL) goto done;
+        }
+        if (run[i] != NULL && (nth[i] = thread_count(run[i])) < 0) goto done;
     }
+    /* phase 2: the kernels and copies */
     int rc = 0, oom = 0;
     double tk = 0.0;
     Py_BEGIN_ALLOW_THREADS
     PyThread_acquire_lock(self->lock, WAIT_LOCK);
     for (Py_ssize_t i = 0; i < n && rc == 0 && !oom; i++) {
         ChainStep* cs = &self->steps[i];
-        Launcher* l = cs->launcher;
-        Launcher* o = l->owner != NULL ? (Launcher*)l->owner : l;
-        void* ptrs[24];
-        for (Py_ssize_t j = 0; j < cs->nsrc; j++) {
-            const Py_ssize_t s = cs->src[j];
-            ptrs[j] = s >= 0 ? ext_ptr[s] : vptr[-1 - s];
+        ChainValue* out = &vals[next + i];
+        if (cs->kind == STEP_CAT) {
+            /* contiguous sources, all sizes equal but dim's: per index of the leading dims, each source's block */
+            Py_ssize_t outer = 1, inner = out->itemsize;
+            for (int d = 0; d < cs->dim; d++) outer *= out->shape[d];
+            for (int d = cs->dim + 1; d < out->rank; d++) inner *= out->shape[d];
+            char* dst = out->ptr;
+            for (Py_ssize_t o = 0; o < outer; o++)
+                for (Py_ssize_t j = 0; j < cs->nsrc; j++) {
+                    const ChainValue* s = &vals[cs->src[j]];
+                    const size_t block = (size_t)(s->shape[cs->dim] * inner);
+                    memcpy(dst, (const char*)s->ptr + (size_t)o * block, block);
+                    dst += block;
+                }
+            continue;
         }
-        ptrs[cs->nsrc] = vptr[i];
+        Launcher* l = run[i];
+        Launcher* ow = l->owner != NULL ? (Launcher*)l->owner : l;
+        const Py_ssize_t* ko = order + i * CHAIN_MAX_SRC;
+        void* ptrs[24];
+        for (Py_ssize_t j = 0; j < cs->nsrc; j++) ptrs[j] = vals[ko[j]].ptr;
+        ptrs[cs->nsrc] = out->ptr;
         for (Py_ssize_t j = 0; j < l->nwords; j++) ptrs[cs->nsrc + 1 + j] = l->words[j];
         long need = l->ws_floats + (long)nth[i] * l->scratch_floats;
         if (need < 1) need = 1;
-        PyThread_acquire_lock(o->lock, WAIT_LOCK);
-        if (grow_workspace(o, need) != 0) oom = 1;
+        PyThread_acquire_lock(ow->lock, WAIT_LOCK);
+        if (grow_workspace(ow, need) != 0) oom = 1;
         else {
             const double t0 = prof ? prof_now() : 0.0;
-            rc = l->fn(ptrs, o->ws, nth[i]);
+            rc = l->fn(ptrs, ow->ws, nth[i]);
             if (prof) tk += prof_now() - t0;
         }
-        PyThread_release_lock(o->lock);
+        PyThread_release_lock(ow->lock);
     }
     PyThread_release_lock(self->lock);
     Py_END_ALLOW_THREADS
@@ -793,16 +991,25 @@ static PyObject* Chain_call(Chain* self, PyObject* args, PyObject* kw) {
     result = PyTuple_New(nres);
     if (result == NULL) goto done;
     for (Py_ssize_t k = 0; k < nres; k++) {
-        PyObject* v = vals[PyLong_AsSsize_t(PyTuple_GET_ITEM(self->results, k))];
+        PyObject* v = vals[next + PyLong_AsSsize_t(PyTuple_GET_ITEM(self->results, k))].obj;
         Py_INCREF(v);
         PyTuple_SET_ITEM(result, k, v);
     }
     if (prof) {
-        prof_kernel_s += tk; prof_kernel_n += n;
-        prof_piece_s += prof_now() - t_in; prof_piece_n += n;
+        Py_ssize_t pieces = 0;
+        for (Py_ssize_t i = 0; i < n; i++) pieces += self->steps[i].kind != STEP_CAT;
+        prof_kernel_s += tk; prof_kernel_n += pieces;
+        prof_piece_s += prof_now() - t_in; prof_piece_n += pieces;
     }
 done:
-    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(vals[i]);
+    if (vals != NULL)
+        for (Py_ssize_t i = 0; i < next + n; i++) Py_XDECREF(vals[i].obj);
+    if (run != NULL)
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (self->steps[i].kind == STEP_DYNAMIC) Py_XDECREF((PyObject*)run[i]);
+    PyMem_Free(vals); PyMem_Free(run); PyMem_Free(order); PyMem_Free(nth);
+    if (result == NULL && mine && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "Chain: failed");
+    if (!mine && !PyErr_Occurred()) Py_RETURN_NONE;
     return result;
 }
 

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import prism  # noqa: E402
-from prism.frontend.chain import MAX_ELEMENTS, PieceChain  # noqa: E402
+from prism.frontend.chain import MAX_ELEMENTS, Cat, PieceChain  # noqa: E402
 from prism.runtime import fastcall  # noqa: E402
 
 pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("fresh_dynamo"),
@@ -152,3 +152,48 @@ def test_options_turn_chains_off_and_large_outputs_do_not_chain() -> None:
     x = _x(rows, 64, seed=3)
     with torch.inference_mode():
         assert _err(big(x), _f64(m, x)) <= 1e-5
+
+
+class DecodeAttention(nn.Module):
+    """One decode step of attention with a KV cache, as transformers writes it: the cache's cat and the
+    attention (dynamic KV length) between Linears (static shapes)."""
+
+    def __init__(self, d: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.h, self.hd = heads, d // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> tuple:
+        b, s, d = x.shape
+        q = self.q(x).view(b, s, self.h, self.hd).transpose(1, 2)
+        k = self.k(x).view(b, s, self.h, self.hd).transpose(1, 2)
+        v = self.v(x).view(b, s, self.h, self.hd).transpose(1, 2)
+        keys, values = torch.cat([kc, k], dim=-2), torch.cat([vc, v], dim=2)
+        a = torch.nn.functional.scaled_dot_product_attention(q, keys, values)
+        return self.o(a.transpose(1, 2).reshape(b, s, d)) + x, keys, values
+
+
+def test_a_decode_step_chains_the_cache_cat_and_the_dynamic_attention() -> None:
+    m = DecodeAttention()
+    f = torch.compile(m, backend="prism", options=OPTS)
+    from prism.frontend import reports
+    first = len(reports())
+    ref = DecodeAttention().double()
+    ref.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        for n, kv in enumerate((8, 9, 10, 11, 12, 11)):
+            x, kc, vc = _x(1, 1, 64, seed=n), _x(1, 4, kv, 16, seed=10 + n), _x(1, 4, kv, 16, seed=20 + n)
+            got = f(x, kc, vc)
+            want = ref(x.double(), kc.double(), vc.double())
+            for g, w in zip(got, want):
+                assert g.shape == w.shape and _err(g, w) <= 1e-5
+    chains = [c for r in reports()[first:] for c in r.chains]
+    dyn = [c for c in chains if any(c.dynamic) and any(isinstance(m, Cat) for m in c.members)]
+    assert dyn, [c.label for c in chains]
+    (c,) = dyn
+    assert c._fast is not None, c._why_not
+    # Dynamo's dynamic graph came with length 9 (the members one by one, binding the C path); 10, 11 and 12,
+    # new lengths for the attention's launcher (planned from the C path), and 11 again ran as one C call each
+    assert c.prism_calls == 4, c.prism_calls
+    assert [r.prism_calls for r in c.runners] == [5] * len(c.runners)
