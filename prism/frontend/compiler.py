@@ -503,7 +503,8 @@ def _collapse_layout_chains(g: Any) -> None:
     element order. Decided on the captured static shapes by applying the chain to ``arange`` (a chain with a
     symbolic size is left alone); only chains whose intermediate results have no other user, whose result no
     user mutates or returns (the ``reshape`` may alias where the chain copied) and whose input nothing mutates
-    in place (the chain's views would see it where the ``reshape`` may have copied)."""
+    in place (the chain's views would see it where the ``reshape`` may have copied). A single call is replaced
+    where its input is a piece's output, whose reshape the piece then absorbs (``_absorb_output_reshapes``)."""
     for end in list(g.nodes):
         if end.op != "call_method" or end.target not in _CHAIN or any(
                 u.op == "call_method" and u.target in _CHAIN for u in end.users) or _mutated(end):
@@ -514,8 +515,12 @@ def _collapse_layout_chains(g: Any) -> None:
                and len(base.users) == 1):
             chain.append(base)
             base = base.args[0]
-        if len(chain) < 2 or not isinstance(base, torch.fx.Node) or _mutated(base, returned=False):
+        if not isinstance(base, torch.fx.Node) or _mutated(base, returned=False):
             continue   # an in-place user of the base: the chain's views see it, a copying reshape would not
+        # one call is worth replacing only where the reshape then goes into the piece that makes its input
+        # (_absorb_output_reshapes): Qwen3's QK-norm output `.transpose(1, 2)` of a size-1 dim
+        if len(chain) < 2 and (chain[0].target in ("reshape", "view") or base.op != "call_module"):
+            continue
         shape_in, shape_out = O.static_shape(base), O.static_shape(end)
         if shape_in is None or shape_out is None:
             continue

@@ -6,6 +6,7 @@ each output is stored in its own dtype at the end (``prism.ir.dtypes``: the mixe
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -38,15 +39,17 @@ def _to_numpy(name: str, x: Any) -> np.ndarray:
 # candidates beside its reference, a model decodes right after a new shape's check) took 2.5x its time (a
 # [256, 1024] row sum: 9.8 -> 24.4 µs; unaffected with one BLAS thread). ``threadpoolctl`` is the library
 # that controls these pools.
-_BLAS: Any = None
+# The controller knows the libraries loaded when it was made (0.5 ms to make); one loaded later -- SciPy's own
+# OpenBLAS, imported by JAX -- would keep its threads: made again when modules were imported since.
+_BLAS: list[Any] = [None, -1]   # [controller, len(sys.modules) when it was made]
 
 
 def _one_blas_thread() -> Any:
-    global _BLAS
-    if _BLAS is None:
+    if _BLAS[0] is None or _BLAS[1] != len(sys.modules):
         from threadpoolctl import ThreadpoolController
-        _BLAS = ThreadpoolController()
-    return _BLAS.limit(limits=1, user_api="blas")
+        _BLAS[1] = len(sys.modules)
+        _BLAS[0] = ThreadpoolController()
+    return _BLAS[0].limit(limits=1, user_api="blas")
 
 
 def evaluate_graph(g: Graph, inputs: Mapping[str, Any], dtype: Any = None,

@@ -78,6 +78,12 @@ def test_generate_matches_eager_with_the_decoder_on_prism(kind: str, dtype: str)
     decode = reps[-1]  # the dynamic decode graph serves every step after the first two
     attn = [p for p in decode.pieces if "scaled_dot_product_attention" in p.label]
     assert all(p.runner.prism_calls >= 1 for p in attn), decode.table()
+    # the decode graph's layers (pieces, the cache's cat, the attention of dynamic KV length) are one chain,
+    # called from C after the first call bound it (frontend/chain.py)
+    chained = [c for c in decode.chains if sum("scaled_dot_product_attention" in m.label for m in c.members)]
+    assert len(chained) == 1 and sum("scaled_dot_product_attention" in m.label
+                                     for m in chained[0].members) == LAYERS, decode.table()
+    assert chained[0]._fast is not None and chained[0].prism_calls >= 1, decode.table()
 
 
 def test_models_bench_on_the_tiny_llama(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,3 +38,21 @@ def test_the_reference_runs_blas_on_one_thread_and_restores_it(monkeypatch: pyte
     assert np.allclose(out, a.astype(np.float64) @ a.astype(np.float64))
     assert seen and all(all(n == 1 for n in s) for s in seen)
     assert _blas_threads() == before
+
+
+def test_a_blas_library_loaded_later_is_limited_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller is made again when modules were imported since (SciPy's own OpenBLAS, loaded by JAX
+    after the first reference ran, kept 2 threads)."""
+    import sys
+    import types
+
+    with RK._one_blas_thread():
+        pass
+    first = RK._BLAS[0]
+    with RK._one_blas_thread():
+        pass
+    assert RK._BLAS[0] is first  # nothing imported: the same controller (made once: 0.5 ms)
+    monkeypatch.setitem(sys.modules, "prism_test_new_module", types.ModuleType("prism_test_new_module"))
+    with RK._one_blas_thread():
+        assert RK._BLAS[0] is not first
+        assert all(n == 1 for n in _blas_threads())
