@@ -81,8 +81,8 @@ class GraphReport:
             if p.structure:
                 lines.append(f"      sGraph: {p.structure}")
         for c in self.chains:
-            lines.append(f"  chain {c.label}: calls {getattr(c, 'prism_calls', 0)} in one C call"
-                         + (f" (one by one: {c._why_not})" if getattr(c, '_why_not', '') else ""))
+            lines.append(f"  chain {c.label}: {getattr(c, 'prism_calls', 0)} call(s) as one C call"
+                         + (f" (its pieces run one by one: {c._why_not})" if getattr(c, '_why_not', '') else ""))
         for a in self.assumptions:
             lines.append(f"  assumes {a}")
         for f in self.fallbacks:
