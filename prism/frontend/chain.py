@@ -244,7 +244,7 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 def _cat(node: Any) -> Cat | None:
     """A ``torch.cat`` of tensors the chain can copy: float tensors, a constant dim."""
-    if node.op != "call_function" or node.target is not torch.cat:
+    if node.op != "call_function" or node.target not in (torch.cat, torch.ops.aten.cat.default):
         return None
     kwargs = dict(node.kwargs)
     dim = kwargs.pop("dim", node.args[1] if len(node.args) > 1 else 0)

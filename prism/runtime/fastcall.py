@@ -557,6 +557,7 @@ static PyTypeObject GuardType = {
 #define CHAIN_MAX_STEPS 512
 #define CHAIN_MAX_SRC 16
 #define CHAIN_MAX_RANK 8
+#define CHAIN_PAR_COPY (1 << 16)   /* bytes of a cat from which its copy is split between threads */
 enum { STEP_STATIC = 0, STEP_DYNAMIC = 1, STEP_CAT = 2 };
 
 typedef struct {
@@ -933,6 +934,9 @@ static PyObject* Chain_call(Chain* self, PyObject* args, PyObject* kw) {
         if (run[i] != NULL && (nth[i] = thread_count(run[i])) < 0) goto done;
     }
     /* phase 2: the kernels and copies */
+    int cat_threads = 1;   /* the cats' copies: as many threads as the chain's kernels */
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (run[i] != NULL && nth[i] > cat_threads) cat_threads = nth[i];
     int rc = 0, oom = 0;
     double tk = 0.0;
     Py_BEGIN_ALLOW_THREADS
@@ -941,18 +945,28 @@ static PyObject* Chain_call(Chain* self, PyObject* args, PyObject* kw) {
         ChainStep* cs = &self->steps[i];
         ChainValue* out = &vals[next + i];
         if (cs->kind == STEP_CAT) {
-            /* contiguous sources, all sizes equal but dim's: per index of the leading dims, each source's block */
+            /* contiguous sources, all sizes equal but dim's: per index of the leading dims, each source's
+               block. A KV cache of L positions is copied whole at every decode step (DynamicCache): from
+               CHAIN_PAR_COPY bytes the leading indices are split between the threads (one core's copy from
+               DRAM is ~half of what two move) */
             Py_ssize_t outer = 1, inner = out->itemsize;
             for (int d = 0; d < cs->dim; d++) outer *= out->shape[d];
             for (int d = cs->dim + 1; d < out->rank; d++) inner *= out->shape[d];
-            char* dst = out->ptr;
-            for (Py_ssize_t o = 0; o < outer; o++)
+            size_t block[CHAIN_MAX_SRC], row = 0;
+            for (Py_ssize_t j = 0; j < cs->nsrc; j++) {
+                block[j] = (size_t)(vals[cs->src[j]].shape[cs->dim] * inner);
+                row += block[j];
+            }
+            char* const dst = out->ptr;
+            const int par = outer > 1 && (size_t)outer * row >= CHAIN_PAR_COPY ? cat_threads : 1;
+            #pragma omp parallel for num_threads(par) schedule(static) if (par > 1)
+            for (Py_ssize_t o = 0; o < outer; o++) {
+                char* d = dst + (size_t)o * row;
                 for (Py_ssize_t j = 0; j < cs->nsrc; j++) {
-                    const ChainValue* s = &vals[cs->src[j]];
-                    const size_t block = (size_t)(s->shape[cs->dim] * inner);
-                    memcpy(dst, (const char*)s->ptr + (size_t)o * block, block);
-                    dst += block;
+                    memcpy(d, (const char*)vals[cs->src[j]].ptr + (size_t)o * block[j], block[j]);
+                    d += block[j];
                 }
+            }
             continue;
         }
         Launcher* l = run[i];
@@ -1073,7 +1087,8 @@ PyMODINIT_FUNC PyInit__prism_fastcall(void) {
 }
 """
 
-FLAGS = ("-O2", "-shared", "-fPIC", "-std=gnu11", "-Werror=implicit-function-declaration")
+# -fopenmp: a chain splits a long copy between threads (the kernels need OpenMP anyway)
+FLAGS = ("-O2", "-shared", "-fPIC", "-fopenmp", "-std=gnu11", "-Werror=implicit-function-declaration")
 _LOCK = threading.Lock()
 _MOD: list[Any] = []       # [the extension module or None] once decided in this process
 WHY_NOT: list[str] = []    # why the C launcher is not used (tests and `prism` diagnostics read it)

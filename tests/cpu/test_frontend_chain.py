@@ -197,3 +197,36 @@ def test_a_decode_step_chains_the_cache_cat_and_the_dynamic_attention() -> None:
     # new lengths for the attention's launcher (planned from the C path), and 11 again ran as one C call each
     assert c.prism_calls == 4, c.prism_calls
     assert [r.prism_calls for r in c.runners] == [5] * len(c.runners)
+
+
+class CacheUpdate(nn.Module):
+    """A projection appended to a long cache: the chain's cat copies 256 KB, split between the threads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.k = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor, kc: torch.Tensor) -> torch.Tensor:
+        k = self.k(x).view(1, 1, 4, 16).transpose(1, 2)
+        return torch.cat([kc, k], dim=2)
+
+
+def test_a_long_cache_copy_is_exact() -> None:
+    m = CacheUpdate()
+    kc = _x(1, 4, 1024, 16, seed=1)
+    # through Dynamo: its view/transpose of the projection is one reshape the piece absorbs, so the piece and
+    # the cat are consecutive (an exported graph keeps aten views there, which end a chain)
+    opt = prism.optimize(m, (_x(1, 1, 64), kc), capture="dynamo", **OPTS)
+    (chain,) = _chains(opt)
+    assert any(isinstance(c, Cat) for c in chain.members)
+    with torch.no_grad():
+        for seed in range(2, 5):
+            x, kc = _x(1, 1, 64, seed=seed), _x(1, 4, 1024, 16, seed=seed + 10)
+            got = opt(x, kc)
+            k = m.k(x).view(1, 1, 4, 16).transpose(1, 2)
+            assert got.shape == (1, 4, 1025, 16) and got.is_contiguous()
+            assert torch.equal(got[:, :, :1024], kc)   # the copy is exact
+            assert _err(got[:, :, 1024:], k) <= 1e-5
+    # prism.optimize's run of the example bound the C path; the three calls above took it
+    assert chain._fast is not None and chain.prism_calls == 3
