@@ -33,6 +33,7 @@ the cost.
 from __future__ import annotations
 
 import logging
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -135,29 +136,30 @@ class PieceChain(torch.nn.Module):
         if chain_type is None or launcher_type is None:
             raise _NotChained("no C launcher (prism.runtime.fastcall.WHY_NOT)")
         escaping = set(self.results)
-        # per member: its kind's fields and the sources its C step reads, in the step's order
-        plans: list[tuple[tuple, list[Source]]] = []
+        # per member, its C step (fastcall.Chain) with the sources it reads, in the step's order, still as
+        # Sources at item 1: (kind, sources, fields...)
+        plans: list[tuple] = []
         for i, (m, wires, a) in enumerate(zip(self.members, self.wiring, member_args)):
             out = vals[i]
             if not isinstance(out, torch.Tensor) or not out.is_contiguous() or out.numel() == 0:
                 raise _NotChained(f"member {i}'s output is not one contiguous, non-empty tensor")
             if isinstance(m, Cat):
-                plans.append(((2, m.dim, out.dtype), list(wires)))
+                plans.append((2, wires, m.dim, out.dtype))
                 continue
             ins = [a[k] for k, *_ in m._active]
             hit = m._compiled.get(tuple(x.shape for x in ins))
             if hit is None or not isinstance(hit[0], launcher_type):
                 raise _NotChained(f"piece {m.label} has no C launcher for its shapes")
             if self.dynamic[i]:
-                plans.append(((1, m._compiled, m._plan), [wires[k] for k, *_ in m._active]))
+                plans.append((1, [wires[k] for k, *_ in m._active], m._compiled, m._plan))
                 continue
             launch, order = hit
             kernel_args = [m._active[j][0] for j in (range(len(ins)) if order is None else order)]
-            plans.append(((0, launch, None if i in escaping else out, tuple(out.shape)),
-                          [wires[k] for k in kernel_args]))
+            plans.append((0, [wires[k] for k in kernel_args], launch, None if i in escaping else out,
+                          tuple(out.shape)))
         ext: list[tuple[int, torch.dtype, tuple[int, ...]]] = []
         ext_index: dict[int, int] = {}
-        for _, srcs in plans:
+        for _, srcs, *_ in plans:
             for kind, j in srcs:
                 if kind == "x" and j not in ext_index:
                     x = args[j]
@@ -165,25 +167,12 @@ class PieceChain(torch.nn.Module):
                         raise _NotChained(f"argument {j} is a {type(x).__name__}, not a tensor")
                     ext_index[j] = len(ext)
                     ext.append((j, x.dtype, self.patterns[j] or tuple(x.shape)))
-        n_ext = len(ext)
-
-        def index(src: Source) -> int:
-            kind, j = src
-            return ext_index[j] if kind == "x" else n_ext + j
-
-        steps = []
-        for fields, srcs in plans:
-            idx = tuple(index(s) for s in srcs)
-            kind = fields[0]
-            if kind == 0:
-                steps.append((0, fields[1], idx, fields[2], fields[3]))
-            elif kind == 1:
-                steps.append((1, fields[1], fields[2], idx))
-            else:
-                steps.append((2, idx, fields[1], fields[2]))
+        # values: the external inputs, then one per member
+        steps = tuple((kind, tuple(ext_index[j] if where == "x" else len(ext) + j for where, j in srcs), *fields)
+                      for kind, srcs, *fields in plans)
         counters = tuple(r.__dict__ for r in self.runners) + (self.__dict__,)
         self.__dict__.setdefault("prism_calls", 0)
-        self._fast = chain_type(tuple(ext), torch.Tensor, torch.is_grad_enabled, torch.empty, tuple(steps),
+        self._fast = chain_type(tuple(ext), torch.Tensor, torch.is_grad_enabled, torch.empty, steps,
                                 tuple(self.results), counters)
 
     @property
@@ -201,18 +190,13 @@ class _NotChained(Exception):
 def _runner(gm: Any, node: Any) -> PieceRunner | None:
     if node.op != "call_module":
         return None
-    r = gm.__dict__.get(str(node.target)) or getattr(gm, str(node.target), None)
+    r = getattr(gm, str(node.target), None)   # the instance dict first (compiler._replace puts pieces there)
     return r if isinstance(r, PieceRunner) else None
 
 
 def _small_static(node: Any) -> bool:
     shape = O.static_shape(node)
-    if shape is None:
-        return False
-    n = 1
-    for s in shape:
-        n *= s
-    return 0 < n <= MAX_ELEMENTS
+    return shape is not None and 0 < math.prod(shape) <= MAX_ELEMENTS
 
 
 def _tensor_node(a: Any) -> bool:

@@ -198,6 +198,43 @@ static PyObject* sole_arg(PyObject* args, PyObject* kw, PyTypeObject* type, cons
     return PyTuple_GET_ITEM(args, 0);
 }
 
+/* the data pointer of tensor o into *out; -1 with an error set on failure */
+static int tensor_ptr(PyObject* o, void** out) {
+    PyObject* p = PyObject_CallMethodNoArgs(o, str_data_ptr);
+    if (p == NULL) return -1;
+    *out = PyLong_AsVoidPtr(p);
+    Py_DECREF(p);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* output k of launcher l, fresh: empty(*sizes), naming its dtype unless it is ``dd`` (the default dtype at the
+   call; NULL: always named); its data pointer in *ptr. A new reference, or NULL with an error set */
+static PyObject* launcher_output(Launcher* l, Py_ssize_t k, PyObject* dd, void** ptr) {
+    PyObject* kwk = PyTuple_GET_ITEM(l->out_dtypes, k) == dd ? NULL : PyTuple_GET_ITEM(l->out_kw, k);
+    PyObject* o = PyObject_Call(l->empty, PyTuple_GET_ITEM(l->out_args, k), kwk);
+    if (o != NULL && tensor_ptr(o, ptr) < 0) Py_CLEAR(o);
+    return o;
+}
+
+/* l's entry on ptrs with nth threads, under the lock of the launcher that owns its workspace; called with the
+   GIL released. The entry's return code; *oom set where the workspace could not grow; the entry's seconds
+   added to *tk (NULL: not timed) */
+static int launcher_exec(Launcher* l, void** ptrs, int nth, int* oom, double* tk) {
+    Launcher* o = l->owner != NULL ? (Launcher*)l->owner : l;
+    long need = l->ws_floats + (long)nth * l->scratch_floats;
+    if (need < 1) need = 1;
+    int rc = 0;
+    PyThread_acquire_lock(o->lock, WAIT_LOCK);
+    if (grow_workspace(o, need) != 0) *oom = 1;
+    else {
+        const double t0 = tk != NULL ? prof_now() : 0.0;
+        rc = l->fn(ptrs, o->ws, nth);
+        if (tk != NULL) *tk += prof_now() - t0;
+    }
+    PyThread_release_lock(o->lock);
+    return rc;
+}
+
 /* allocate the outputs, run the kernel on ins[0..nin) and them; a new list of the outputs */
 static PyObject* launcher_run(Launcher* self, PyObject* const* ins, Py_ssize_t nin) {
     void* stack[24];
@@ -207,46 +244,25 @@ static PyObject* launcher_run(Launcher* self, PyObject* const* ins, Py_ssize_t n
     for (Py_ssize_t j = 0; j < self->nwords; j++) ptrs[nin + self->nout + j] = self->words[j];
     PyObject* outs = PyList_New(self->nout);
     if (outs == NULL) goto fail;
-    for (Py_ssize_t i = 0; i < nin; i++) {
-        PyObject* p = PyObject_CallMethodNoArgs(ins[i], str_data_ptr);
-        if (p == NULL) goto fail;
-        ptrs[i] = PyLong_AsVoidPtr(p);
-        Py_DECREF(p);
-        if (PyErr_Occurred()) goto fail;
-    }
+    for (Py_ssize_t i = 0; i < nin; i++)
+        if (tensor_ptr(ins[i], &ptrs[i]) < 0) goto fail;
     PyObject* dd = PyObject_CallNoArgs(self->default_dtype);
     if (dd == NULL) goto fail;
-    Py_DECREF(dd);  /* dtypes are singletons kept by torch: compared by identity below */
+    Py_DECREF(dd);  /* dtypes are singletons kept by torch: compared by identity */
     for (Py_ssize_t k = 0; k < self->nout; k++) {
-        PyObject* kwk = PyTuple_GET_ITEM(self->out_dtypes, k) == dd ? NULL : PyTuple_GET_ITEM(self->out_kw, k);
-        PyObject* o = PyObject_Call(self->empty, PyTuple_GET_ITEM(self->out_args, k), kwk);
+        PyObject* o = launcher_output(self, k, dd, &ptrs[nin + k]);
         if (o == NULL) goto fail;
         PyList_SET_ITEM(outs, k, o);
-        PyObject* p = PyObject_CallMethodNoArgs(o, str_data_ptr);
-        if (p == NULL) goto fail;
-        ptrs[nin + k] = PyLong_AsVoidPtr(p);
-        Py_DECREF(p);
-        if (PyErr_Occurred()) goto fail;
     }
     int nth = thread_count(self);
     if (nth < 0) goto fail;
-    long need = self->ws_floats + (long)nth * self->scratch_floats;
-    if (need < 1) need = 1;
-    int rc = 0, oom = 0;
+    int rc, oom = 0;
     const int prof = prof_on;
-    double t0 = 0.0, t1 = 0.0;
-    Launcher* o = self->owner != NULL ? (Launcher*)self->owner : self;  /* whose workspace and lock */
+    double tk = 0.0;
     Py_BEGIN_ALLOW_THREADS
-    PyThread_acquire_lock(o->lock, WAIT_LOCK);
-    if (grow_workspace(o, need) != 0) oom = 1;
-    else {
-        if (prof) t0 = prof_now();
-        rc = self->fn(ptrs, o->ws, nth);
-        if (prof) t1 = prof_now();
-    }
-    PyThread_release_lock(o->lock);
+    rc = launcher_exec(self, ptrs, nth, &oom, prof ? &tk : NULL);
     Py_END_ALLOW_THREADS
-    if (prof && !oom) { prof_kernel_s += t1 - t0; prof_kernel_n++; }
+    if (prof && !oom) { prof_kernel_s += tk; prof_kernel_n++; }
     if (oom) { PyErr_NoMemory(); goto fail; }
     if (rc != 0) {
         PyErr_Format(PyExc_RuntimeError, "prism kernel returned error code %d", rc);
@@ -348,6 +364,32 @@ static int attr_is(PyObject* o, PyObject* name, PyObject* want) {
     return r;
 }
 
+/* a of ``type``, of ``dtype``, on the CPU, contiguous and, while grad mode is on (grad), not requiring grad:
+   1 yes, 0 no, -1 error */
+static int tensor_ok(PyObject* a, PyTypeObject* type, PyObject* dtype, int grad) {
+    if (!PyObject_TypeCheck(a, type)) return 0;
+    int r = attr_is(a, str_dtype, dtype);
+    if (r == 1) r = attr_is(a, str_is_cpu, Py_True);
+    if (r == 1 && grad) r = attr_is(a, str_requires_grad, Py_False);
+    if (r != 1) return r;
+    PyObject* c = PyObject_CallMethodNoArgs(a, str_is_contiguous);
+    if (c == NULL) return -1;
+    r = c == Py_True;
+    Py_DECREF(c);
+    return r;
+}
+
+/* d["prism_calls"] += 1 where d has that key: 0, or -1 with an error set */
+static int count_call(PyObject* d) {
+    PyObject* cnt = PyDict_GetItemWithError(d, str_prism_calls);
+    if (cnt == NULL) return PyErr_Occurred() ? -1 : 0;
+    PyObject* nxt = PyNumber_Add(cnt, one);
+    if (nxt == NULL) return -1;
+    const int r = PyDict_SetItem(d, str_prism_calls, nxt);
+    Py_DECREF(nxt);
+    return r;
+}
+
 static PyObject* Piece_call(Piece* self, PyObject* args, PyObject* kw) {
     PyObject* argv = sole_arg(args, kw, &PyTuple_Type,
                               "a Piece takes one argument, the tuple of the piece's arguments");
@@ -364,28 +406,13 @@ static PyObject* Piece_call(Piece* self, PyObject* args, PyObject* kw) {
     for (Py_ssize_t i = 0; i < self->n; i++) {
         if (self->arg[i] >= nargs) goto slow;
         PyObject* a = PyTuple_GET_ITEM(argv, self->arg[i]);
-        if (!PyObject_TypeCheck(a, self->tensor_type)) goto slow;
-        int r = attr_is(a, str_dtype, PyTuple_GET_ITEM(self->dtypes, i));
-        if (r != 1) goto slow_or_error;
-        r = attr_is(a, str_is_cpu, Py_True);
-        if (r != 1) goto slow_or_error;
-        if (grad) {
-            r = attr_is(a, str_requires_grad, Py_False);
-            if (r != 1) goto slow_or_error;
-        }
-        PyObject* c = PyObject_CallMethodNoArgs(a, str_is_contiguous);
-        if (c == NULL) goto error;
-        r = c == Py_True;
-        Py_DECREF(c);
-        if (!r) goto slow;
+        const int r = tensor_ok(a, self->tensor_type, PyTuple_GET_ITEM(self->dtypes, i), grad);
+        if (r < 0) goto error;
+        if (r == 0) goto slow;
         PyObject* sh = PyObject_GetAttr(a, str_shape);
         if (sh == NULL) goto error;
         PyTuple_SET_ITEM(shapes, i, sh);
         ins[i] = a;
-        continue;
-slow_or_error:
-        if (r < 0) goto error;
-        goto slow;
     }
     PyObject* hit = PyDict_GetItemWithError(self->compiled, shapes);  /* borrowed */
     if (hit == NULL) {
@@ -408,16 +435,7 @@ slow_or_error:
     Py_DECREF(launch);
     Py_DECREF(shapes);
     if (outs == NULL) return NULL;
-    PyObject* cnt = PyDict_GetItemWithError(self->counter, str_prism_calls);
-    if (cnt != NULL) {
-        PyObject* nxt = PyNumber_Add(cnt, one);
-        if (nxt == NULL || PyDict_SetItem(self->counter, str_prism_calls, nxt) < 0) {
-            Py_XDECREF(nxt);
-            Py_DECREF(outs);
-            return NULL;
-        }
-        Py_DECREF(nxt);
-    } else if (PyErr_Occurred()) {
+    if (count_call(self->counter) < 0) {
         Py_DECREF(outs);
         return NULL;
     }
@@ -541,13 +559,13 @@ static PyTypeObject GuardType = {
    shape pattern): args[arg index] must be a tensor (tensor_type) of that dtype, of the pattern's rank and its
    sizes where they are >= 0 (-1: a dynamic size), on the CPU, contiguous, not requiring grad while grad mode
    is on. steps, in order, each a tuple whose first item is its kind:
-     (0, launcher, srcs, buffer, shape)  a piece of static shapes: a one-output Launcher, the value indices of
-                                         its kernel's inputs, the tensor its output is written to (owned by
+     (0, srcs, launcher, buffer, shape)  a piece of static shapes: the value indices of its kernel's inputs, a
+                                         one-output Launcher, the tensor its output is written to (owned by
                                          the chain, reused by every call) or None (fresh per call), its shape;
-     (1, compiled, plan, srcs)           a piece with a dynamic input size: ``compiled`` its runner's dict
-                                         (tuple of input shapes -> (launcher, order or None)), ``plan`` its
-                                         runner's ``_plan`` (called on a miss: a launcher or why not), srcs in
-                                         the runner's input order; its output is fresh per call;
+     (1, srcs, compiled, plan)           a piece with a dynamic input size: srcs in the runner's input order,
+                                         ``compiled`` its runner's dict (tuple of input shapes -> (launcher,
+                                         order or None)), ``plan`` its runner's ``_plan`` (called on a miss: a
+                                         launcher or why not); its output is fresh per call;
      (2, srcs, dim, dtype)               torch.cat of the sources along ``dim`` (a fresh tensor).
    Phase 1, with the GIL: the checks, every value's shape, the launchers of dynamic steps and every fresh
    output; anything not as expected answers None and nothing has run. Phase 2: the kernels and copies in order
@@ -697,41 +715,36 @@ static int Chain_init(Chain* self, PyObject* args, PyObject* kw) {
         ChainStep* cs = &self->steps[i];
         self->nsteps = i + 1;  /* cleared up to here on failure */
         if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) < 1) return chain_bad("Chain: a step is a tuple");
+        if (PyTuple_GET_SIZE(st) < 2) return chain_bad("Chain: a step is (kind, srcs, ...)");
         long kind = PyLong_AsLong(PyTuple_GET_ITEM(st, 0));
         if (kind == -1 && PyErr_Occurred()) return -1;
         cs->kind = (int)kind;
+        if (chain_srcs(cs, PyTuple_GET_ITEM(st, 1), next + i) < 0) return -1;
         if (kind == STEP_STATIC) {
-            if (PyTuple_GET_SIZE(st) != 5 || Py_TYPE(PyTuple_GET_ITEM(st, 1)) != &LauncherType)
-                return chain_bad("Chain: a static step is (0, Launcher, srcs, buffer or None, shape)");
-            Launcher* l = (Launcher*)PyTuple_GET_ITEM(st, 1);
+            if (PyTuple_GET_SIZE(st) != 5 || Py_TYPE(PyTuple_GET_ITEM(st, 2)) != &LauncherType)
+                return chain_bad("Chain: a static step is (0, srcs, Launcher, buffer or None, shape)");
+            Launcher* l = (Launcher*)PyTuple_GET_ITEM(st, 2);
             if (l->nout != 1) return chain_bad("Chain: a step's launcher has one output");
             Py_INCREF(l);
             cs->launcher = l;
-            if (chain_srcs(cs, PyTuple_GET_ITEM(st, 2), next + i) < 0) return -1;
             if (cs->nsrc + 1 + l->nwords > 24) return chain_bad("Chain: too many kernel arguments");
             if (int_tuple(PyTuple_GET_ITEM(st, 4), cs->shape, &cs->rank) < 0) return -1;
             PyObject* buf = PyTuple_GET_ITEM(st, 3);
             if (buf != Py_None) {
                 if (!PyObject_TypeCheck(buf, (PyTypeObject*)tensor_type))
                     return chain_bad("Chain: a buffer is a tensor");
-                PyObject* p = PyObject_CallMethodNoArgs(buf, str_data_ptr);
-                if (p == NULL) return -1;
-                cs->buf_ptr = PyLong_AsVoidPtr(p);
-                Py_DECREF(p);
-                if (PyErr_Occurred()) return -1;
+                if (tensor_ptr(buf, &cs->buf_ptr) < 0) return -1;
                 Py_INCREF(buf);
                 cs->buffer = buf;
             }
         } else if (kind == STEP_DYNAMIC) {
-            if (PyTuple_GET_SIZE(st) != 4 || !PyDict_Check(PyTuple_GET_ITEM(st, 1))
-                    || !PyCallable_Check(PyTuple_GET_ITEM(st, 2)))
-                return chain_bad("Chain: a dynamic step is (1, compiled dict, plan, srcs)");
-            Py_INCREF(PyTuple_GET_ITEM(st, 1)); cs->compiled = PyTuple_GET_ITEM(st, 1);
-            Py_INCREF(PyTuple_GET_ITEM(st, 2)); cs->plan = PyTuple_GET_ITEM(st, 2);
-            if (chain_srcs(cs, PyTuple_GET_ITEM(st, 3), next + i) < 0) return -1;
+            if (PyTuple_GET_SIZE(st) != 4 || !PyDict_Check(PyTuple_GET_ITEM(st, 2))
+                    || !PyCallable_Check(PyTuple_GET_ITEM(st, 3)))
+                return chain_bad("Chain: a dynamic step is (1, srcs, compiled dict, plan)");
+            Py_INCREF(PyTuple_GET_ITEM(st, 2)); cs->compiled = PyTuple_GET_ITEM(st, 2);
+            Py_INCREF(PyTuple_GET_ITEM(st, 3)); cs->plan = PyTuple_GET_ITEM(st, 3);
         } else if (kind == STEP_CAT) {
             if (PyTuple_GET_SIZE(st) != 4) return chain_bad("Chain: a cat step is (2, srcs, dim, dtype)");
-            if (chain_srcs(cs, PyTuple_GET_ITEM(st, 1), next + i) < 0) return -1;
             if (cs->nsrc < 1) return chain_bad("Chain: a cat has sources");
             long d = PyLong_AsLong(PyTuple_GET_ITEM(st, 2));
             if (d == -1 && PyErr_Occurred()) return -1;
@@ -758,29 +771,15 @@ static int Chain_init(Chain* self, PyObject* args, PyObject* kw) {
     return 0;
 }
 
-/* the data pointer of tensor o; NULL with an error set on failure (a tensor's pointer is never NULL here:
-   zero-size values do not reach a chain) */
-static void* tensor_ptr(PyObject* o) {
-    PyObject* p = PyObject_CallMethodNoArgs(o, str_data_ptr);
-    if (p == NULL) return NULL;
-    void* r = PyLong_AsVoidPtr(p);
-    Py_DECREF(p);
-    return PyErr_Occurred() ? NULL : r;
-}
-
 /* a fresh output of a one-output launcher (its dtype always named); its pointer and shape in *v */
 static int launcher_new_output(Launcher* l, ChainValue* v) {
-    PyObject* kwk = PyTuple_GET_ITEM(l->out_kw, 0);
     PyObject* sizes = PyTuple_GET_ITEM(l->out_args, 0);
     /* empty(*sizes); a 0-d output's sizes are ((),) */
     PyObject* dims = PyTuple_GET_SIZE(sizes) == 1 && PyTuple_Check(PyTuple_GET_ITEM(sizes, 0))
                      ? PyTuple_GET_ITEM(sizes, 0) : sizes;
     if (int_tuple(dims, v->shape, &v->rank) < 0) return -1;
-    PyObject* o = PyObject_Call(l->empty, sizes, kwk);
-    if (o == NULL) return -1;
-    v->obj = o;
-    v->ptr = tensor_ptr(o);
-    return v->ptr == NULL ? -1 : 0;
+    v->obj = launcher_output(l, 0, NULL, &v->ptr);
+    return v->obj == NULL ? -1 : 0;
 }
 
 static PyObject* shape_tuple(const ChainValue* v) {
@@ -796,16 +795,7 @@ static PyObject* shape_tuple(const ChainValue* v) {
 
 /* the checked external input e of a call into *v: 1 taken, 0 not this chain's, -1 error */
 static int chain_ext(Chain* self, Py_ssize_t e, PyObject* a, int grad, ChainValue* v) {
-    if (!PyObject_TypeCheck(a, self->tensor_type)) return 0;
-    int r = attr_is(a, str_dtype, PyTuple_GET_ITEM(self->ext_dtype, e));
-    if (r == 1) r = attr_is(a, str_is_cpu, Py_True);
-    if (r == 1 && grad) r = attr_is(a, str_requires_grad, Py_False);
-    if (r == 1) {
-        PyObject* c = PyObject_CallMethodNoArgs(a, str_is_contiguous);
-        if (c == NULL) return -1;
-        r = c == Py_True;
-        Py_DECREF(c);
-    }
+    const int r = tensor_ok(a, self->tensor_type, PyTuple_GET_ITEM(self->ext_dtype, e), grad);
     if (r != 1) return r;
     PyObject* sh = PyObject_GetAttr(a, str_shape);
     if (sh == NULL) return -1;
@@ -818,8 +808,7 @@ static int chain_ext(Chain* self, Py_ssize_t e, PyObject* a, int grad, ChainValu
         if (want[d] >= 0 && v->shape[d] != want[d]) { Py_DECREF(sh); return 0; }
     }
     Py_DECREF(sh);
-    v->ptr = tensor_ptr(a);
-    return v->ptr == NULL ? -1 : 1;
+    return tensor_ptr(a, &v->ptr) < 0 ? -1 : 1;
 }
 
 static Py_ssize_t itemsize_of(PyObject* dtype) {
@@ -929,7 +918,7 @@ static PyObject* Chain_call(Chain* self, PyObject* args, PyObject* kw) {
             PyObject* a1 = kwd == NULL ? NULL : PyTuple_Pack(1, sizes);
             out->obj = a1 == NULL ? NULL : PyObject_Call(self->empty, a1, kwd);
             Py_XDECREF(a1); Py_XDECREF(kwd); Py_DECREF(sizes);
-            if (out->obj == NULL || (out->ptr = tensor_ptr(out->obj)) == NULL) goto done;
+            if (out->obj == NULL || tensor_ptr(out->obj, &out->ptr) < 0) goto done;
         }
         if (run[i] != NULL && (nth[i] = thread_count(run[i])) < 0) goto done;
     }
@@ -970,37 +959,19 @@ static PyObject* Chain_call(Chain* self, PyObject* args, PyObject* kw) {
             continue;
         }
         Launcher* l = run[i];
-        Launcher* ow = l->owner != NULL ? (Launcher*)l->owner : l;
         const Py_ssize_t* ko = order + i * CHAIN_MAX_SRC;
         void* ptrs[24];
         for (Py_ssize_t j = 0; j < cs->nsrc; j++) ptrs[j] = vals[ko[j]].ptr;
         ptrs[cs->nsrc] = out->ptr;
         for (Py_ssize_t j = 0; j < l->nwords; j++) ptrs[cs->nsrc + 1 + j] = l->words[j];
-        long need = l->ws_floats + (long)nth[i] * l->scratch_floats;
-        if (need < 1) need = 1;
-        PyThread_acquire_lock(ow->lock, WAIT_LOCK);
-        if (grow_workspace(ow, need) != 0) oom = 1;
-        else {
-            const double t0 = prof ? prof_now() : 0.0;
-            rc = l->fn(ptrs, ow->ws, nth[i]);
-            if (prof) tk += prof_now() - t0;
-        }
-        PyThread_release_lock(ow->lock);
+        rc = launcher_exec(l, ptrs, nth[i], &oom, prof ? &tk : NULL);
     }
     PyThread_release_lock(self->lock);
     Py_END_ALLOW_THREADS
     if (oom) { PyErr_NoMemory(); goto done; }
     if (rc != 0) { PyErr_Format(PyExc_RuntimeError, "prism kernel returned error code %d", rc); goto done; }
-    for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(self->counters); c++) {
-        PyObject* d = PyTuple_GET_ITEM(self->counters, c);
-        PyObject* cnt = PyDict_GetItemWithError(d, str_prism_calls);
-        if (cnt == NULL) { if (PyErr_Occurred()) goto done; continue; }
-        PyObject* nxt = PyNumber_Add(cnt, one);
-        if (nxt == NULL) goto done;
-        int bad = PyDict_SetItem(d, str_prism_calls, nxt) < 0;
-        Py_DECREF(nxt);
-        if (bad) goto done;
-    }
+    for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(self->counters); c++)
+        if (count_call(PyTuple_GET_ITEM(self->counters, c)) < 0) goto done;
     const Py_ssize_t nres = PyTuple_GET_SIZE(self->results);
     result = PyTuple_New(nres);
     if (result == NULL) goto done;
