@@ -21,13 +21,13 @@ beyond its kernel (3.5 µs checks, 3 µs output allocation, 3.5 µs launch, time
   (``prism/runtime/fastcall.py``, ``Chain``), under the chain's lock: one call of a chain at a time, so its
   buffers are never shared.
 
-A Llama decode graph becomes one chain for all its layers (the RoPE table and the LM head after the last
-slice are separate calls). Only pieces whose output has a static shape of at most ``MAX_ELEMENTS`` join:
-chains are for calls whose cost is the call, not the kernel (a 128-token prefill's pieces do not join, and
-keep no buffers). The C path is bound on the first call that ran every piece on Prism; a call it does not take
-(another dtype, a non-contiguous input, autograd, a size no kernel covers) runs the members one by one, the
-pieces through their runners with their checks, fallbacks and messages: the chain changes no result, only
-the cost.
+A Llama decode graph becomes one chain for all its layers, the RoPE table and the LM head (nn.Module's
+telemetry call may sit between members; the compiler drops the whole-tensor slice before the head). Only
+pieces whose output has a static shape of at most ``MAX_ELEMENTS`` join: chains are for calls whose cost is
+the call, not the kernel (a 128-token prefill's pieces do not join, and keep no buffers). The C path is bound
+on the first call that ran every piece on Prism; a call it does not take (another dtype, a non-contiguous
+input, autograd, a size no kernel covers) runs the members one by one, the pieces through their runners with
+their checks, fallbacks and messages: the chain changes no result, only the cost.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ MAX_ELEMENTS = 1 << 16
 _PURE_METHODS = frozenset(("view", "reshape", "unsqueeze", "squeeze", "transpose", "permute", "expand",
                            "contiguous", "size", "dim", "numel", "float", "to", "t"))
 _PURE_FUNCTIONS = frozenset((torch.cat, operator.getitem, torch.unsqueeze, torch.reshape, torch.transpose,
-                             torch.permute, torch.squeeze, torch.sym_sum))
+                             torch.permute, torch.squeeze, torch.sym_sum,
+                             torch._C._log_api_usage_once))  # nn.Module's telemetry call: reads no tensor
 
 # a chain's argument source: ("x", j) the chain's argument j, ("v", i) the output of its member i
 Source = tuple[str, int]

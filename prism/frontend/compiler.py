@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import operator
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -52,7 +53,9 @@ class Options:
     value of a dynamic dim within a factor of 2 of a tuned one takes that tuning's winner, compiled and
     checked at the new shape, not measured (``prism.superoptimize(derive=...)``; a decoder's KV length is
     new at every step). ``chains``: runs of consecutive pieces with small static shapes are called as one
-    (``prism.frontend.chain``: a decode step's per-call cost)."""
+    (``prism.frontend.chain``: a decode step's per-call cost). ``huge_pages``: module state (weights) a
+    piece reads is moved into huge pages on its first call (``prism.runtime.memory``: bandwidth-bound
+    decode reads them faster; a one-time copy)."""
 
     limits: Any = None
     time_limit: float | None = None
@@ -64,6 +67,7 @@ class Options:
     progress: Progress | None = None
     derive: bool = True
     chains: bool = True   # consecutive small static-shape pieces called as one (frontend/chain.py)
+    huge_pages: bool = False   # module state pieces read moves into huge pages (prism/runtime/memory.py)
 
     @classmethod
     def from_any(cls, options: Any) -> Options:
@@ -385,13 +389,15 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
                 opts.progress("failed", done, total, pr.label)
             continue
         pr.status, pr.reason = "prism", ""
-        runner = PieceRunner(f"{pr.index} ({pr.label})", kernel, list(prog.specs), fallback, prog.out_slots)
+        runner = PieceRunner(f"{pr.index} ({pr.label})", kernel, list(prog.specs), fallback, prog.out_slots,
+                             huge_pages=opts.huge_pages)
         pr.runner = runner
         pr.structure = kernel.implementations[0].structure if kernel.implementations else ""
         _replace(gm, prog, runner, f"prism_piece_{report.index}_{pr.index}", replaced, order)
         if opts.progress:
             opts.progress("done", done, total, pr.label)
     _drop_identity_casts(gm.graph)
+    _drop_identity_slices(gm.graph)
     _share_repeated_views(gm.graph)
     _collapse_layout_chains(gm.graph)
     _absorb_output_reshapes(gm)
@@ -441,6 +447,41 @@ def _drop_identity_casts(g: Any) -> None:
     for n in list(g.nodes):
         x = _identity_cast_input(n)
         if x is not None:
+            n.replace_all_uses_with(x)
+            g.erase_node(n)
+
+
+def _identity_slice_input(n: Any) -> Any:
+    """The input of ``x[...]`` when the indexing is basic slicing that keeps every element of a static shape
+    (``h[:, -1:, :]`` of a decode step's [1, 1, d] hidden state), else None."""
+    if n.op != "call_function" or n.target is not operator.getitem or len(n.args) != 2:
+        return None
+    x, idx = n.args
+    v = O.meta_value(x) if isinstance(x, torch.fx.Node) else None
+    if not O.is_tensor_meta(v) or not all(isinstance(d, int) for d in v.shape):
+        return None
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    if sum(i is Ellipsis for i in idx) > 1 or not all(i is Ellipsis or isinstance(i, slice) for i in idx):
+        return None
+    k = idx.index(Ellipsis) if Ellipsis in idx else len(idx)
+    rest = [i for i in idx if i is not Ellipsis]
+    if len(rest) > v.dim():
+        return None
+    dims = list(range(k)) + list(range(v.dim() - (len(rest) - k), v.dim()))
+    for d, sl in zip(dims, rest):
+        if not all(b is None or isinstance(b, int) for b in (sl.start, sl.stop, sl.step)):
+            return None
+        if range(*sl.indices(v.shape[d])) != range(v.shape[d]):
+            return None
+    return x
+
+
+def _drop_identity_slices(g: Any) -> None:
+    """Remove slicings that keep the whole tensor (``_identity_slice_input``) where no graph output is the
+    slice: a decode step's LM head reads ``norm(h)[:, -1:, :]``, which kept it out of the step's chain."""
+    for n in list(g.nodes):
+        x = _identity_slice_input(n)
+        if x is not None and not any(u.op == "output" for u in n.users):
             n.replace_all_uses_with(x)
             g.erase_node(n)
 

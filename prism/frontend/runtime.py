@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prism.runtime import fastcall
+from prism.runtime import fastcall, memory
 
 log = logging.getLogger("prism")
 _grad_enabled = torch.is_grad_enabled
@@ -106,9 +106,11 @@ class PieceRunner(torch.nn.Module):
     count what ran."""
 
     def __init__(self, label: str, kernel: Any, inputs: list[InputSpec | None], fallback: Any,
-                 out_slots: tuple[int | None, ...] | None = None) -> None:
+                 out_slots: tuple[int | None, ...] | None = None, huge_pages: bool = False) -> None:
         super().__init__()
         self.label = label
+        # module state the kernel reads moves into huge pages when a shape is first planned (runtime/memory.py)
+        self.huge_pages = huge_pages
         self.kernel = kernel
         self.specs = inputs
         self.fallback = fallback
@@ -223,6 +225,10 @@ class PieceRunner(torch.nn.Module):
         if bad is not None:
             return bad
         shapes = tuple(tuple(s) for s in shapes)
+        if self.huge_pages:  # args is () when a chain plans a new shape from C: its inputs were seen before
+            for i, _, _, persistent, *_ in self._active:
+                if persistent and i < len(args):
+                    memory.collapse(args[i])
         env = self.kernel.program.bind({n: s for n, s in zip(self._names, shapes)})
         k = self.kernel.specialize(**env).kernel
         order = tuple(self._names.index(n) for n in k.input_names)

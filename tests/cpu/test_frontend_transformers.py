@@ -84,6 +84,11 @@ def test_generate_matches_eager_with_the_decoder_on_prism(kind: str, dtype: str)
     assert len(chained) == 1 and sum("scaled_dot_product_attention" in m.label
                                      for m in chained[0].members) == LAYERS, decode.table()
     assert chained[0]._fast is not None and chained[0].prism_calls >= 1, decode.table()
+    # and nothing else: the RoPE table's pieces (past nn.Module's telemetry call) and the LM head (past the
+    # whole-tensor slice h[:, -1:, :]) are members too -- one call per decode step
+    members = {id(m) for m in chained[0].members}
+    assert len(decode.chains) == 1 and all(id(p.runner) in members for p in decode.pieces if p.by_prism), \
+        decode.table()
 
 
 def test_models_bench_on_the_tiny_llama(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -145,3 +145,55 @@ def test_sink_reshapes_moves_a_reduction_before_a_squeeze() -> None:
     a = np.random.default_rng(1).standard_normal((3, 8, 4))
     for k in ("r", "m"):
         np.testing.assert_allclose(h.evaluate({"x": a}, dtype=np.float64)[k], g.evaluate({"x": a}, dtype=np.float64)[k])
+
+
+def _getitem_node(shape: tuple[int, ...], idx: Any) -> Any:
+    import operator
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(shape)
+    return x, g.call_function(operator.getitem, (x, idx))
+
+
+@pytest.mark.parametrize("shape,idx", [
+    ((1, 1, 4), (slice(None), slice(-1, None), slice(None))),   # a decode step's h[:, -1:, :]
+    ((2, 3), (Ellipsis, slice(0, 3))),
+    ((2, 3), slice(None, None, 1)),
+    ((5,), (slice(-10, 10),)),
+])
+def test_a_slice_keeping_every_element_is_the_tensor_itself(shape: tuple[int, ...], idx: Any) -> None:
+    from prism.frontend.compiler import _identity_slice_input
+    x, n = _getitem_node(shape, idx)
+    assert _identity_slice_input(n) is x
+
+
+@pytest.mark.parametrize("shape,idx", [
+    ((1, 2, 4), (slice(None), slice(-1, None), slice(None))),   # a prompt's last position
+    ((4,), slice(None, None, 2)),
+    ((4,), (slice(None, None, -1),)),
+    ((2, 3), (0, slice(None))),                                  # an integer index drops a dim
+    ((2, 3), (None, slice(None))),                               # None adds one
+    ((2, 3), (Ellipsis, Ellipsis)),
+    ((2, 3), (slice(None), slice(None), slice(None))),           # more indices than dims
+])
+def test_other_indexing_is_not_an_identity(shape: tuple[int, ...], idx: Any) -> None:
+    from prism.frontend.compiler import _identity_slice_input
+    _, n = _getitem_node(shape, idx)
+    assert _identity_slice_input(n) is None
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_huge_pages_are_asked_for_the_module_state_a_runner_reads(on: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prism.runtime import memory
+    asked: list[Any] = []
+    monkeypatch.setattr(memory, "collapse", lambda t: asked.append(t) or 0)
+    k = _Kernel()
+    specs = [InputSpec("x0", None, False), InputSpec("x1", (1, 0), True)]
+    r = PieceRunner("0 (linear)", k, specs, _Fallback(), huge_pages=on)
+    w = torch.nn.Parameter(torch.randn(3, 4))
+    with torch.no_grad():
+        r(torch.randn(5, 4), w)
+        r(torch.randn(5, 4), w)   # planned once: asked once
+        r(torch.randn(2, 4), w)   # a new shape is planned: asked again (collapse remembers the storage)
+    assert [a is w for a in asked] == ([True, True] if on else [])
