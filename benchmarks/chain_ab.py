@@ -12,13 +12,12 @@ Needs ``transformers`` (``pip install -e '.[models]'``). Run on an idle machine 
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 
 import torch
 
-from prism.bench.models import MODELS, build, prompt_ids
+from prism.bench.models import MODELS, build, copy_model, prompt_ids
 from prism.runtime import fastcall
 
 
@@ -38,7 +37,7 @@ def main() -> None:
     systems = {}
     for c in a.order:
         label, opts = {"c": ("chains", {}), "n": ("no chains", {"chains": False})}[c]
-        m = copy.deepcopy(base)
+        m = copy_model(base)
         m.forward = torch.compile(m.forward, backend="prism", options=opts)
         systems[label] = m
     fastcall.set_profiling(True)

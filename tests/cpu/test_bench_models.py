@@ -23,6 +23,30 @@ def test_decode_bytes_leave_out_the_embedding_table() -> None:
     assert decode_bytes(m) == total - m.get_input_embeddings().weight.numel() * 4
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps (Linux)")
+def test_float_models_are_loaded_from_their_checkpoint_as_a_users_model_is() -> None:
+    """build() saves and loads the model back (transformers keeps the weights in the checkpoint's mmap, as
+    from_pretrained does for users); copy_model gives each system its own modules on the same file."""
+    from prism.bench.models import copy_model
+    m = build(MODELS["llama-tiny"], dtype="bfloat16")
+    m.generation_config.eos_token_id = None
+    c = copy_model(m)
+    w, cw = m.model.layers[0].mlp.up_proj.weight, c.model.layers[0].mlp.up_proj.weight
+    assert w is not cw and torch.equal(w, cw) and w.dtype == torch.bfloat16
+    assert c.generation_config.eos_token_id is None
+
+    def mapping(t: torch.Tensor) -> str:
+        a = t.data_ptr()
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= a < hi:
+                return line.split()[-1]
+        return ""
+    assert mapping(w).endswith(".safetensors") and mapping(w) == mapping(cw)
+    ref = build(MODELS["llama-tiny"], dtype="bfloat16", from_checkpoint=False)
+    assert torch.equal(ref.model.layers[0].mlp.up_proj.weight, w)   # the same seeded weights
+
+
 def test_int8w_models_quantize_every_linear_and_count_int8_bytes() -> None:
     from prism.frontend.quantize import Int8Linear
     m = build(MODELS["llama-tiny"], dtype="int8w")
