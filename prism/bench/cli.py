@@ -38,8 +38,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="one small shape per workload, few rounds (~2 min)")
     p.add_argument("--shape", default=None, metavar="K=V[,K=V]",
                    help="only the cases whose shape has these dims, e.g. n=1 (the decode cases)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "int8w"),
-                   help="precision of the suite's programs: bfloat16 (every tensor, as model.to(torch.bfloat16)) "
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "int8w"),
+                   help="precision of the suite's programs: bfloat16 / float16 (every tensor, as "
+                        "model.to(torch.bfloat16)) "
                         "or int8w (int8 weight-only, per-channel scales: W1-W3, W7; with --models every Linear); "
                         "every system runs the same values (default float32)")
     p.add_argument("--threads", type=int, default=None, help="threads for every system (default: usable cores)")

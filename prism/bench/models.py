@@ -95,11 +95,11 @@ FRESH_TOKENS = 8
 QUICK = ("llama-small",)
 
 
-DTYPES = ("float32", "bfloat16", "int8w")   # int8w: every Linear int8 weight-only (prism.quantize_weights)
+DTYPES = ("float32", "bfloat16", "float16", "int8w")   # int8w: every Linear int8 weight-only (prism.quantize_weights)
 # low precision: a system's greedy tokens may leave eager's where two logits are closer than the rounding
 # (eager rounds every operator to bfloat16, Prism only where PyTorch stores a tensor); its prompt logits must
 # then agree with eager's within this (relative to the largest logit), else it is wrong
-LOGITS_RTOL = {"float32": 1e-3, "bfloat16": 0.08}
+LOGITS_RTOL = {"float32": 1e-3, "bfloat16": 0.08, "float16": 0.02}
 
 
 # where build() saved each float model's checkpoint, for copy_model
@@ -410,7 +410,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
         elif not torch.equal(out, ref):
             err = float((logits - ref_logits).abs().max() / ref_logits.abs().max())
             at = _first_difference(out[0, prompt:], ref[0, prompt:])
-            if dtype != "bfloat16" or err > LOGITS_RTOL[dtype]:  # int8w computes in float32: tokens must agree
+            if dtype not in ("bfloat16", "float16") or err > LOGITS_RTOL[dtype]:  # int8w computes in float32
                 r.status = f"wrong: token ids differ from eager's (prompt logits off by {err:.2g} relative)"
             else:
                 res.notes.append(f"{sysname}: greedy tokens leave eager's at new token {at} ({dtype} rounding: "

@@ -1,9 +1,9 @@
 """W1-W7 at other precisions: the same programs over low-precision storage (prism.ir.dtypes).
 
-``bfloat16``: every input stored as bfloat16, as a model moved with ``model.to(torch.bfloat16)`` has it (the
-outputs are bfloat16 too). ``int8w``: int8 weight-only (the workloads with weights: W1-W3, W7; W7's LoRA
-adapters stay float32). Each weight W [d, m] of ``X @ W`` is stored as a Linear layer stores it, [out, in] =
-[m, d], quantized per output channel:
+``bfloat16`` / ``float16``: every input stored in that dtype, as a model moved with
+``model.to(torch.bfloat16)`` (``torch.float16``) has it (the outputs are too). ``int8w``: int8 weight-only (the
+workloads with weights: W1-W3, W7; W7's LoRA adapters stay float32). Each weight W [d, m] of ``X @ W`` is
+stored as a Linear layer stores it, [out, in] = [m, d], quantized per output channel:
 ``q = round(W^T / s)``, ``s = max |W^T| / 127`` per row (torchao's int8 weight-only layout), and the program reads
 ``(X @ cast(q)^T) * s^T`` (= ``X @ (q * s)^T``, what ``torch._weight_int8pack_mm`` computes); activations and
 outputs stay float32.
@@ -25,7 +25,8 @@ from prism.ir.graph import Graph
 from prism.ir.node import Node
 from prism.workloads.base import Shape, Workload
 
-PRECISIONS = ("float32", "bfloat16", "int8w")
+PRECISIONS = ("float32", "bfloat16", "float16", "int8w")
+HALF = ("bfloat16", "float16")   # every tensor stored in a 16-bit float
 SCALE = "_scale"   # suffix of an int8 weight's scale input
 
 
@@ -53,9 +54,9 @@ def _rebuild(g: Graph, inputs: Mapping[str, Callable[[Graph], object]],
     return ng
 
 
-def _bf16_program(base: Workload, s: Shape) -> Graph:
+def _half_program(base: Workload, s: Shape, dtype: str) -> Graph:
     g = base.program(s)
-    return _rebuild(g, {name: (lambda ng, n=node: ng.input(n.arg[0], n.shape, "bfloat16"))
+    return _rebuild(g, {name: (lambda ng, n=node: ng.input(n.arg[0], n.shape, dtype))
                         for name, node in g.inputs.items()})
 
 
@@ -111,11 +112,11 @@ class PrecisionWorkload(Workload):
 
     def inputs(self, shape: Shape, kind: str = "normal", seed: int = 0, dtype: object = np.float32
                ) -> dict[str, np.ndarray]:
-        """The float32 workload's inputs, rounded to bfloat16 or with the weights quantized to int8."""
+        """The float32 workload's inputs, rounded to bfloat16 / float16 or with the weights quantized to int8."""
         assert self.base is not None
         x = self.base.inputs(shape, kind, seed, np.float32)
-        if precision_of(self) == "bfloat16":
-            return {k: v.astype(as_dtype("bfloat16").np) for k, v in x.items()}
+        if precision_of(self) in HALF:
+            return {k: v.astype(as_dtype(precision_of(self)).np) for k, v in x.items()}
         out: dict[str, np.ndarray] = {}
         for name, v in x.items():
             if name in _quantized(self.base):
@@ -140,8 +141,9 @@ def variant(w: Workload, precision: str) -> Workload:
     if precision == "int8w" and not w.extra.get("weights"):
         raise PrismError(f"{w.id} ({w.name}) has no weights: int8 weight-only applies to the workloads with "
                          "weights (W1, W2, W3, W7)")
-    if precision == "bfloat16":
-        program, shapes, formula = (lambda s: _bf16_program(w, s)), w.input_shapes, f"{w.formula} (bfloat16)"
+    if precision in HALF:
+        program, shapes = (lambda s: _half_program(w, s, precision)), w.input_shapes
+        formula = f"{w.formula} ({precision})"
     else:
         program, shapes = (lambda s: _int8_program(w, s)), (lambda s: _int8_shapes(w, s))
         formula = f"{w.formula} with W = (int8 q * per-channel s)^T"

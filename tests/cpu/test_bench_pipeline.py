@@ -26,7 +26,8 @@ def test_pipeline_column_searches_tunes_and_matches_the_reference() -> None:
     assert BY_NAME["hand"].kind == "reference"
 
 
-@pytest.mark.parametrize("precision,wid", [("bfloat16", "W1"), ("bfloat16", "W3"), ("int8w", "W1"), ("int8w", "W2"),
+@pytest.mark.parametrize("precision,wid", [("bfloat16", "W1"), ("bfloat16", "W3"), ("float16", "W1"), ("float16", "W2"),
+                                           ("float16", "W3"), ("float16", "W7"), ("int8w", "W1"), ("int8w", "W2"),
                                            ("int8w", "W3")])
 def test_low_precision_cases_run_every_available_system_on_the_same_values(precision: str, wid: str) -> None:
     """``prism bench --dtype``: each system is prepared on the precision's inputs and checked against the float64
@@ -48,6 +49,7 @@ def test_low_precision_cases_run_every_available_system_on_the_same_values(preci
         assert r.status == "ok", (name, r.status, r.reason)
         assert check_outputs(prep.fetch(prep.call()), ref, RTOLS[precision]).ok
     assert not BY_NAME["hand"].applies(w)
-    if precision == "bfloat16":
+    if precision in ("bfloat16", "float16"):
+        assert all(v.dtype.name == precision for v in inputs.values())
         r, _ = prepare_and_check(BY_NAME["ort"], w, shape, inputs, ref, 1)
-        assert r.status == "unavailable" and ("bfloat16" in (r.reason or "") or "onnx" in (r.reason or "")), r
+        assert r.status == "unavailable" and (precision in (r.reason or "") or "onnx" in (r.reason or "")), r

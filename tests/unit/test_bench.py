@@ -340,6 +340,9 @@ def test_select_systems_and_cases() -> None:
     assert case_label(WORKLOADS["W6"], WORKLOADS["W6"].shapes[3]) == "b=8,S=4096"
     bf = select_cases(["W1"], quick=True, precision="bfloat16")
     assert [(w.id, w.extra["precision"]) for w, _ in bf] == [("W1", "bfloat16")]
+    f16 = select_cases(["W1", "W6"], quick=True, precision="float16")
+    assert [(w.id, w.extra["precision"]) for w, _ in f16] == [("W1", "float16"), ("W6", "float16")]
+    assert {v.dtype.name for v in f16[0][0].program(f16[0][1]).inputs.values()} == {"float16"}
     with pytest.raises(PrismError, match="int8 weight-only applies"):
         select_cases(["W4"], quick=True, precision="int8w")
     with pytest.raises(PrismError, match="unknown precision"):
