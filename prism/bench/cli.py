@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from prism.console import console
 from prism.errors import PrismError
+from prism.workloads.precision import PRECISIONS
 
 
 def default_threads() -> int:
@@ -38,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="one small shape per workload, few rounds (~2 min)")
     p.add_argument("--shape", default=None, metavar="K=V[,K=V]",
                    help="only the cases whose shape has these dims, e.g. n=1 (the decode cases)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "int8w"),
+    p.add_argument("--dtype", default="float32", choices=PRECISIONS,
                    help="precision of the suite's programs: bfloat16 / float16 (every tensor, as "
                         "model.to(torch.bfloat16)) "
                         "or int8w (int8 weight-only, per-channel scales: W1-W3, W7; with --models every Linear); "

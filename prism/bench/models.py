@@ -64,6 +64,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prism.workloads.precision import HALF, PRECISIONS
+
 SYSTEMS = ("eager", "compile", "prism")
 
 
@@ -95,7 +97,7 @@ FRESH_TOKENS = 8
 QUICK = ("llama-small",)
 
 
-DTYPES = ("float32", "bfloat16", "float16", "int8w")   # int8w: every Linear int8 weight-only (prism.quantize_weights)
+DTYPES = PRECISIONS   # int8w: every Linear int8 weight-only (prism.quantize_weights)
 # low precision: a system's greedy tokens may leave eager's where two logits are closer than the rounding
 # (eager rounds every operator to bfloat16, Prism only where PyTorch stores a tensor); its prompt logits must
 # then agree with eager's within this (relative to the largest logit), else it is wrong
@@ -410,7 +412,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
         elif not torch.equal(out, ref):
             err = float((logits - ref_logits).abs().max() / ref_logits.abs().max())
             at = _first_difference(out[0, prompt:], ref[0, prompt:])
-            if dtype not in ("bfloat16", "float16") or err > LOGITS_RTOL[dtype]:  # int8w computes in float32
+            if dtype not in HALF or err > LOGITS_RTOL[dtype]:  # int8w computes in float32: tokens must agree
                 r.status = f"wrong: token ids differ from eager's (prompt logits off by {err:.2g} relative)"
             else:
                 res.notes.append(f"{sysname}: greedy tokens leave eager's at new token {at} ({dtype} rounding: "

@@ -17,7 +17,8 @@ piece reading the tensor (1.6-1.9 s per GB on that VM, most of it the kernel fin
 Memory already in huge pages costs a system call. Where the kernel cannot (an older kernel, THP
 ``never``, a file mapping it will not collapse) the tensor stays as it is: nothing else depends on it.
 
-``Options(huge_pages=False)`` (``prism.frontend.compiler``) turns it off; :data:`STATS` counts what was done.
+Off by default: ``Options(huge_pages=True)`` (``prism.frontend.compiler``) turns it on, ``PRISM_HUGE_PAGES=0``
+off for the process; :data:`STATS` counts what was done.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ MIN_BYTES = 4 << 20
 
 @dataclass
 class HugeStats:
-    bytes: int = 0        # bytes collapsed into huge pages
+    bytes: int = 0        # bytes madvise put in huge pages (or found there already)
     seconds: float = 0.0  # time spent in madvise
-    tensors: int = 0      # storages handled (collapsed or already in huge pages)
+    tensors: int = 0      # storages madvise accepted
     failed: int = 0       # storages the kernel refused (left in their pages)
     unsupported: str = ""  # why huge pages are off for this process, if they are
 
