@@ -417,7 +417,12 @@ class SuperKernel:
                 best = (dist, aenv, res)
         if best is None:
             return None
-        spec = self._from_cached(env, best[2], template=True)
+        spec = None
+        follow = _following(best[2].best.params, best[1], env)
+        if follow is not None:   # the winner's blocks kept at the new dims: one template for every value
+            spec = self._from_cached(env, best[2], follow, template=True)
+        if spec is None:
+            spec = self._from_cached(env, best[2], template=True)
         if spec is None:  # e.g. its grid sizes do not divide the new dims (157 is prime; 141 = 3 * 47)
             params = self._nearest_params(env, best[2].best)
             spec = (self._from_cached(env, best[2], params, template=True)
@@ -608,11 +613,12 @@ class SuperKernel:
         if not 0 <= row.sgraph < len(self.implementations):
             return None
         impl = self.implementations[row.sgraph]
-        params = dict(row.params if params is None else params)
+        kparams = dict(row.params if params is None else params)   # the kernel's (D.Follows kept)
+        params = D.resolve_params(kparams, env)                      # their values at env
         t = None
         try:
             if template:
-                kernel = self._kernel(impl, params)
+                kernel = self._kernel(impl, kparams)
                 t = kernel.specialize(**env).template
             else:
                 kernel = compile_graph(impl.graph.instantiate({**env, **params}))
@@ -745,6 +751,19 @@ class SuperKernel:
     def __repr__(self) -> str:
         return (f"<prism.SuperKernel {self.program.name!r} inputs={list(self.input_names)} "
                 f"sgraphs={len(self.implementations)} shapes tuned={len(self._specs)}>")
+
+
+def _following(params: Mapping[str, Any], anchor: Mapping[str, int], env: Mapping[str, int]) -> dict[str, Any] | None:
+    """``params`` (a tuned winner's at the dims ``anchor``) with each grid size or loop range that equalled a dim
+    which takes a new value in ``env`` replaced by :class:`prism.ir.dims.Follows` of that dim (one row per block
+    stays one row per block); None when no parameter does. A value equal to two such dims stays as it is
+    (ambiguous). The result is checked like any derived kernel (SuperKernel._from_cached)."""
+    moved = {d: v for d, v in anchor.items() if env.get(d, v) != v}
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        dims = [d for d, a in moved.items() if type(v) is int and v == a > 1]
+        out[k] = D.Follows(dims[0]) if len(dims) == 1 else v
+    return out if out != dict(params) else None
 
 
 def _check_record(s: Specialization) -> dict[str, str]:

@@ -413,7 +413,9 @@ class BlockLowering:
                   + [f"{ctype(e)}* restrict {p}" for p, e in zip(out_ptrs, self.out_elems)])
         params += [f"float* restrict pw{k}" for k, _ in self.partial]
         params += ["float* restrict scr", "long scr_stride", "int nth"]
-        w.line(f"/* block graph: grid={self.grid} forloop={self.F} */")
+        # str() of each size: a traced one prints as its hole (a tuple's repr would print its value)
+        grid = ", ".join(str(g) for g in self.grid) + ("," if len(self.grid) == 1 else "")
+        w.line(f"/* block graph: grid=({grid}) forloop={self.F} */")
         with w.block(f"PR_NOINLINE void {self.name}({', '.join(params)})"):
             w.line(f"const int nt = nth < {par} ? nth : {par};")
             w.line("#pragma omp parallel num_threads(nt)")

@@ -17,7 +17,9 @@ and each later group's ``P`` is added into C once (three levels, so the error gr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from prism.codegen import microkernels as mk
@@ -68,6 +70,28 @@ class Support:
         return "\n".join(self.funcs.values())
 
 
+# Templates (codegen/template.py) serve every value of a dim in a guard region with one text, but the row groups of an
+# nn product are balanced (ceil(M / ceil(M / MR)) rows each, + a remainder), so the micro-kernels' row counts --
+# part of the text -- change with M: a prefill's attention compiled and checked a template per 8 prompt lengths
+# (llama-small bf16: 1.1-1.5 s of a new length's 1.2-1.6 s, once every other piece was served). Under
+# ``rows_vary()`` a product of at least 2 * MR rows takes groups of MR rows and its remainder (< MR rows) in runs
+# of 4, 2 and 1 chosen at run time by the remainder's bits: one text for every such M, 3 more micro-kernels.
+_ROWS_VARY: ContextVar[bool] = ContextVar("prism_rows_vary", default=False)
+
+
+@contextmanager
+def rows_vary() -> Iterator[None]:
+    """Generate nn products whose text does not depend on their row count (from 2 * MR rows): for templates."""
+    token = _ROWS_VARY.set(True)
+    try:
+        yield
+    finally:
+        _ROWS_VARY.reset(token)
+
+
+REM_RUNS = (4, 2, 1)   # the remainder's runs (rows), each taken where its bit of the remainder is set
+
+
 @dataclass(frozen=True)
 class NNPlan:
     """How an M x N (x K) product is cut: row groups of ``mr`` (+ a remainder group of ``mr_rem``),
@@ -84,13 +108,20 @@ class NNPlan:
     tail: int
     rc: int
     kc: int
+    bits: bool = False   # the remainder group in runs of REM_RUNS by its bits at run time (rows_vary)
 
 
 def plan_nn(isa: ISA, M: int, N: int, K: int) -> NNPlan:
     W = mk.lanes(isa)
-    ngroups = -(-M // mk.MR_MAX[isa.name])
-    mr = -(-M // ngroups)
-    nfull, mr_rem = divmod(M, mr)
+    bits = _ROWS_VARY.get() and M >= 2 * mk.MR_MAX[isa.name]
+    if bits:
+        mr = mk.MR_MAX[isa.name]
+        nfull = M // mr
+        mr_rem = M - nfull * mr
+    else:
+        ngroups = -(-M // mk.MR_MAX[isa.name])
+        mr = -(-M // ngroups)
+        nfull, mr_rem = divmod(M, mr)
     nvec = -(-N // W)
     nvmax = mk.nv_max(isa, mr)
     npan = -(-nvec // nvmax)
@@ -100,7 +131,17 @@ def plan_nn(isa: ISA, M: int, N: int, K: int) -> NNPlan:
     nv_last, tail = (-(-rc // W), rc % W) if rc else (0, 0)
     kc = min(K, max(8, 4 * mr))
     assert kc <= mk.ACC_CHUNK, "the K-chunk calls use the unblocked micro-kernel"
-    return NNPlan(mr, nfull, mr_rem, nv, pw, npanels, nv_last, tail, rc, kc)
+    return NNPlan(mr, nfull, mr_rem, nv, pw, npanels, nv_last, tail, rc, kc, bits)
+
+
+def _remainder_runs(w: CWriter, nm: Namer, p: NNPlan, call: Callable[[int, str], None]) -> None:
+    """The remainder group of a ``bits`` plan: a run of R rows (REM_RUNS) where R's bit of the remainder is set,
+    after the runs of the higher bits."""
+    rem = nm("rem")
+    w.line(f"const long {rem} = {p.mr_rem};")
+    for r in REM_RUNS:
+        with w.block(f"if ({rem} & {r})"):
+            call(r, f"{p.nfull * p.mr} + ({rem} & {(2 * REM_RUNS[0] - 2 * r)})")
 
 
 def _nn_calls(w: CWriter, sup: Support, p: NNPlan, j0: str, nv: int, tail: int, K: str, a: str, sa0: int,
@@ -112,6 +153,12 @@ def _nn_calls(w: CWriter, sup: Support, p: NNPlan, j0: str, nv: int, tail: int, 
         csr = "0" if cs == "0" else f"{cs} + {r0}"
         w.line(f"{fn}({K}, {a} + ({r0}) * {sa0}, {sa0}, {sa1}, {b} + {j0}, {sb0}, {c} + ({r0}) * {sc0} + {j0}, "
                f"{sc0}, {beta}, {csr});")
+    if p.bits:   # nfull >= 2
+        g = nm("g")
+        with w.block(f"for (long {g} = 0; {g} < {p.nfull}; {g}++)"):
+            call(p.mr, f"{g} * {p.mr}")
+        _remainder_runs(w, nm, p, call)
+        return
     if p.nfull == 1:
         call(p.mr, "0")
     elif p.nfull > 1:
@@ -127,7 +174,8 @@ Scratch = Callable[[int], str]  # floats -> C pointer expression to that many fl
 
 def parallel_nn(p: NNPlan, M: int, N: int, K: int, par: str | None) -> bool:
     """Whether a kernel-level nn product runs as one task per (row group, panel), each over the whole K."""
-    return bool(par) and M * N * K >= PAR_MIN * 4 and (p.npanels + (1 if p.rc else 0)) * (p.nfull + bool(p.mr_rem)) > 1
+    return bool(par) and M * N * K >= PAR_MIN * 4 and (p.bits or (p.npanels + (1 if p.rc else 0))
+                                                          * (p.nfull + bool(p.mr_rem)) > 1)
 
 
 def emit_nn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str, sa0: int, sa1: int, b: str,
@@ -197,7 +245,7 @@ def _emit_nn_parallel(w: CWriter, nm: Namer, sup: Support, p: NNPlan, M: int, N:
                       sa1: int, b: str, sb0: int, c: str, sc0: int, beta: str, cs: str, par: str,
                       elems: tuple[str, str]) -> None:
     """Kernel-level matmul: one task per (row group, panel), each over the whole K."""
-    nrg = p.nfull + (1 if p.mr_rem else 0)
+    nrg = p.nfull + (1 if p.bits or p.mr_rem else 0)   # bits: the remainder's task may have no rows
     npn = p.npanels + (1 if p.rc else 0)
     tr, tp = nm("tr"), nm("tp")
     w.line(f"#pragma omp parallel for num_threads({par}) collapse(2) schedule(static)")
@@ -206,7 +254,7 @@ def _emit_nn_parallel(w: CWriter, nm: Namer, sup: Support, p: NNPlan, M: int, N:
             w.line(f"const long r0 = {tr} * {p.mr}, j0 = {tp} * {p.pw};")
             variants = []
             for rows_full in (True, False):
-                if (rows_full and not p.nfull) or (not rows_full and not p.mr_rem):
+                if (rows_full and not p.nfull) or (not rows_full and not (p.bits or p.mr_rem)):
                     continue
                 for pan_full in (True, False):
                     if (pan_full and not p.npanels) or (not pan_full and not p.rc):
@@ -215,14 +263,20 @@ def _emit_nn_parallel(w: CWriter, nm: Namer, sup: Support, p: NNPlan, M: int, N:
                     nv, tail = (p.nv, 0) if pan_full else (p.nv_last, p.tail)
                     cond = " && ".join([f"{tr} {'<' if rows_full else '=='} {p.nfull}",
                                         f"{tp} {'<' if pan_full else '=='} {p.npanels}"])
-                    variants.append((cond, mr, nv, tail))
-            for k, (cond, mr, nv, tail) in enumerate(variants):
-                fn = sup.nn(mr, nv, tail, blocked=K > mk.ACC_CHUNK, elems=elems)
-                csr = "0" if cs == "0" else f"{cs} + r0"
+                    variants.append((cond, rows_full, mr, nv, tail))
+            for k, (cond, rows_full, mr, nv, tail) in enumerate(variants):
+                def call(rows: int, r0: str, nv: int = nv, tail: int = tail) -> None:
+                    fn = sup.nn(rows, nv, tail, blocked=K > mk.ACC_CHUNK, elems=elems)
+                    csr = "0" if cs == "0" else f"{cs} + {r0}"
+                    ro = r0 if r0 == "r0" else f"({r0})"
+                    w.line(f"{fn}({K}, {a} + {ro} * {sa0}, {sa0}, {sa1}, {b} + j0, {sb0}, {c} + {ro} * {sc0} + j0, "
+                           f"{sc0}, {beta}, {csr});")
                 head = ("if" if k == 0 else "else if") + f" ({cond})"
                 with w.block(head):
-                    w.line(f"{fn}({K}, {a} + r0 * {sa0}, {sa0}, {sa1}, {b} + j0, {sb0}, {c} + r0 * {sc0} + j0, "
-                           f"{sc0}, {beta}, {csr});")
+                    if p.bits and not rows_full:
+                        _remainder_runs(w, nm, p, call)
+                    else:
+                        call(mr, "r0")
 
 
 def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, beta: str = "0",
@@ -412,16 +466,24 @@ def _emit_transpose(w: CWriter, nm: Namer, sup: Support, src: str, ss: int, dst:
                     w.line(f"{dst}[{k_} * {ds} + {n_}] = {src}[{n_} * {ss} + {k_}];")
 
 
+NT_ALL_RUNS = 8   # from this many rows every row-group shape gets its loop, even of no group (see nt_row_runs)
+
+
 def nt_row_runs(isa: ISA, M: int) -> dict[int, list[tuple[int, int, int]]]:
     """Per key-block width J, the runs of row groups as (first row, rows R, count): the widest R x J kernel
     first, as many of each as fit. Counted by division, not a loop over the groups, so that a traced M
-    (codegen/template.py) keeps the counts as expressions: the text is one loop per run for every M of a
-    residue class (a loop per group would pin M)."""
+    (codegen/template.py) keeps the counts as expressions (a loop per group would pin M). From NT_ALL_RUNS rows
+    on, every shape has its run, of count 0 where M leaves it no rows: the text is one loop per shape for every
+    such M -- one template for every prompt length, where choosing the runs by count made one per residue of M
+    modulo the widest group (4 on AVX-512: a new prompt length of llama-small compiled and checked a template of
+    each of 8 products per new residue, 2-4 s). Below it (decode, a few rows) only the shapes that have rows, as
+    a zero-trip loop still costs its kernel's compile."""
     out: dict[int, list[tuple[int, int, int]]] = {}
+    every = M >= NT_ALL_RUNS
     r0 = 0
     for R, J in mk.NT_SHAPES[isa.name]:
         count = (M - r0) // R
-        if count > 0:
+        if every or count > 0:
             out.setdefault(J, []).append((r0, R, count))
             r0 = r0 + count * R
     return out
@@ -445,7 +507,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
             with w.block(f"for (long {jv} = 0; {jv} < {nfull}; {jv} += {J})"):
                 for r0, R, count in runs:
                     fn = sup.nt(R, J, elems, prefetch)
-                    if count == 1:
+                    if M < NT_ALL_RUNS and count == 1:
                         call(fn, jv, str(r0), str(r0 * sa0), str(r0 * sc0))
                         continue
                     # a loop, not one call per row group: 128 inlined calls of the always-inline kernel

@@ -30,8 +30,10 @@ from typing import Any
 
 from prism.codegen import isa as ISA_
 from prism.codegen.kernel import Generated, generate
+from prism.codegen.matmul import rows_vary
 from prism.codegen.prelude import prelude
 from prism.errors import PrismError
+from prism.ir.dims import resolve_params
 from prism.ir.graph import Graph
 from prism.ir.node import interning_scope
 from prism.ir.traced import HOLE_CLOSE, HOLE_OPEN, Lin, Trace, c_name, lin_c, lin_eval, lin_of, lin_var
@@ -121,7 +123,7 @@ class Template:
         if not others:
             raise TemplateError(f"the guard region of {self.trace.env} has no other value nearby")
         for env in others:
-            plain = generate(graph.instantiate({**env, **params}), isa).source
+            plain = plain_source(graph, params, env, isa)
             if plain != self.render(env):
                 raise TemplateError(f"the text traced at {self.trace.env} differs from plain generation at {env} "
                                     "(a size escaped the trace)")
@@ -132,11 +134,20 @@ class Template:
         return others
 
 
+def plain_source(graph: Graph, params: Mapping[str, Any], env: Mapping[str, int], isa: ISA_.ISA) -> str:
+    """The C that plain generation writes at ``env`` the way templates are generated (``matmul.rows_vary``):
+    the text a template's rendering at ``env`` must equal."""
+    with rows_vary():
+        return generate(graph.instantiate({**env, **resolve_params(params, env)}), isa).source
+
+
 def trace(graph: Graph, params: Mapping[str, Any], dims: Mapping[str, int], isa: ISA_.ISA) -> Template:
-    """Generate ``graph`` at ``dims`` (its symbolic dims) and ``params`` with the dims traced."""
+    """Generate ``graph`` at ``dims`` (its symbolic dims) and ``params`` with the dims traced (and the products'
+    row groups independent of their row counts: ``matmul.rows_vary``)."""
     tr = Trace(dims)
-    with interning_scope(tr):
-        g = graph.instantiate({**tr.dims(), **params})
+    with interning_scope(tr), rows_vary():
+        dims_t = tr.dims()
+        g = graph.instantiate({**dims_t, **resolve_params(params, dims_t)})   # a Follows parameter is traced too
         gen = generate(g, isa)
     if not tr.holes:
         raise TemplateError("no printed size depends on the dims")

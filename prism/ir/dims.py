@@ -626,3 +626,23 @@ class DimEq:
 
     def __str__(self) -> str:
         return f"{format_dim(self.a)} == {format_dim(self.b)}" + (f"  ({self.why})" if self.why else "")
+
+
+@dataclass(frozen=True)
+class Follows:
+    """A block-graph parameter that takes the value of a kernel dim at every shape: ``{"g0": Follows("d0")}``
+    is one block per row of ``d0`` rows, whatever ``d0`` is. A tuned winner whose grid size equalled a dim
+    (one row per block at prompt length 141: ``g0 = 141``) keeps its *block* at a new value of the dim this
+    way, and one template serves every value (codegen/template.py traces the parameter as the dim); as a
+    constant (``g0 = 141``) it divided no other length, and each new length compiled and checked a kernel of
+    its own (llama-small bf16: 5 of the 13 pieces of a new prompt length)."""
+
+    dim: str
+
+    def __repr__(self) -> str:
+        return f"Follows({self.dim!r})"
+
+
+def resolve_params(params: Mapping[str, object], env: Mapping[str, object]) -> dict[str, object]:
+    """``params`` with each :class:`Follows` replaced by its dim's value in ``env``."""
+    return {k: env[v.dim] if isinstance(v, Follows) else v for k, v in params.items()}

@@ -26,6 +26,7 @@ import numpy as np
 from prism.codegen import isa as ISA_
 from prism.codegen.kernel import Generated, generate
 from prism.errors import InputError, PrismError, UnsupportedError
+from prism.ir import dims as D
 from prism.ir.dtypes import DType, float32
 from prism.ir.graph import Graph
 from prism.runtime import cache, fastcall
@@ -257,6 +258,10 @@ class Kernel:
             raise UnsupportedError(f"the graph's customized operators have free parameters {missing} (grid sizes, "
                                    "for-loop ranges or maps); pass their values: prism.compile(graph, params="
                                    + "{" + ", ".join(f"{m!r}: ..." for m in missing) + "})")
+        stray = sorted(f"{k}={v!r}" for k, v in params.items() if isinstance(v, D.Follows) and v.dim not in self._dims)
+        if stray:
+            raise UnsupportedError(f"params {stray} follow dims the graph does not have (its dims: "
+                                   f"{sorted(self._dims)})")
         clash = sorted(set(params) & self._dims)
         if clash:
             raise UnsupportedError(f"params {clash} are input dims of the graph; they are bound from the input "
@@ -280,7 +285,7 @@ class Kernel:
             if v is not None:
                 self._variants[key] = v
                 return v
-        g = self.graph.instantiate({**dims, **params})
+        g = self.graph.instantiate({**dims, **D.resolve_params(params, dims)})
         for n in g.nodes:   # the matmul micro-kernels are planned for non-empty panels
             if n.op == "matmul" and 0 in (*n.shape, *n.src[0].shape[-1:]):
                 raise UnsupportedError(f"a matmul of shapes {[tuple(s.shape) for s in n.src]} has a zero-size dim at "

@@ -13,7 +13,7 @@ from cg_helpers import assert_close, online_softmax_attention, supported_isas
 import prism
 from prism.codegen import generate
 from prism.codegen.isa import get as get_isa
-from prism.codegen.template import TemplateError, trace
+from prism.codegen.template import TemplateError, plain_source, trace
 from prism.ir import BlockBuilder
 from prism.ir.dtypes import as_dtype
 from prism.ir.traced import lin_const, lin_eval
@@ -58,7 +58,7 @@ def test_the_traced_text_is_plain_generation_over_its_whole_region(make, params,
         for n in range(1, 300):
             if t.holds({"n": n}):
                 covered += 1
-                assert t.render({"n": n}) == generate(g.instantiate({"n": n, **params}), ia).source, (n0, n)
+                assert t.render({"n": n}) == plain_source(g, params, {"n": n}, ia), (n0, n)
     assert covered > 150   # a template serves many lengths, not one
 
 
@@ -151,15 +151,16 @@ def test_two_dims_are_traced_and_validated_together() -> None:
         for n in range(1, 90, 3):
             if t.holds({"b": b, "n": n}):
                 served += 1
-                assert t.render({"b": b, "n": n}) == generate(g.instantiate({"b": b, "n": n}), ia).source, (b, n)
+                assert t.render({"b": b, "n": n}) == plain_source(g, {}, {"b": b, "n": n}, ia), (b, n)
     assert served > 1
 
 
-def test_a_transposed_weight_product_is_one_template_per_residue_of_its_rows() -> None:
-    """The nt micro-kernels' row groups are counted by division (matmul.nt_row_runs), so a prefill's
-    X @ W^T is one template per residue of m modulo the widest group (a loop per group pinned m). With a short
-    K (64) and at least 64 rows, AVX-512 runs the product as nn on a transposed copy of the keys: the row
-    count's bound is one more condition of the template."""
+def test_a_transposed_weight_product_is_one_template_for_every_residue_of_its_rows() -> None:
+    """The nt micro-kernels' row groups are counted by division and every group shape has its loop from
+    matmul.NT_ALL_RUNS rows on (matmul.nt_row_runs), so a prefill's X @ W^T is one template for every residue
+    of m modulo the widest group (choosing the runs by count made one per residue). With a short K (64) and at
+    least 64 rows, AVX-512 runs the product as nn on a transposed copy of the keys: the row count's bound is one
+    more condition of the template, and its nn row groups take the remainder by its bits (matmul.rows_vary)."""
     for k_dim, kernel in ((512, "pr_nt_"), (64, "pr_tr16")):
         g = prism.Graph("q @ k.T")
         Q, K = g.input("Q", (4, "m", k_dim)), g.input("K", (4, 40, k_dim))
@@ -174,7 +175,66 @@ def test_a_transposed_weight_product_is_one_template_per_residue_of_its_rows() -
             t = trace(g, {}, {"m": 141}, ia)
             t.validate(g, {}, ia)
             served = [m for m in range(1, 400) if t.holds({"m": m})]
-            assert len(served) > 20 and 141 in served, name
+            assert set(range(64, 400)) <= set(served), (name, served[:3])   # every residue of m
             assert k_dim == 512 or min(served) >= 64, served[:3]   # below 64 rows: the nt kernels
-            for m in served[:: max(1, len(served) // 12)]:
-                assert t.render({"m": m}) == generate(g.instantiate({"m": m}), ia).source, (name, m)
+            for m in served[:: max(1, len(served) // 12)] + [142, 143, 144]:
+                assert t.render({"m": m}) == plain_source(g, {}, {"m": m}, ia), (name, m)
+
+
+def _row_product(dtype: str = "float32") -> prism.Graph:
+    """Y[m, 40] = X[m, 96] @ W[96, 40] in row blocks: the nn micro-kernels over m rows."""
+    g = prism.Graph("rows @ w")
+    X, W = g.input("X", ("m", 96), dtype), g.input("W", (96, 40), dtype)
+    bb = BlockBuilder(grid=("g0",), forloop=1, inputs=[X, W])
+    x, w = bb.iter(0, imap=(0,)), bb.iter(1, imap=(None,))
+    bb.save(bb.matmul(x, w), omap=(0,))
+    (y,) = g.customized(bb.build(), [X, W])
+    g.output(y, "Y")
+    return g
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_a_products_row_groups_do_not_pin_its_row_count_in_a_template(isa: str) -> None:
+    """Plain generation balances an nn product's row groups (ceil(m / ceil(m / MR)) rows, + a remainder), so
+    the micro-kernels' row counts change with m; a template's products (matmul.rows_vary) take groups of MR rows
+    and the remainder in runs of 4, 2 and 1 by its bits at run time: one text for every row count from 2 * MR."""
+    g, ia = _row_product(), get_isa(isa)
+    t = trace(g, {"g0": 1}, {"m": 141}, ia)
+    t.validate(g, {"g0": 1}, ia)
+    served = [m for m in range(1, 600) if t.holds({"m": m})]
+    assert set(range(32, 600)) <= set(served), served[:3]   # (below: whether the product runs in parallel)
+    for m in list(range(32, 41)) + [141, 333, 599]:
+        assert t.render({"m": m}) == plain_source(g, {"g0": 1}, {"m": m}, ia), m
+    k = prism.compile(g, {"g0": 1}, isa=isa, templates=True)
+    rng = np.random.default_rng(1)
+    for m in (33, 38, 39, 141):   # remainders 1, 6, 7, 5: every run of the remainder taken or skipped
+        assert k.specialize(m=m).template is not None, k.template_failures
+        x, w = rng.standard_normal((m, 96)).astype(np.float32), rng.standard_normal((96, 40)).astype(np.float32)
+        assert_close(k(X=x, W=w), x.astype(np.float64) @ w.astype(np.float64), f"m={m}")
+
+
+def test_a_grid_that_follows_a_dim_is_one_template_for_every_value() -> None:
+    """``Follows("m")``: one block per row at every m (a tuned winner whose grid equalled the prompt length).
+    As a constant the grid divides only multiples of itself; following the dim, one template serves every m,
+    and its results are the per-value kernel's."""
+    from prism.ir.dims import Follows
+    g = prism.Graph("row norm")
+    X, Wt = g.input("X", ("m", 64)), g.input("Wt", (64,))
+    bb = BlockBuilder(grid=("g0",), forloop=1, inputs=[X, Wt])
+    x, w = bb.iter(0, imap=(0,)), bb.iter(1, imap=(None,))
+    bb.save(bb.mul(bb.rms_norm(x), w), omap=(0,))
+    (y,) = g.customized(bb.build(), [X, Wt])
+    g.output(y, "Y")
+    k = prism.compile(g, {"g0": Follows("m")}, templates=True)
+    rng = np.random.default_rng(0)
+    used = set()
+    for m in (9, 10, 17, 141, 157):
+        v = k.specialize(m=m)
+        assert v.template is not None, k.template_failures
+        used.add(id(v.template))
+        x, w = rng.standard_normal((m, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+        ref = prism.compile(g, {"g0": m})(X=x, Wt=w)   # the per-value kernel
+        assert_close(k(X=x, Wt=w), np.asarray(ref, dtype=np.float64), f"m={m}", 1e-6)
+    assert len(used) == 1
+    with pytest.raises(prism.PrismError, match="follow dims the graph does not have"):
+        prism.compile(g, {"g0": Follows("n")})

@@ -109,3 +109,18 @@ def test_superoptimize_gives_the_search_one_fixed_env(monkeypatch: pytest.Monkey
     prism.superoptimize(_program())
     prism.superoptimize(_program(), search_dims={"n": 2})
     assert seen == [{"n": 8}, {"n": 2}]   # the ranking env is part of the memo key: two searches
+
+
+def test_a_derived_shape_keeps_a_grid_that_equalled_a_moving_dim() -> None:
+    """A tuned winner's grid size equal to a dim that takes a new value (one row per block at prompt length 141:
+    g0 = 141) follows the dim (prism.ir.dims.Follows); values equal to a dim that did not move, to two moving
+    dims, or to 1 stay as they are; nothing to follow gives None."""
+    from prism.api import _following
+    from prism.ir.dims import Follows, resolve_params
+    assert _following({"g0": 141, "F": 1}, {"d0": 141}, {"d0": 157}) == {"g0": Follows("d0"), "F": 1}
+    assert _following({"g0": 4, "F": 1}, {"d0": 128}, {"d0": 141}) is None
+    assert _following({"g0": 16}, {"d0": 16, "b": 16}, {"d0": 20, "b": 20}) is None        # ambiguous
+    assert _following({"g0": 16}, {"d0": 16, "b": 16}, {"d0": 20, "b": 16}) == {"g0": Follows("d0")}
+    assert _following({"g0": 1}, {"d0": 1}, {"d0": 2}) is None
+    assert _following({"m0": None, "g0": 8}, {"n": 8}, {"n": 9}) == {"m0": None, "g0": Follows("n")}
+    assert resolve_params({"g0": Follows("d0"), "F": 2}, {"d0": 157}) == {"g0": 157, "F": 2}
