@@ -292,8 +292,10 @@ def test_derive_serves_a_nearby_shape_with_the_tuned_winner_checked() -> None:
 
 
 def test_derive_adapts_the_winners_sizes_to_a_length_they_do_not_divide() -> None:
-    """A new n that the tuned winner's grid sizes do not divide (17, prime) takes the same sGraph with the
-    valid sizes nearest to the winner's (compiled and checked there), not a new tuning."""
+    """A new n that the tuned winner's grid sizes do not divide (17, prime) takes, compiled and checked there
+    and not tuned, another candidate of the tuning measured within api.DERIVE_SLACK of the winner that is
+    valid at 17, or else the same sGraph with the valid sizes nearest to the winner's (api._derived)."""
+    from prism.api import DERIVE_SLACK
     clear_memory_caches()
     reset_stats()
     g = prism.Graph("rmsnorm_linear_derive_prime")
@@ -310,15 +312,19 @@ def test_derive_adapts_the_winners_sizes_to_a_length_they_do_not_divide() -> Non
     assert (STATS.tunings, STATS.tune_derived) == (1, 2)
     s16, s17 = k.specialize(n=16), k.specialize(n=17)
     assert s17.derived_from == {"n": 16} and s17.check.passed
-    assert s17.implementation.index == s16.implementation.index
-    # every size symbol the winner gives a value divides what it splits at 17 (the IR re-checks each)
+    # every size symbol of the derived kernel divides what it splits at 17 (the IR re-checks each)
     s17.implementation.graph.instantiate({"n": 17, **s17.params})
     try:   # the 16-winner's own sizes at 17: where they do not fit, the derived kernel's differ
         s16.implementation.graph.instantiate({"n": 17, **s16.params})
         fits = True
     except PrismError:
         fits = False
-    assert fits == (s17.params == s16.params)
+    same = (s17.implementation.index, s17.params) == (s16.implementation.index, s16.params)
+    assert fits == same
+    close = [(r.sgraph, r.params) for r in s16.tuning.rows
+             if r.status == "ok" and r.measured_s <= s16.tuning.best.measured_s * DERIVE_SLACK]
+    assert same or (s17.implementation.index, s17.params) in close or \
+        s17.implementation.index == s16.implementation.index   # the winner's sGraph, its nearest sizes
 
 
 def test_when_every_measured_candidate_fails_the_final_check_the_next_ones_are_tuned(

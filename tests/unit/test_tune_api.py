@@ -124,3 +124,39 @@ def test_a_derived_shape_keeps_a_grid_that_equalled_a_moving_dim() -> None:
     assert _following({"g0": 1}, {"d0": 1}, {"d0": 2}) is None
     assert _following({"m0": None, "g0": 8}, {"n": 8}, {"n": 9}) == {"m0": None, "g0": Follows("n")}
     assert resolve_params({"g0": Follows("d0"), "F": 2}, {"d0": 157}) == {"g0": 157, "F": 2}
+
+
+def test_a_derived_shape_tries_the_winner_close_candidates_and_near_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """api.SuperKernel._derived's order at a new prompt length (llama-small's MLP piece tuned at 141, asked at
+    the prime 157, where only 1 and 157 divide): the winner, the candidates measured within DERIVE_SLACK of it
+    (a grid over the weight's columns is valid at every length), the winner's sGraph with sizes within NEAR of
+    its own (never 3 -> 157: one row per block), then the slower candidates."""
+    from prism.api import DERIVE_SLACK
+    from prism.tune.tuner import Row, TuneResult
+
+    def row(sg: int, params: dict, t: float) -> Row:
+        return Row(sg, params, t, 0, "ok", t)
+    rows = [row(1, {"g0": 2, "g1": 3}, 4.485e-3), row(1, {"g0": 4, "g1": 3}, 4.503e-3),
+            row(0, {"g0": 22}, 4.485e-3 * (DERIVE_SLACK + 0.05)), row(1, {"g0": 2, "g1": 47}, 8.4e-3)]
+    res = TuneResult("p", {"d0": 141}, {}, {}, [], rows, 0, 4)
+    sk = SuperKernel.__new__(SuperKernel)
+    calls: list[tuple[int, dict]] = []
+
+    def from_cached(env, cached, params=None, template=False, checked=None, row=None):  # type: ignore[no-untyped-def]
+        r = row or cached.best
+        p = dict(r.params if params is None else params)
+        calls.append((r.sgraph, p))
+        return None if env["d0"] % int(p.get("g1", 1)) else ("spec", r.sgraph, p)
+    monkeypatch.setattr(sk, "_from_cached", from_cached)
+    monkeypatch.setattr(sk, "_nearest_params", lambda env, r: {"g0": 2, "g1": env["d0"]})
+    assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 0, {"g0": 22})
+    assert calls == [(1, {"g0": 2, "g1": 3}), (1, {"g0": 4, "g1": 3}), (0, {"g0": 22})]
+    rows[2].measured_s = 4.49e-3   # within the slack (and faster than the second): tried right after the winner
+    calls.clear()
+    assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 0, {"g0": 22})
+    assert calls == [(1, {"g0": 2, "g1": 3}), (0, {"g0": 22})]
+    monkeypatch.setattr(sk, "_nearest_params", lambda env, r: {"g0": 2, "g1": 4})   # near: before slow ones
+    rows[2].measured_s = 9e-3
+    calls.clear()
+    assert sk._derived({"d0": 148}, {"d0": 141}, res) == ("spec", 1, {"g0": 2, "g1": 4})
+    assert calls == [(1, {"g0": 2, "g1": 3}), (1, {"g0": 4, "g1": 3}), (1, {"g0": 2, "g1": 4})]
