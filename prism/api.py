@@ -430,19 +430,20 @@ class SuperKernel:
         """The kernel the tuning ``res`` at ``anchor`` gives ``env``, compiled through its template and checked;
         the first that holds of: (1) the winner with its grid sizes that equalled a moving dim following it
         (:func:`_following`); (2) the winner; (3) another candidate of the tuning, measured within
-        DERIVE_SLACK of the winner, with its own params (valid at ``env``: e.g. a grid over the weight's
-        columns where the winner's split the rows into 3 and the new length is prime); (4) the winner's sGraph
-        with the valid sizes nearest to its own, if each is within NEAR of it; (5) the other measured
-        candidates, fastest first. Measured need: at a prime prompt length only 1 and the length divide it,
+        DERIVE_SLACK of the winner, with its own params (following, then as they are; valid at ``env``: e.g.
+        a grid over the weight's columns where the winner's split the rows into 3 and the new length is
+        prime); (4) the winner's sGraph with the valid sizes nearest to its own, if each is within NEAR of it
+        (a size equal to the new dim following it); (5) the other measured candidates, fastest first.
+        Measured need: at a prime prompt length only 1 and the length divide it,
         and (4) made llama-small's MLP piece one row per block (its weights read once per row): prompts 229
         and 271 prefilled in 131-162 ms where 250 took 72-77 ms."""
         ok = sorted((r for r in res.rows if r.status == "ok" and math.isfinite(r.measured_s)),
                     key=lambda r: r.measured_s)
         win = res.best
-        follow = _following(win.params, anchor, env)
-        tries: list[tuple[Row, Mapping[str, Any] | None]] = [(win, follow)] if follow is not None else []
-        tries.append((win, None))
-        tries += [(r, None) for r in ok if r is not win and r.measured_s <= win.measured_s * DERIVE_SLACK]
+        tries: list[tuple[Row, Mapping[str, Any] | None]] = []
+        for row in [win] + [r for r in ok if r is not win and r.measured_s <= win.measured_s * DERIVE_SLACK]:
+            follow = _following(row.params, anchor, env)
+            tries += [(row, follow), (row, None)] if follow is not None else [(row, None)]
         for row, params in tries:
             spec = self._from_cached(env, res, params, template=True, row=row)
             if spec is not None:
@@ -451,9 +452,12 @@ class SuperKernel:
         if near is not None and near != win.params and all(
                 max(int(v), int(win.params[k])) <= NEAR * min(int(v), int(win.params[k]))
                 for k, v in near.items() if isinstance(v, int) and isinstance(win.params.get(k), int)):
-            spec = self._from_cached(env, res, near, template=True)
-            if spec is not None:
-                return spec
+            # a nearest size equal to the new dim (a prime length's only split but 1) follows it: one template
+            follow = _following(near, env, anchor)
+            for params in ([follow] if follow is not None else []) + [near]:
+                spec = self._from_cached(env, res, params, template=True)
+                if spec is not None:
+                    return spec
         for row in ok:
             if row.measured_s > win.measured_s * DERIVE_SLACK:
                 spec = self._from_cached(env, res, None, template=True, row=row)

@@ -143,10 +143,11 @@ def test_a_derived_shape_tries_the_winner_close_candidates_and_near_sizes(monkey
     calls: list[tuple[int, dict]] = []
 
     def from_cached(env, cached, params=None, template=False, checked=None, row=None):  # type: ignore[no-untyped-def]
+        from prism.ir.dims import resolve_params
         r = row or cached.best
         p = dict(r.params if params is None else params)
         calls.append((r.sgraph, p))
-        return None if env["d0"] % int(p.get("g1", 1)) else ("spec", r.sgraph, p)
+        return None if env["d0"] % int(resolve_params(p, env).get("g1", 1)) else ("spec", r.sgraph, p)
     monkeypatch.setattr(sk, "_from_cached", from_cached)
     monkeypatch.setattr(sk, "_nearest_params", lambda env, r: {"g0": 2, "g1": env["d0"]})
     assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 0, {"g0": 22})
@@ -160,3 +161,14 @@ def test_a_derived_shape_tries_the_winner_close_candidates_and_near_sizes(monkey
     calls.clear()
     assert sk._derived({"d0": 148}, {"d0": 141}, res) == ("spec", 1, {"g0": 2, "g1": 4})
     assert calls == [(1, {"g0": 2, "g1": 3}), (1, {"g0": 4, "g1": 3}), (1, {"g0": 2, "g1": 4})]
+    # nearest sizes equal to the new length (3 rows per block at 141 -> one per row at the prime 157) follow it
+    from prism.ir.dims import Follows
+    rows[0].params, rows[1].params = {"g0": 2, "g1": 47}, {"g0": 2, "g1": 141}   # the second: one row per block
+    monkeypatch.setattr(sk, "_nearest_params", lambda env, r: {"g0": 2, "g1": env["d0"]})
+    calls.clear()
+    assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 1, {"g0": 2, "g1": Follows("d0")})
+    assert calls == [(1, {"g0": 2, "g1": 47}), (1, {"g0": 2, "g1": Follows("d0")})]   # 141 followed first
+    rows[1].measured_s = 9e-3   # no close candidate: the winner's nearest size (157, 3.3x of 47) follows the length
+    calls.clear()
+    assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 1, {"g0": 2, "g1": Follows("d0")})
+    assert calls == [(1, {"g0": 2, "g1": 47}), (1, {"g0": 2, "g1": Follows("d0")})]
