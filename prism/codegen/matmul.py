@@ -466,20 +466,21 @@ def _emit_transpose(w: CWriter, nm: Namer, sup: Support, src: str, ss: int, dst:
                     w.line(f"{dst}[{k_} * {ds} + {n_}] = {src}[{n_} * {ss} + {k_}];")
 
 
-NT_ALL_RUNS = 8   # from this many rows every row-group shape gets its loop, even of no group (see nt_row_runs)
+NT_ALL_RUNS = 8   # in a template, from this many rows every row-group shape has its loop (nt_row_runs)
 
 
 def nt_row_runs(isa: ISA, M: int) -> dict[int, list[tuple[int, int, int]]]:
     """Per key-block width J, the runs of row groups as (first row, rows R, count): the widest R x J kernel
     first, as many of each as fit. Counted by division, not a loop over the groups, so that a traced M
-    (codegen/template.py) keeps the counts as expressions (a loop per group would pin M). From NT_ALL_RUNS rows
-    on, every shape has its run, of count 0 where M leaves it no rows: the text is one loop per shape for every
-    such M -- one template for every prompt length, where choosing the runs by count made one per residue of M
-    modulo the widest group (4 on AVX-512: a new prompt length of llama-small compiled and checked a template of
-    each of 8 products per new residue, 2-4 s). Below it (decode, a few rows) only the shapes that have rows, as
-    a zero-trip loop still costs its kernel's compile."""
+    (codegen/template.py) keeps the counts as expressions (a loop per group would pin M). In a template
+    (``rows_vary``) from NT_ALL_RUNS rows on, every shape has its run, of count 0 where M leaves it no rows: the
+    text is one loop per shape for every such M -- one template for every prompt length, where choosing the
+    runs by count made one per residue of M modulo the widest group (4 on AVX-512: a new prompt length of
+    llama-small compiled and checked a template of each of 8 products per new residue, 2-4 s). Elsewhere (a
+    tuned kernel, decode's few rows) only the shapes that have rows: a zero-trip loop still costs its
+    micro-kernel's compile, at every tuning candidate."""
     out: dict[int, list[tuple[int, int, int]]] = {}
-    every = M >= NT_ALL_RUNS
+    every = _ROWS_VARY.get() and M >= NT_ALL_RUNS
     r0 = 0
     for R, J in mk.NT_SHAPES[isa.name]:
         count = (M - r0) // R
@@ -500,6 +501,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
         w.line(f"{fn}({K}, {a} + {a_off}, {sa0}, {bt} + {jv} * {sbt}, {sbt}, {c} + {c_off} + {jv}, {sc0}, {beta}, "
                f"{csr});")
 
+    every = _ROWS_VARY.get() and M >= NT_ALL_RUNS
     for J, runs in nt_row_runs(sup.isa, M).items():
         nfull = N // J * J
         if nfull:
@@ -507,7 +509,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
             with w.block(f"for (long {jv} = 0; {jv} < {nfull}; {jv} += {J})"):
                 for r0, R, count in runs:
                     fn = sup.nt(R, J, elems, prefetch)
-                    if M < NT_ALL_RUNS and count == 1:
+                    if not every and count == 1:
                         call(fn, jv, str(r0), str(r0 * sa0), str(r0 * sc0))
                         continue
                     # a loop, not one call per row group: 128 inlined calls of the always-inline kernel
