@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import prism
 from prism.api import clear_memory_caches
@@ -471,3 +472,33 @@ def test_a_later_process_takes_a_templates_recorded_checks(tmp_path: Path, monke
     for n in range(40, 50):
         run(k3, n)
     assert STATS.final_checks > 0 and STATS.template_checks_recorded == 0
+
+
+def test_prefill_lengths_prime_ones_included_are_served_by_a_few_checked_templates() -> None:
+    """A prefill-shaped program (rms_norm then X @ W^T over L rows, bfloat16) tuned at one length and called at
+    every length up to 2x of it, primes included: no length is tuned again, every one is derived and checked
+    (on its own or by its template's checks), the results match float64, and a handful of templates serve them
+    all (api._derived: grids that follow L, the tuning's close candidates; matmul.rows_vary and nt_row_runs:
+    the products' text independent of L) -- not a kernel per length."""
+    clear_memory_caches()
+    reset_stats()
+    g = prism.Graph("rms_linear_prefill_lengths")
+    X, W = g.input("X", ("L", 256), "bfloat16"), g.input("W", (192, 256), "bfloat16")
+    g.output(g.matmul(g.rms_norm(X), g.permute(W, (1, 0))), "Y")
+    k = prism.superoptimize(g, limits=LIMITS, derive=True)
+    rng = np.random.default_rng(3)
+    w = torch.randn(192, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    k(X=torch.randn(64, 256).to(torch.bfloat16), W=w)
+    tunings = STATS.tunings
+    lengths = list(range(65, 128))
+    for n in lengths:
+        x = torch.from_numpy(rng.standard_normal((n, 256), dtype=np.float32)).to(torch.bfloat16)
+        ref = g.evaluate({"X": x.double().numpy(), "W": w.double().numpy()}, dtype=np.float64)["Y"]
+        y = k(X=x, W=w).double().numpy()
+        assert np.max(np.abs(y - ref)) <= 2e-2 * np.max(np.abs(ref)), n   # bfloat16 output
+        s = k.specialize(L=n)
+        assert s.derived_from == {"L": 64} and s.check.passed, n
+    assert STATS.tunings == tunings
+    templates = [t for kern in k._kernels.values() for t, *_ in kern._templates]
+    assert 1 <= len(templates) <= 6, [kern.template_failures for kern in k._kernels.values()]
+    assert STATS.template_served >= len(lengths) - 3 * len(templates)
