@@ -391,10 +391,12 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
             _nn_panels(w, nm, sup, p, kn, off(ap, sa1), sa0, sa1, off(bp, sb0), sb0, c, sc0, bt, cs, elems)
         elif path == "nt" and swap:  # C [M, 1] = (x^T @ A^T)^T: x = B's one column, A's rows the keys
             emit_nt(w, nm, sup, 1, M, kn, off(bp, 1), sb1, off(ap, 1), sa0, c, 1, bt, cs, elems[::-1],
-                    prefetch=mk.nt_prefetch(sup.isa, elems[0], whole_k))
+                    prefetch=mk.nt_prefetch(sup.isa, elems[0], whole_k, elems[1]),
+                    single_keys=mk.nt_single_keys(sup.isa, elems[::-1], whole_k))
         elif path == "nt":
             emit_nt(w, nm, sup, M, N, kn, off(ap, 1), sa0, off(bp, 1), sb1, c, sc0, bt, cs, elems,
-                    prefetch=mk.nt_prefetch(sup.isa, elems[1], whole_k))
+                    prefetch=mk.nt_prefetch(sup.isa, elems[1], whole_k, elems[0]),
+                    single_keys=mk.nt_single_keys(sup.isa, elems, whole_k))
         else:
             _generic(w, nm, M, N, K, ap, sa0, sa1, bp, sb0, sb1, c, sc0, bt, cs, elems)
 
@@ -469,7 +471,7 @@ def _emit_transpose(w: CWriter, nm: Namer, sup: Support, src: str, ss: int, dst:
 NT_ALL_RUNS = 8   # in a template, from this many rows every row-group shape has its loop (nt_row_runs)
 
 
-def nt_row_runs(isa: ISA, M: int) -> dict[int, list[tuple[int, int, int]]]:
+def nt_row_runs(isa: ISA, M: int, single_keys: int | None = None) -> dict[int, list[tuple[int, int, int]]]:
     """Per key-block width J, the runs of row groups as (first row, rows R, count): the widest R x J kernel
     first, as many of each as fit. Counted by division, not a loop over the groups, so that a traced M
     (codegen/template.py) keeps the counts as expressions (a loop per group would pin M). In a template
@@ -483,6 +485,8 @@ def nt_row_runs(isa: ISA, M: int) -> dict[int, list[tuple[int, int, int]]]:
     every = _ROWS_VARY.get() and M >= NT_ALL_RUNS
     r0 = 0
     for R, J in mk.NT_SHAPES[isa.name]:
+        if R == 1 and single_keys:   # the single-row kernel's key block (microkernels.nt_single_keys)
+            J = single_keys
         count = (M - r0) // R
         if every or count > 0:
             out.setdefault(J, []).append((r0, R, count))
@@ -491,7 +495,8 @@ def nt_row_runs(isa: ISA, M: int) -> dict[int, list[tuple[int, int, int]]]:
 
 
 def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a: str, sa0: int, bt: str, sbt: int,
-            c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str] = mk.F32, prefetch: bool = True) -> None:
+            c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str] = mk.F32, prefetch: bool = True,
+            single_keys: int | None = None) -> None:
     """C[M x N] (beta) A @ Bt^T, Bt rows (the keys) contiguous: for each block of J keys, every row group
     (the key block stays in L1 while the row groups use it); left-over keys one dot product at a time.
     ``prefetch``: the kernels prefetch the keys ahead (see microkernels.nt_kernel)."""
@@ -502,7 +507,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
                f"{csr});")
 
     every = _ROWS_VARY.get() and M >= NT_ALL_RUNS
-    for J, runs in nt_row_runs(sup.isa, M).items():
+    for J, runs in nt_row_runs(sup.isa, M, single_keys).items():
         nfull = N // J * J
         if nfull:
             jv = nm("j")

@@ -385,7 +385,7 @@ def nt_dot(isa: ISA, elems: tuple[str, str]) -> bool:
     return elems == ("bf16", "bf16") and bf16_dot(isa)
 
 
-def nt_prefetch(isa: ISA, eb: str, whole_k: bool) -> bool:
+def nt_prefetch(isa: ISA, eb: str, whole_k: bool, ea: str | None = None) -> bool:
     """Whether the nt kernels of ``isa`` with keys of storage ``eb`` prefetch the keys PF_KEYS rows ahead
     into L2.
 
@@ -400,7 +400,27 @@ def nt_prefetch(isa: ISA, eb: str, whole_k: bool) -> bool:
     takes load slots: float32 113 -> 82 GB/s); a prefetch every second line, or of each row's first 512
     bytes only, did not keep the gain without the loss. On the AVX2 Zen host (J = 8: two blocks ahead)
     the int8 prefetch cost 7 % from DRAM (docs/bench.md). So int8 keys on AVX-512 only."""
-    return not whole_k or (ITEMSIZE[eb] == 1 and isa.name == "avx512")
+    return not whole_k or (isa.name == "avx512" and (ITEMSIZE[eb] == 1 or nt_single_keys(isa, (ea or "", eb), whole_k)
+                                                     is not None))
+
+
+def nt_single_keys(isa: ISA, elems: tuple[str, str], whole_k: bool) -> int | None:
+    """The key block of a single-row nt kernel over a whole K with keys of storage ``eb``, where it is not
+    NT_SHAPES's (None: NT_SHAPES's).
+
+    16-bit keys against a row of the same storage (``elems``: the row's, the keys'; bfloat16 x bfloat16 with
+    ``vdpbf16ps``, float16 x float16) on AVX-512 take 8 keys per block, prefetched PF_KEYS rows ahead
+    (``nt_prefetch``; other pairs keep 16 keys and no prefetch: not measured). Measured on
+    the 2-core Zen 4 VM, 2 threads, a llama-1b decode step's 57 GEMVs (852 MB, rounds rotating, one process):
+    the 16-key kernel without prefetch against a C harness of the same pattern and of others -- bfloat16,
+    8 keys + prefetch 0.875 of Prism's time, 4 keys + prefetch 0.884, 16 keys + prefetch 0.939, 16 keys
+    without 0.960, a torch sum of the same bytes 0.952; float16 likewise (0.862 with 8 keys + prefetch,
+    0.905 with 16); with 24 MB of weights (mostly L3) 8 keys + prefetch took 0.585 of the time. Fewer
+    concurrent key streams per thread, each prefetched a block ahead, is what llama.cpp's row-at-a-time
+    kernels also get (without the prefetch: 1.09x Prism's time)."""
+    if whole_k and isa.name == "avx512" and elems[0] == elems[1] and ITEMSIZE[elems[1]] == 2:
+        return 8
+    return None
 
 
 def nt_name(isa: ISA, r: int, j: int, elems: tuple[str, str] = F32, prefetch: bool = True) -> str:
@@ -452,7 +472,12 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     lt = "__m512bh" if dot else vt  # the type of a loaded operand vector
     # steps per prefetch: one prefetch per key per 64-byte line of Bt (a prefetch per step issued the
     # same line up to 8 times over for int8 keys)
-    U = max(1, 64 // (S * ITEMSIZE[eb]))
+    line_steps = U = max(1, 64 // (S * ITEMSIZE[eb]))
+    # a single row against W / 2 keys (nt_single_keys): two accumulators per key, taken by alternate steps, so the
+    # reduction network still turns W accumulators into W sums (key j's two are lanes j and J + j)
+    pairs = R == 1 and 2 * J == W
+    if pairs:
+        U = max(U, 2)
 
     def levels(tot: str, grp: str, chunk: str, add: Callable[[str, str], str]) -> str:
         """The chunk loop's last two levels, stated once for both kernel forms: the chunk sum starts or
@@ -501,7 +526,7 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
   {update.format(r=0)}
 }}
 """
-    assert R * J == W
+    assert R * J == W or pairs
     L = [f"PR_INLINE void {name}{sig} {{",
          f"  {vt} tot = {v.zero()}, grp = {v.zero()};",
          f"  for (long k0 = 0; k0 < K; k0 += {ch}) {{",
@@ -509,7 +534,7 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
          f"    {vt} " + ", ".join(f"acc{i} = {v.zero()}" for i in range(W)) + ";",
          "    long k = k0;"]
 
-    def step(loads: tuple[str, str], k: str, prefetch_keys: bool) -> None:
+    def step(loads: tuple[str, str], k: str, prefetch_keys: bool, half: int = 0) -> None:
         la, lb = loads
         L.append("     {")
         for r in range(R):
@@ -523,13 +548,13 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
             if R > 1:
                 L.append('        __asm__("" : "+v"(b));')
             for r in range(R):
-                a = r * J + j
+                a = r * J + j + half * J
                 L.append(f"        acc{a} = {fma(f'a{r}', 'b', f'acc{a}')};")
             L.append("      }")
         L.append("     }")
     L.append(f"    for (; k + {S * U} <= K0; k += {S * U}) {{")
     for u in range(U):
-        step(full, f"k + {u * S}" if u else "k", prefetch and u == 0)
+        step(full, f"k + {u * S}" if u else "k", prefetch and u % line_steps == 0, u % 2 if pairs else 0)
     L.append("    }")
     if U > 1:
         L.append(f"    for (; k < K0; k += {S}) {{")
@@ -547,7 +572,7 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     L.append(f"  {v.store('t', 'tot')}")
     for r in range(R):
         for j in range(J):
-            L.append(f"  {{ const float s = t[{r * J + j}]; float* c = C + {r} * sc0 + {j}; "
-                     + update.format(r=r) + " }")
+            t = f"t[{j}] + t[{J + j}]" if pairs else f"t[{r * J + j}]"
+            L.append(f"  {{ const float s = {t}; float* c = C + {r} * sc0 + {j}; " + update.format(r=r) + " }")
     L.append("}")
     return "\n".join(L) + "\n"
