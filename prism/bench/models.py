@@ -240,6 +240,12 @@ class SystemResult:
         m = statistics.median(per)
         return 1e3 / m if m > 0 else None
 
+    def round_tps(self, new_tokens: int) -> list[float]:
+        """Decode tokens/s of each round, in round order (measured directly, or from that round's calls)."""
+        if self.tps:
+            return list(self.tps)
+        return [(new_tokens - 2) * 1e3 / (t - f) for t, f in zip(self.total_ms, self.two_ms) if t > f]
+
 
 @dataclass
 class ModelResult:
@@ -252,6 +258,19 @@ class ModelResult:
     dtype: str = "float32"
     systems: dict[str, SystemResult] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    def paired(self, a: str, b: str) -> tuple[list[float], float] | None:
+        """Decode of system ``a`` over ``b`` round by round (each round runs every system within minutes of
+        the others) and the median of those ratios; None unless both have the same rounds. The host's read
+        bandwidth moves between rounds (llama.cpp 36.9 -> 51.4 tokens/s from one round to the next here), so
+        a ratio of the two medians may compare different phases; the paired median does not."""
+        if a not in self.systems or b not in self.systems:
+            return None
+        ra, rb = self.systems[a].round_tps(self.new_tokens), self.systems[b].round_tps(self.new_tokens)
+        if not ra or len(ra) != len(rb):
+            return None
+        ratios = [x / y for x, y in zip(ra, rb)]
+        return ratios, statistics.median(ratios)
 
     def roofline(self, system: str) -> float | None:
         tps = self.systems[system].decode_tps(self.new_tokens)
@@ -580,6 +599,10 @@ def markdown(results: list[ModelResult], meta: dict[str, Any]) -> str:
                          f"{_f(m.prompt / ttft * 1e3 if ttft else None)} | {_f(tps, '{:.2f}')} | "
                          f"{_f(tps / eager_tps if tps and eager_tps else None, '{:.2f}x')} | "
                          f"{_f(m.roofline(s), '{:.2f}')} | {_f(r.fresh_tps, '{:.2f}')} | {r.status} |")
+        pair = m.paired("prism", "llama.cpp")
+        if pair is not None:
+            lines += ["", "Decode, Prism over llama.cpp round by round: " + ", ".join(f"{x:.2f}" for x in pair[0])
+                      + f" (paired median **{pair[1]:.3f}**; the medians above may come from different minutes)"]
         p = m.systems.get("prism")
         if p is not None and p.share is not None:
             st = ", ".join(f"{k} {v}" for k, v in p.stats.items())

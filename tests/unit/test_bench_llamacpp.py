@@ -43,3 +43,23 @@ def test_a_directly_measured_decode_rate_is_reported_as_measured() -> None:
     assert r.decode_tps(32) == 32.0
     timed = SystemResult(two_ms=[100.0], total_ms=[400.0])
     assert timed.decode_tps(32) == pytest.approx(1e3 / (300.0 / 30))
+
+
+def test_prism_against_llama_cpp_is_also_reported_round_by_round() -> None:
+    """The host's bandwidth moves between rounds: the report gives the per-round ratios and their median beside
+    the medians (last case: medians 200 over 150, 1.33x; round by round 1.00, 0.50, 1.33, median 1.00)."""
+    from prism.bench.models import ModelResult, markdown
+    spec = {"arch": "llama", "layers": 1, "hidden": 8, "mlp": 8, "heads": 1, "kv_heads": 1, "vocab": 8}
+    m = ModelResult("m", spec, 8, 32, 1000, systems={
+        "prism": SystemResult(two_ms=[10.0, 10.0, 10.0], total_ms=[310.0, 160.0, 160.0]),   # 100, 200, 200 tok/s
+        "llama.cpp": SystemResult(tps=[100.0, 400.0, 400.0])})
+    ratios, med = m.paired("prism", "llama.cpp")
+    assert ratios == pytest.approx([1.0, 0.5, 0.5]) and med == pytest.approx(0.5)
+    m.systems["llama.cpp"].tps = [100.0, 200.0, 400.0]
+    assert m.paired("prism", "llama.cpp")[1] == pytest.approx(1.0)   # medians: 200 over 200 as well
+    m.systems["llama.cpp"].tps = [100.0, 200.0]
+    assert m.paired("prism", "llama.cpp") is None                      # rounds differ: no pairing
+    m.systems["llama.cpp"].tps = [100.0, 400.0, 150.0]
+    assert m.systems["prism"].decode_tps(32) / m.systems["llama.cpp"].decode_tps(32) == pytest.approx(200 / 150)
+    text = markdown([m], {"threads": 2, "rounds": 3})
+    assert "round by round: 1.00, 0.50, 1.33 (paired median **1.000**" in text
