@@ -153,19 +153,15 @@ def _nn_calls(w: CWriter, sup: Support, p: NNPlan, j0: str, nv: int, tail: int, 
         csr = "0" if cs == "0" else f"{cs} + {r0}"
         w.line(f"{fn}({K}, {a} + ({r0}) * {sa0}, {sa0}, {sa1}, {b} + {j0}, {sb0}, {c} + ({r0}) * {sc0} + {j0}, "
                f"{sc0}, {beta}, {csr});")
-    if p.bits:   # nfull >= 2
-        g = nm("g")
-        with w.block(f"for (long {g} = 0; {g} < {p.nfull}; {g}++)"):
-            call(p.mr, f"{g} * {p.mr}")
-        _remainder_runs(w, nm, p, call)
-        return
     if p.nfull == 1:
         call(p.mr, "0")
     elif p.nfull > 1:
         g = nm("g")
         with w.block(f"for (long {g} = 0; {g} < {p.nfull}; {g}++)"):
             call(p.mr, f"{g} * {p.mr}")
-    if p.mr_rem:
+    if p.bits:
+        _remainder_runs(w, nm, p, call)
+    elif p.mr_rem:
         call(p.mr_rem, str(p.nfull * p.mr))
 
 
@@ -391,11 +387,11 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
             _nn_panels(w, nm, sup, p, kn, off(ap, sa1), sa0, sa1, off(bp, sb0), sb0, c, sc0, bt, cs, elems)
         elif path == "nt" and swap:  # C [M, 1] = (x^T @ A^T)^T: x = B's one column, A's rows the keys
             emit_nt(w, nm, sup, 1, M, kn, off(bp, 1), sb1, off(ap, 1), sa0, c, 1, bt, cs, elems[::-1],
-                    prefetch=mk.nt_prefetch(sup.isa, elems[0], whole_k, elems[1]),
+                    prefetch=mk.nt_prefetch(sup.isa, elems[::-1], whole_k),
                     single_keys=mk.nt_single_keys(sup.isa, elems[::-1], whole_k))
         elif path == "nt":
             emit_nt(w, nm, sup, M, N, kn, off(ap, 1), sa0, off(bp, 1), sb1, c, sc0, bt, cs, elems,
-                    prefetch=mk.nt_prefetch(sup.isa, elems[1], whole_k, elems[0]),
+                    prefetch=mk.nt_prefetch(sup.isa, elems, whole_k),
                     single_keys=mk.nt_single_keys(sup.isa, elems, whole_k))
         else:
             _generic(w, nm, M, N, K, ap, sa0, sa1, bp, sb0, sb1, c, sc0, bt, cs, elems)
@@ -471,6 +467,11 @@ def _emit_transpose(w: CWriter, nm: Namer, sup: Support, src: str, ss: int, dst:
 NT_ALL_RUNS = 8   # in a template, from this many rows every row-group shape has its loop (nt_row_runs)
 
 
+def _all_runs(M: int) -> bool:
+    """Every row-group shape has its loop (a template's nt product of at least NT_ALL_RUNS rows)."""
+    return _ROWS_VARY.get() and M >= NT_ALL_RUNS
+
+
 def nt_row_runs(isa: ISA, M: int, single_keys: int | None = None) -> dict[int, list[tuple[int, int, int]]]:
     """Per key-block width J, the runs of row groups as (first row, rows R, count): the widest R x J kernel
     first, as many of each as fit. Counted by division, not a loop over the groups, so that a traced M
@@ -482,7 +483,7 @@ def nt_row_runs(isa: ISA, M: int, single_keys: int | None = None) -> dict[int, l
     tuned kernel, decode's few rows) only the shapes that have rows: a zero-trip loop still costs its
     micro-kernel's compile, at every tuning candidate."""
     out: dict[int, list[tuple[int, int, int]]] = {}
-    every = _ROWS_VARY.get() and M >= NT_ALL_RUNS
+    every = _all_runs(M)
     r0 = 0
     for R, J in mk.NT_SHAPES[isa.name]:
         if R == 1 and single_keys:   # the single-row kernel's key block (microkernels.nt_single_keys)
@@ -506,7 +507,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
         w.line(f"{fn}({K}, {a} + {a_off}, {sa0}, {bt} + {jv} * {sbt}, {sbt}, {c} + {c_off} + {jv}, {sc0}, {beta}, "
                f"{csr});")
 
-    every = _ROWS_VARY.get() and M >= NT_ALL_RUNS
+    every = _all_runs(M)
     for J, runs in nt_row_runs(sup.isa, M, single_keys).items():
         nfull = N // J * J
         if nfull:

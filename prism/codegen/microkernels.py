@@ -385,9 +385,9 @@ def nt_dot(isa: ISA, elems: tuple[str, str]) -> bool:
     return elems == ("bf16", "bf16") and bf16_dot(isa)
 
 
-def nt_prefetch(isa: ISA, eb: str, whole_k: bool, ea: str | None = None) -> bool:
-    """Whether the nt kernels of ``isa`` with keys of storage ``eb`` prefetch the keys PF_KEYS rows ahead
-    into L2.
+def nt_prefetch(isa: ISA, elems: tuple[str, str], whole_k: bool) -> bool:
+    """Whether the nt kernels of ``isa`` whose row and keys are stored as ``elems`` prefetch the keys PF_KEYS
+    rows ahead into L2.
 
     Calls over K chunks do: each call starts new lines of J rows. Calls over a whole K (GEMV rows: each
     key row one stream) read J sequential streams, which the hardware prefetchers follow but do not start
@@ -399,14 +399,15 @@ def nt_prefetch(isa: ISA, eb: str, whole_k: bool, ea: str | None = None) -> bool
     bfloat16 27.5 -> 29.3, within the host's drift) and lose 23-27 % in L3 (a prefetch per 16-float step
     takes load slots: float32 113 -> 82 GB/s); a prefetch every second line, or of each row's first 512
     bytes only, did not keep the gain without the loss. On the AVX2 Zen host (J = 8: two blocks ahead)
-    the int8 prefetch cost 7 % from DRAM (docs/bench.md). So int8 keys on AVX-512 only."""
-    return not whole_k or (isa.name == "avx512" and (ITEMSIZE[eb] == 1 or nt_single_keys(isa, (ea or "", eb), whole_k)
-                                                     is not None))
+    the int8 prefetch cost 7 % from DRAM (docs/bench.md). So int8 keys on AVX-512 only, and the single-row
+    kernels of ``nt_single_keys``."""
+    return not whole_k or (isa.name == "avx512" and (ITEMSIZE[elems[1]] == 1
+                                                     or nt_single_keys(isa, elems, whole_k) is not None))
 
 
 def nt_single_keys(isa: ISA, elems: tuple[str, str], whole_k: bool) -> int | None:
-    """The key block of a single-row nt kernel over a whole K with keys of storage ``eb``, where it is not
-    NT_SHAPES's (None: NT_SHAPES's).
+    """The key block of a single-row nt kernel over a whole K whose row and keys are stored as ``elems``, where
+    it is not NT_SHAPES's (None: NT_SHAPES's).
 
     16-bit keys against a row of the same storage (``elems``: the row's, the keys'; bfloat16 x bfloat16 with
     ``vdpbf16ps``, float16 x float16) on AVX-512 take 8 keys per block, prefetched PF_KEYS rows ahead

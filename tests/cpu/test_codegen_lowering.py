@@ -238,17 +238,23 @@ def test_matrix_vector_products_in_both_orders(rng: np.random.Generator, dtype: 
     assert_close(out["Y1"], ref.T, f"x @ W^T {dtype} K={K}")
 
 
+def _x_wt(K: int, w_dtype: str, x_dtype: str = "float32") -> prism.Graph:
+    """Y = x @ W^T for W [37, K] stored [out, in] and x [1, K], one block: the decode GEMV."""
+    g = prism.Graph()
+    Wq, x = g.input("W", (37, K), w_dtype), g.input("x", (1, K), x_dtype)
+    bb = BlockBuilder(grid=(1,), forloop=1, inputs=[Wq, x])
+    bb.save(bb.matmul(bb.iter(1), bb.transpose(bb.iter(0), 0, 1)), omap=(None,))
+    (y,) = g.customized(bb.build(), [Wq, x])
+    g.output(y, "Y")
+    return g
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 def test_whole_k_gemv_prefetches_the_next_int8_key_block_only(dtype: str) -> None:
     """x @ W^T over a whole long K (GEMV rows): the int8 kernels prefetch the next block of 16 keys into L2
     while they stream this one on AVX-512 (from DRAM: 20 -> 27 GB/s, microkernels.nt_prefetch); float32 and
     bfloat16 keys do not (in L3 the prefetches cost them a quarter of their speed), nor does AVX2."""
-    g = prism.Graph()
-    Wq, x = g.input("W", (37, 5001), dtype), g.input("x", (1, 5001))
-    bb = BlockBuilder(grid=(1,), forloop=1, inputs=[Wq, x])
-    bb.save(bb.matmul(bb.iter(1), bb.transpose(bb.iter(0), 0, 1)), omap=(None,))
-    (y,) = g.customized(bb.build(), [Wq, x])
-    g.output(y, "Y")
+    g = _x_wt(5001, dtype)
     src = compile_kernel(g, isa="avx512").source
     assert ("_npf" in src) == (dtype != "int8")
     assert ("__builtin_prefetch(Bt + 16 * sb0 + k, 0, 2)" in src) == (dtype == "int8")
@@ -560,12 +566,7 @@ def test_a_16_bit_gemv_streams_8_prefetched_keys_per_block(dtype: str) -> None:
     tail and key count (37: four blocks and 5 single keys) against float64, and the kernel run where it can."""
     import torch
     for K in (5001, 2048, 1056):
-        g = prism.Graph()
-        Wq, x = g.input("W", (37, K), dtype), g.input("x", (1, K), dtype)
-        bb = BlockBuilder(grid=(1,), forloop=1, inputs=[Wq, x])
-        bb.save(bb.matmul(bb.iter(1), bb.transpose(bb.iter(0), 0, 1)), omap=(None,))
-        (y,) = g.customized(bb.build(), [Wq, x])
-        g.output(y, "Y")
+        g = _x_wt(K, dtype, dtype)
         src = compile_kernel(g, isa="avx512").source
         assert "_1x8_" in src and "__builtin_prefetch(Bt + 16 * sb0 + k, 0, 2)" in src and "_1x16_" not in src
         assert "__builtin_prefetch(Bt + 16 * sb0" not in compile_kernel(g, isa="avx2").source   # AVX2: as before
