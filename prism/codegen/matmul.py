@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from prism.codegen import microkernels as mk
 from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.isa import ISA
-from prism.codegen.loops import PAR_MIN, assign, make_nest, offset
+from prism.codegen.loops import PAR_MIN, Nest, assign, make_nest, offset
 from prism.codegen.tiles import View, ctype, ld
 from prism.ir.traced import concrete
 
@@ -275,6 +275,22 @@ def _emit_nn_parallel(w: CWriter, nm: Namer, sup: Support, p: NNPlan, M: int, N:
                         call(mr, "r0")
 
 
+def _fold_shared_b(nest: Nest, M: int, sc0: int, sa0: int, foldable: bool) -> tuple[Nest, int, int, int]:
+    """(the batch nest, M, C's and A's row strides) with the innermost batch dim folded into the rows where B is
+    the same for every product along it (a Linear's weight under an input of rank 3: [B, S, K] @ W^T) and A's
+    and C's rows run on at one stride across it: one product of B * S rows instead of B products that each
+    stream the whole B. Measured need: llama-1b bf16 decode at batch 8 read its LM head's 131 MB once per
+    sequence, 24.5 ms where the same 8 rows as one product took 4.6 (Zen 4, 2 threads)."""
+    if not foldable or not nest.sizes or nest.strides[2][-1] != 0:
+        return nest, M, sc0, sa0
+    nb, scb, sab = nest.sizes[-1], nest.strides[0][-1], nest.strides[1][-1]
+    if M == 1:
+        sc0, sa0 = scb, sab
+    elif scb != M * sc0 or sab != M * sa0:
+        return nest, M, sc0, sa0
+    return Nest(nest.sizes[:-1], [s[:-1] for s in nest.strides]), M * nb, sc0, sa0
+
+
 def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, beta: str = "0",
                 rowscale: View | None = None, par: str | None = None, scratch: Scratch | None = None,
                 outer: tuple[str, int] | None = None) -> None:
@@ -295,11 +311,12 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     parts = [C, A, B] + ([rowscale] if rowscale is not None else [])
     bstr = [list(View(v.ptr, v.shape[:-2], v.strides[:-2]).bstrides(batch)) for v in parts]
     nest = make_nest(batch, bstr)
-    vars_ = [nm("bi") for _ in nest.sizes]
-    ptr = [f"{v.ptr} + {offset(vars_, s)}" if vars_ else v.ptr for v, s in zip(parts, nest.strides)]
     sa0, sa1 = A.strides[-2], A.strides[-1]
     sb0, sb1 = B.strides[-2], B.strides[-1]
     sc0 = C.strides[-2]
+    nest, M, sc0, sa0 = _fold_shared_b(nest, M, sc0, sa0, rowscale is None)
+    vars_ = [nm("bi") for _ in nest.sizes]
+    ptr = [f"{v.ptr} + {offset(vars_, s)}" if vars_ else v.ptr for v, s in zip(parts, nest.strides)]
     inner_par = par if not vars_ else None
     nt_ok = sa1 == 1 and (sb0 == 1 or K == 1)
     nn_ok = sb1 == 1 or N == 1
@@ -359,7 +376,7 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
         b_src = scratch(pack_n)
     cs = "0"
     opened = 0
-    if par and vars_ and math.prod(batch) * M * N * K >= PAR_MIN * 4:  # kernel level: a task per product
+    if par and vars_ and math.prod(nest.sizes) * M * N * K >= PAR_MIN * 4:  # kernel level: a task per product
         w.line(f"#pragma omp parallel for num_threads({par}) schedule(static)"
                + (f" collapse({len(vars_)})" if len(vars_) > 1 else ""))
     for v, n in zip(vars_, nest.sizes):
