@@ -64,6 +64,8 @@ def parser() -> argparse.ArgumentParser:
                         "memory, share on Prism, decode roofline) under eager, torch.compile and Prism; NAMES: "
                         "comma-separated from prism/bench/models.py (default llama-1b; --quick: llama-small). "
                         "Needs transformers (pip install -e '.[models]')")
+    p.add_argument("--batch", type=int, default=1,
+                   help="with --models: sequences per generate() (default 1; llama.cpp runs at batch 1 only)")
     p.add_argument("--prompt", type=int, default=128, help="with --models: prompt tokens (default 128)")
     p.add_argument("--new-tokens", type=int, default=None,
                    help="with --models: tokens generated per timed call (default 32; --quick: 16)")

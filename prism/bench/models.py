@@ -258,6 +258,16 @@ class ModelResult:
     dtype: str = "float32"
     systems: dict[str, SystemResult] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    batch: int = 1   # sequences per generate(): every step decodes one token of each
+
+    def decode_tps(self, system: str) -> float | None:
+        """Tokens per second of ``system``'s decode, all sequences together."""
+        steps = self.systems[system].decode_tps(self.new_tokens)
+        return steps * self.batch if steps is not None else None
+
+    def prefill_tps(self, system: str) -> float | None:
+        ttft = self.systems[system].ttft()
+        return self.batch * self.prompt / ttft * 1e3 if ttft else None
 
     def paired(self, a: str, b: str) -> tuple[list[float], float] | None:
         """Decode of system ``a`` over ``b`` round by round (each round runs every system within minutes of
@@ -273,10 +283,12 @@ class ModelResult:
         return ratios, statistics.median(ratios)
 
     def roofline(self, system: str) -> float | None:
-        tps = self.systems[system].decode_tps(self.new_tokens)
-        if tps is None or not self.bandwidth:
+        """The decode's fraction of the read-bandwidth bound: every step reads the weights once, whatever the
+        batch."""
+        steps = self.systems[system].decode_tps(self.new_tokens)
+        if steps is None or not self.bandwidth:
             return None
-        return self.decode_bytes / min(self.bandwidth) * tps
+        return self.decode_bytes / min(self.bandwidth) * steps
 
 
 def _share(reports: list[Any]) -> tuple[float | None, list[str]]:
@@ -345,10 +357,11 @@ import json, sys, time
 import torch
 from prism.bench.models import GENERATE_KW as kw, MODELS, build, prompt_ids
 name, dtype, system, prompt, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+batch = int(sys.argv[6])
 torch.set_num_threads(threads)
 model = build(MODELS[name], dtype=dtype)
 model.generation_config.eos_token_id = None
-ids = prompt_ids(MODELS[name], prompt)
+ids = prompt_ids(MODELS[name], prompt, batch)
 with torch.inference_mode():
     ref = model.generate(ids, max_new_tokens=1, **kw)
     model.forward = torch.compile(model.forward, backend="prism") if system == "prism" else torch.compile(model.forward)
@@ -359,18 +372,19 @@ print("FIRST_TOKEN " + json.dumps({"seconds": dt, "same": bool(torch.equal(got, 
 """
 
 
-def prompt_ids(spec: ModelSpec, prompt: int) -> Any:
-    """The benchmark's prompt: ``prompt`` token ids drawn with a generator seeded 1."""
+def prompt_ids(spec: ModelSpec, prompt: int, batch: int = 1) -> Any:
+    """The benchmark's prompts: ``batch`` x ``prompt`` token ids drawn with a generator seeded 1."""
     import torch
-    return torch.randint(0, spec.vocab, (1, prompt), generator=torch.Generator().manual_seed(1))
+    return torch.randint(0, spec.vocab, (batch, prompt), generator=torch.Generator().manual_seed(1))
 
 
 def first_token_in_new_process(name: str, dtype: str, system: str, prompt: int,
-                               threads: int) -> tuple[float | None, str]:
+                               threads: int, batch: int = 1) -> tuple[float | None, str]:
     """(seconds, "") of a new process's first ``generate(max_new_tokens=1)`` under ``system`` ("compile" or
     "prism") on the caches as they are (item 6 of the module docstring), or (None, why not)."""
     import subprocess
-    r = subprocess.run([sys.executable, "-c", FIRST_TOKEN_CHILD, name, dtype, system, str(prompt), str(threads)],
+    r = subprocess.run([sys.executable, "-c", FIRST_TOKEN_CHILD, name, dtype, system, str(prompt), str(threads),
+                        str(batch)],
                        capture_output=True, text=True)
     line = next((x for x in r.stdout.splitlines() if x.startswith("FIRST_TOKEN ")), None)
     if r.returncode != 0 or line is None:
@@ -384,7 +398,8 @@ def first_token_in_new_process(name: str, dtype: str, system: str, prompt: int,
 
 def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: int,
               log: Callable[[str], None], new_lengths: tuple[int, ...] = NEW_LENGTHS,
-              dtype: str = "float32", fresh_tokens: int = FRESH_TOKENS, first_token: bool = False) -> ModelResult:
+              dtype: str = "float32", fresh_tokens: int = FRESH_TOKENS, first_token: bool = False,
+              batch: int = 1) -> ModelResult:
     import torch
 
     from prism.frontend import clear_reports, reports
@@ -396,9 +411,9 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
     # Prism 8.3-9.5 -> 7.6-7.8 ms per step, eager's time outside forward 1.7 -> 0.7 ms), which no
     # llama-bench run pays; greedy decoding is otherwise the same
     base.generation_config.eos_token_id = None
-    res = ModelResult(name, asdict(spec), prompt, new_tokens, decode_bytes(base), dtype=dtype)
+    res = ModelResult(name, asdict(spec), prompt, new_tokens, decode_bytes(base), dtype=dtype, batch=batch)
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, spec.vocab, (1, prompt), generator=g)   # = prompt_ids(spec, prompt); g goes on
+    ids = torch.randint(0, spec.vocab, (batch, prompt), generator=g)   # = prompt_ids(spec, prompt, batch); g goes on
     kw = GENERATE_KW
     calls: dict[str, Any] = {}
     ref = None
@@ -455,7 +470,11 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
             f"+{r.memory_mib:.0f} MiB, {r.status}")
         calls[sysname] = model
     res.bandwidth.append(read_bandwidth())
-    lcpp = _llama_cpp_setup(spec, dtype, base if dtype == "float32" else None, res, log)
+    if batch == 1:
+        lcpp = _llama_cpp_setup(spec, dtype, base if dtype == "float32" else None, res, log)
+    else:   # llama-bench times one sequence (its -b is the prompt's batch, not sequences)
+        lcpp = None
+        res.notes.append(f"llama.cpp: not run at batch {batch} (llama-bench times one sequence)")
     with torch.inference_mode():
         for k in range(rounds):
             order = list(calls)
@@ -485,7 +504,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 f"{b['step_ms'] - b['piece_ms']:.2f} ms")
     with torch.inference_mode():  # new prompt lengths: what a new length adds to the time to first token
         for extra in new_lengths:
-            longer = torch.randint(0, spec.vocab, (1, prompt + extra), generator=g)
+            longer = torch.randint(0, spec.vocab, (batch, prompt + extra), generator=g)
             for sysname, model in calls.items():
                 t0 = time.perf_counter()
                 model.generate(longer, max_new_tokens=1, **kw)
@@ -512,7 +531,8 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
     if first_token:  # a new process on the caches this run filled
         for sysname in ("compile", "prism"):
             if sysname in calls:
-                secs, why = first_token_in_new_process(name, dtype, sysname, prompt, torch.get_num_threads())
+                secs, why = first_token_in_new_process(name, dtype, sysname, prompt, torch.get_num_threads(),
+                                                       batch)
                 res.systems[sysname].first_token_s = secs
                 if why:
                     res.notes.append(f"{sysname}: first token in a new process {why}")
@@ -584,21 +604,24 @@ def markdown(results: list[ModelResult], meta: dict[str, Any]) -> str:
                   f"{m.spec['hidden']}, MLP "
                   f"{m.spec['mlp']}, {m.spec['heads']}/{m.spec['kv_heads']} heads, vocab {m.spec['vocab']}; "
                   f"{m.decode_bytes / 1e9:.2f} GB read per decode step; read bandwidth {_f(bw)} GB/s; prompt "
-                  f"{m.prompt} tokens, {m.new_tokens} new)", "",
+                  f"{m.prompt} tokens, {m.new_tokens} new" + (f"; batch of {m.batch} sequences: tokens/s count "
+                                                                 "every sequence's" if m.batch > 1 else "")
+                  + ")", "",
                   "| system | start-up s | first token s, new process | warm-up s | new lengths s | memory added MiB | "
                   "prefill ms | prefill tok/s | decode tok/s | decode vs eager | roofline | decode tok/s, new KV "
                   "lengths | status |",
                   "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-        eager_tps = m.systems["eager"].decode_tps(m.new_tokens) if "eager" in m.systems else None
+        eager_tps = m.decode_tps("eager") if "eager" in m.systems else None
         for s, r in m.systems.items():
-            tps, ttft = r.decode_tps(m.new_tokens), r.ttft()
+            tps, ttft = m.decode_tps(s), r.ttft()
             lens = ", ".join(f"{x:.2f}" for x in r.new_length_s) or "-"
             lines.append(f"| {s} | {_f(r.startup_s)} | {_f(r.first_token_s, '{:.2f}')} | {_f(r.warmup_s)} | {lens} | "
                          f"{_f(r.memory_mib, '{:.0f}')} | "
                          f"{_f(ttft)} | "
-                         f"{_f(m.prompt / ttft * 1e3 if ttft else None)} | {_f(tps, '{:.2f}')} | "
+                         f"{_f(m.prefill_tps(s))} | {_f(tps, '{:.2f}')} | "
                          f"{_f(tps / eager_tps if tps and eager_tps else None, '{:.2f}x')} | "
-                         f"{_f(m.roofline(s), '{:.2f}')} | {_f(r.fresh_tps, '{:.2f}')} | {r.status} |")
+                         f"{_f(m.roofline(s), '{:.2f}')} | "
+                         f"{_f(r.fresh_tps * m.batch if r.fresh_tps else None, '{:.2f}')} | {r.status} |")
         pair = m.paired("prism", "llama.cpp")
         if pair is not None:
             lines += ["", "Decode, Prism over llama.cpp round by round: " + ", ".join(f"{x:.2f}" for x in pair[0])
@@ -628,10 +651,8 @@ def plot(results: list[ModelResult], path: str) -> None:
     for ax, what in zip(axes, ("decode tok/s", "prefill tok/s")):
         labels, values = [], []
         for m in results:
-            for s, r in m.systems.items():
-                ttft = r.ttft()
-                v = r.decode_tps(m.new_tokens) if what.startswith("decode") else (
-                    m.prompt / ttft * 1e3 if ttft else None)
+            for s in m.systems:
+                v = m.decode_tps(s) if what.startswith("decode") else m.prefill_tps(s)
                 labels.append(f"{m.name}\n{s}")
                 values.append(v or 0.0)
         ax.bar(range(len(values)), values, color=["#888", "#48c", "#c62"] * len(results))
@@ -681,12 +702,17 @@ def main(args: Any, threads: int) -> int:
               f"{list(DTYPES)} models)", file=sys.stderr)
         return 2
     meta["dtype"] = dtype
+    batch = getattr(args, "batch", 1)
+    if batch < 1:
+        print("prism bench --models: --batch must be >= 1", file=sys.stderr)
+        return 2
+    meta["batch"] = batch
     fresh = FRESH_TOKENS if getattr(args, "fresh_tokens", None) is None else args.fresh_tokens
     if fresh < 0:
         print("prism bench --models: --fresh-tokens must be >= 0", file=sys.stderr)
         return 2
     results = [run_model(n, MODELS[n], prompt, new, rounds, log, lengths, dtype, fresh,
-                         bool(getattr(args, "first_token", False))) for n in names]
+                         bool(getattr(args, "first_token", False)), batch) for n in names]
     meta["load_after"] = os.getloadavg()[0]
     print(markdown(results, meta))
     if args.json:

@@ -127,6 +127,21 @@ def test_models_bench_on_the_tiny_llama(tmp_path: Any, capsys: pytest.CaptureFix
     assert "first token s, new process" in text
 
 
+def test_models_bench_at_a_batch_of_sequences(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``prism bench --models --batch 3``: every system generates for 3 prompts at once with eager's tokens; the
+    report counts every sequence's tokens, and llama.cpp (one sequence) is left out with the reason."""
+    from prism.bench.cli import main
+    out = tmp_path / "m.json"
+    assert main(["--models", "llama-tiny", "--batch", "3", "--rounds", "1", "--prompt", "7", "--new-tokens", "4",
+                 "--new-lengths", "none", "--fresh-tokens", "0", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    (m,) = json.loads(out.read_text())["models"]
+    assert m["batch"] == 3 and "batch of 3 sequences" in text
+    assert all(s["status"] == "ok" for s in m["systems"].values()), m["systems"]
+    assert "llama.cpp" not in m["systems"] or "not run at batch 3" in " ".join(m["notes"])
+    assert main(["--models", "llama-tiny", "--batch", "0"]) == 2
+
+
 def test_batch_of_eight_with_left_padding() -> None:
     """Batch decode as users run it: 8 prompts, half of them left-padded (``attention_mask`` zeros). The
     padding mask ``transformers`` builds in PyTorch enters the attention pieces as an input (converted to an

@@ -63,3 +63,15 @@ def test_prism_against_llama_cpp_is_also_reported_round_by_round() -> None:
     assert m.systems["prism"].decode_tps(32) / m.systems["llama.cpp"].decode_tps(32) == pytest.approx(200 / 150)
     text = markdown([m], {"threads": 2, "rounds": 3})
     assert "round by round: 1.00, 0.50, 1.33 (paired median **1.000**" in text
+
+
+def test_a_batch_counts_every_sequences_tokens_and_reads_the_weights_once_per_step() -> None:
+    from prism.bench.models import ModelResult, markdown
+    spec = {"arch": "llama", "layers": 1, "hidden": 8, "mlp": 8, "heads": 1, "kv_heads": 1, "vocab": 8}
+    steps = SystemResult(ttft_ms=[50.0], two_ms=[10.0], total_ms=[310.0])   # 100 steps/s; prefill 50 ms
+    one = ModelResult("m", spec, 8, 32, 1000, bandwidth=[1e6], systems={"eager": steps})
+    four = ModelResult("m", spec, 8, 32, 1000, bandwidth=[1e6], systems={"eager": steps}, batch=4)
+    assert one.decode_tps("eager") == pytest.approx(100.0) and four.decode_tps("eager") == pytest.approx(400.0)
+    assert four.prefill_tps("eager") == pytest.approx(4 * 8 / 0.05)
+    assert four.roofline("eager") == one.roofline("eager") == pytest.approx(0.1)
+    assert "| 400.00 |" in markdown([four], {"threads": 2, "rounds": 1}) and "batch of 4" in markdown([four], {})
