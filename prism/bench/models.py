@@ -222,6 +222,10 @@ class SystemResult:
     stats: dict[str, int] = field(default_factory=dict)   # Prism: searches, tunings, compiles of start-up
     new_length_s: list[float] = field(default_factory=list)  # first call at a new prompt length less the next
     tps: list[float] = field(default_factory=list)   # decode tokens/s measured directly (llama-bench)
+    # per round, ms per decode step inside the N-token call (logits-processor stamps from the second token to
+    # the last): not moved by the prefill's noise, as the difference of two calls is (at batch 8 llama-1b's
+    # 2.1-2.4 s prefill swung the difference by 7 ms per step)
+    step_ms: list[float] = field(default_factory=list)
     fresh_tps: float | None = None   # decode tokens/s at KV lengths not seen before (FRESH_TOKENS past them)
     # Prism: where a decode step's time goes (ms per step; _decode_breakdown): step, kernels, piece calls
     # (kernels included), and piece calls / kernel launches per step
@@ -234,6 +238,8 @@ class SystemResult:
     def decode_tps(self, new_tokens: int) -> float | None:
         if self.tps:
             return statistics.median(self.tps)
+        if self.step_ms:
+            return 1e3 / statistics.median(self.step_ms)
         if not self.total_ms or not self.two_ms:
             return None
         per = [(t - f) / (new_tokens - 2) for t, f in zip(self.total_ms, self.two_ms)]
@@ -244,6 +250,8 @@ class SystemResult:
         """Decode tokens/s of each round, in round order (measured directly, or from that round's calls)."""
         if self.tps:
             return list(self.tps)
+        if self.step_ms:
+            return [1e3 / x for x in self.step_ms]
         return [(new_tokens - 2) * 1e3 / (t - f) for t, f in zip(self.total_ms, self.two_ms) if t > f]
 
 
@@ -486,8 +494,11 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 t1 = time.perf_counter()
                 model.generate(ids, max_new_tokens=2, **kw)
                 t2 = time.perf_counter()
-                model.generate(ids, max_new_tokens=new_tokens, **kw)
+                clock, stamps = _step_clock()
+                model.generate(ids, max_new_tokens=new_tokens, logits_processor=clock, **kw)
                 t3 = time.perf_counter()
+                if len(stamps) == new_tokens:
+                    res.systems[sysname].step_ms.append((stamps[-1] - stamps[1]) / (new_tokens - 2) * 1e3)
                 res.systems[sysname].ttft_ms.append((t1 - t0) * 1e3)
                 res.systems[sysname].two_ms.append((t2 - t1) * 1e3)
                 res.systems[sysname].total_ms.append((t3 - t2) * 1e3)

@@ -137,7 +137,7 @@ def test_models_bench_at_a_batch_of_sequences(tmp_path: Any, capsys: pytest.Capt
     text = capsys.readouterr().out
     (m,) = json.loads(out.read_text())["models"]
     assert m["batch"] == 3 and "batch of 3 sequences" in text
-    assert all(s["status"] == "ok" for s in m["systems"].values()), m["systems"]
+    assert all(s["status"] == "ok" and len(s["step_ms"]) == 1 for s in m["systems"].values()), m["systems"]
     assert "llama.cpp" not in m["systems"] or "not run at batch 3" in " ".join(m["notes"])
     assert main(["--models", "llama-tiny", "--batch", "0"]) == 2
 

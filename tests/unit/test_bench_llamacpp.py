@@ -43,6 +43,9 @@ def test_a_directly_measured_decode_rate_is_reported_as_measured() -> None:
     assert r.decode_tps(32) == 32.0
     timed = SystemResult(two_ms=[100.0], total_ms=[400.0])
     assert timed.decode_tps(32) == pytest.approx(1e3 / (300.0 / 30))
+    stamped = SystemResult(two_ms=[100.0], total_ms=[400.0], step_ms=[12.0, 8.0, 10.0])   # steps timed inside
+    assert stamped.decode_tps(32) == pytest.approx(100.0) and stamped.round_tps(32) == pytest.approx([83.33, 125, 100],
+                                                                                                     rel=1e-3)
 
 
 def test_prism_against_llama_cpp_is_also_reported_round_by_round() -> None:
