@@ -317,7 +317,8 @@ def _share(reports: list[Any]) -> tuple[float | None, list[str]]:
 
 
 def _first_difference(a: Any, b: Any) -> int:
-    diff = (a != b).flatten().nonzero()
+    """The first position (column of a [batch, tokens] pair) where any sequence differs, or -1."""
+    diff = (a != b).reshape(-1, a.shape[-1]).any(0).nonzero()
     return int(diff[0]) if len(diff) else -1
 
 
@@ -448,16 +449,18 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
             continue
         r.startup_s = time.perf_counter() - t0
         with torch.inference_mode():
-            logits = model(ids).logits[0, -1].float()
+            logits = model(ids).logits[:, -1].float()
         if ref is None:
             ref, ref_logits = out, logits
         elif not torch.equal(out, ref):
             err = float((logits - ref_logits).abs().max() / ref_logits.abs().max())
-            at = _first_difference(out[0, prompt:], ref[0, prompt:])
+            at = _first_difference(out[:, prompt:], ref[:, prompt:])
             if dtype not in HALF or err > LOGITS_RTOL[dtype]:  # int8w computes in float32: tokens must agree
                 r.status = f"wrong: token ids differ from eager's (prompt logits off by {err:.2g} relative)"
             else:
-                res.notes.append(f"{sysname}: greedy tokens leave eager's at new token {at} ({dtype} rounding: "
+                res.notes.append(f"{sysname}: greedy tokens leave eager's at new token {at}"
+                                 + (f" in {int((out != ref).any(-1).sum())} of {batch} sequences" if batch > 1 else "")
+                                 + f" ({dtype} rounding: "
                                  f"the prompt's logits agree within {err:.2g} relative, tolerance "
                                  f"{LOGITS_RTOL[dtype]})")
         t0 = time.perf_counter()  # the timed calls once, untimed: Dynamo's recompiles (a one-token
