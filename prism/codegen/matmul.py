@@ -284,6 +284,8 @@ def _fold_shared_b(nest: Nest, M: int, sc0: int, sa0: int, foldable: bool) -> tu
     if not foldable or not nest.sizes or nest.strides[2][-1] != 0:
         return nest, M, sc0, sa0
     nb, scb, sab = nest.sizes[-1], nest.strides[0][-1], nest.strides[1][-1]
+    if scb == 0:   # every product writes the same C: the rows would race
+        return nest, M, sc0, sa0
     if M == 1:
         sc0, sa0 = scb, sab
     elif scb != M * sc0 or sab != M * sa0:
