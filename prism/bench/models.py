@@ -413,6 +413,11 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
 
     from prism.frontend import clear_reports, reports
     from prism.tune import STATS
+    # Dynamo's graphs of the models before this one: transformers wraps every model's forward in the same
+    # function, whose compiled variants count against Dynamo's recompile limit (8); past it every frame runs
+    # eagerly, so a second model's compile and prism systems ran eager PyTorch (measured: mistral-small after
+    # qwen3-small at batch 8, "start-up 0.6 s", no piece called). Their systems are not called again.
+    torch._dynamo.reset()
     base = build(spec, dtype=dtype)
     # exactly the tokens asked for, with no end-of-sequence token to stop at: ``min_new_tokens`` would do
     # it too, but its two logits processors mask the EOS id over the whole vocabulary at every step
@@ -473,6 +478,8 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
             reps = reports()
             r.share, r.kept = _share(reps)
             r.prism_pieces = sum(len(x.prism_pieces()) for x in reps)
+            if not r.prism_pieces and r.status == "ok":   # never report eager PyTorch as Prism's result
+                r.status = "failed: no graph reached Prism (Dynamo ran the model eagerly)"
             now = dataclasses.asdict(STATS)
             r.stats = {k: now[k] - stats0[k] for k in ("searches", "search_cache_hits", "search_memory_hits",
                                                        "tunings", "tune_cache_hits", "tune_memory_hits",

@@ -142,6 +142,21 @@ def test_models_bench_at_a_batch_of_sequences(tmp_path: Any, capsys: pytest.Capt
     assert main(["--models", "llama-tiny", "--batch", "0"]) == 2
 
 
+def test_models_bench_runs_every_model_of_a_list_on_prism(tmp_path: Any) -> None:
+    """Two models in one ``prism bench --models`` call: transformers wraps every model's forward in one
+    function, whose compiled variants count against Dynamo's recompile limit; without a reset between models
+    the second one's compile and prism systems ran eager PyTorch. Each must have run pieces on Prism."""
+    from prism.bench.cli import main
+    out = tmp_path / "m.json"
+    assert main(["--models", "llama-tiny,llama-tiny", "--rounds", "1", "--prompt", "7", "--new-tokens", "4",
+                 "--new-lengths", "none", "--fresh-tokens", "0", "--json", str(out)]) == 0
+    models = json.loads(out.read_text())["models"]
+    assert len(models) == 2
+    for m in models:
+        p = m["systems"]["prism"]
+        assert p["status"] == "ok" and p["prism_pieces"] > 0 and p["breakdown"]["piece_calls"] > 0, p
+
+
 def test_batch_of_eight_with_left_padding() -> None:
     """Batch decode as users run it: 8 prompts, half of them left-padded (``attention_mask`` zeros). The
     padding mask ``transformers`` builds in PyTorch enters the attention pieces as an input (converted to an
