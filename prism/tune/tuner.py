@@ -222,12 +222,12 @@ def select(instances: Sequence[Instance], k: int) -> list[Instance]:
     take(lambda i: fam[i.sgraph], bound)
     take(lambda i: i.sgraph, bound)
     if ranked:
-        near = [i for i in ranked if i.estimate.seconds <= ranked[0].estimate.seconds * SPREAD]
-        lean = min(near, key=lambda i: i.estimate.dram_bytes)
+        near = ranked[0].estimate.seconds * SPREAD
+        lean = min((i for i in ranked if i.estimate.seconds <= near), key=lambda i: i.estimate.dram_bytes)
         if len(picked) < k and lean not in picked and lean.estimate.dram_bytes < min(
                 i.estimate.dram_bytes for i in picked):
             picked.append(lean)
-        take(lambda i: (fam[i.sgraph], i.estimate.min_blocks), ranked[0].estimate.seconds * SPREAD)
+        take(lambda i: (fam[i.sgraph], i.estimate.min_blocks), near)
     take(id)
     return sorted(picked, key=lambda i: i.estimate.seconds)
 
