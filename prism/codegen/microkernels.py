@@ -389,16 +389,16 @@ def nt_prefetch(isa: ISA, elems: tuple[str, str], whole_k: bool) -> bool:
     """Whether the nt kernels of ``isa`` whose row and keys are stored as ``elems`` prefetch the keys PF_KEYS
     rows ahead into L2.
 
-    Calls over K chunks do: each call starts new lines of J rows. Calls over a whole K (GEMV rows: each
-    key row one stream) read J sequential streams, which the hardware prefetchers follow but do not start
-    early at the next key block's rows (new pages). Prefetching the next block (J = PF_KEYS = 16 keys on
-    AVX-512) while this one streams, measured on the 2-core Zen 4 VM, 2 threads, from DRAM and from L3 (a
-    standalone C harness, medians of 41-201 calls, the same run): int8 keys K = 2048 20.4 -> 27.5 GB/s,
-    K = 5632 26.4 -> 30.8, nothing lost in L3 (one prefetch per four 16-weight steps); llama-1b int8w
-    decode kernels 19.4 -> 14.7 ms per step. Wider keys gain 3-9 % from DRAM (float32 29.4 -> 31.7,
-    bfloat16 27.5 -> 29.3, within the host's drift) and lose 23-27 % in L3 (a prefetch per 16-float step
-    takes load slots: float32 113 -> 82 GB/s); a prefetch every second line, or of each row's first 512
-    bytes only, did not keep the gain without the loss. On the AVX2 Zen host (J = 8: two blocks ahead)
+    Calls over K chunks do (the first row group of each key block only, ``matmul.emit_nt``): each call starts
+    new lines of J rows. Calls over a whole K (GEMV rows: each key row one stream) read J sequential streams,
+    which the hardware prefetchers follow but do not start early at the next key block's rows (new pages).
+    Prefetching the next block (J = PF_KEYS = 16 keys on AVX-512) while this one streams, measured on the 2-core
+    Zen 4 VM, 2 threads, from DRAM and from L3 (a standalone C harness, medians of 41-201 calls, the same run):
+    int8 keys K = 2048 20.4 -> 27.5 GB/s, K = 5632 26.4 -> 30.8, nothing lost in L3 (one prefetch per four
+    16-weight steps); llama-1b int8w decode kernels 19.4 -> 14.7 ms per step. Wider keys gain 3-9 % from DRAM
+    (float32 29.4 -> 31.7, bfloat16 27.5 -> 29.3, within the host's drift) and lose 23-27 % in L3 (a prefetch
+    per 16-float step takes load slots: float32 113 -> 82 GB/s); a prefetch every second line, or of each row's
+    first 512 bytes only, did not keep the gain without the loss. On the AVX2 Zen host (J = 8: two blocks ahead)
     the int8 prefetch cost 7 % from DRAM (docs/bench.md). So int8 keys on AVX-512 only, and the single-row
     kernels of ``nt_single_keys``."""
     return not whole_k or (isa.name == "avx512" and (ITEMSIZE[elems[1]] == 1

@@ -632,3 +632,40 @@ def test_a_weight_shared_by_the_batch_is_one_product_of_all_rows(dtype: str) -> 
     x, w = g.input("x", (3, 1, 64), dtype), g.input("W", (3, 48, 64), dtype)
     g.output(g.matmul(x, g.permute(w, (0, 2, 1))), "Y")
     assert _batch_loops(compile_kernel(g, isa="avx512").source) != []
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_only_the_first_row_group_of_a_key_block_prefetches_the_next_keys(dtype: str) -> None:
+    """An nt product over K chunks with several row groups: the first group of each run prefetches the next
+    keys, the others (which find this block's keys in L1) call the kernel without prefetches (matmul.emit_nt;
+    bf16 [1024, 2048] x [5632, 2048]^T 687 -> 857 GFLOP/s). Every row count's runs -- groups of 4, then 2, then 1
+    row, and the keys left over -- against float64, per value and through one template of the row count."""
+    import torch
+    isas = [i for i in ("avx512", None) if i is None or i in supported_isas()]
+    gen = torch.Generator().manual_seed(3)
+    K, N = 2048, 50                               # K chunks (more than 8 rows); 2 keys left over
+    g = prism.Graph()                              # W read in its stored [N, K] layout: the nt kernels
+    x, w = g.input("x", ("m", K), dtype), g.input("W", (N, K), dtype)
+    bb = BlockBuilder(grid=(1,), forloop=1, inputs=[x, w])
+    bb.save(bb.matmul(bb.iter(0, imap=(None,)), bb.transpose(bb.iter(1, imap=(None,)), 0, 1)), omap=(None,))
+    (y,) = g.customized(bb.build(), [x, w])
+    g.output(y, "Y")
+    src = compile_kernel(g.instantiate({"m": 23}), isa="avx512").source
+    kern = "pr_nt_avx512_4x4"
+    calls = [ln.strip() for ln in src.splitlines() if f"{kern}" in ln and ln.rstrip().endswith(");")]
+    prefetching = [c for c in calls if "_npf(" not in c]
+    assert len(prefetching) == 1 and len(calls) == 2, calls    # the first group, then the loop over the rest
+    body = src.split("PR_INLINE void " + prefetching[0].split("(")[0] + "(")[1].split("\n}\n")[0]
+    assert "__builtin_prefetch" in body
+    tdt = getattr(torch, dtype)
+    ws = torch.randn(N, K, generator=gen).to(tdt)
+    for isa in isas:
+        per_value = prism.compile(g, isa=isa)
+        one_template = prism.compile(g, isa=isa, templates=True)
+        for m in (9, 10, 11, 12, 23):              # runs of 4 rows, then of 2 and of 1 taken or not
+            xs = torch.randn(m, K, generator=gen).to(tdt)
+            ref = xs.double().numpy() @ ws.double().numpy().T
+            for name, k in (("per value", per_value), ("template", one_template)):
+                out = np.asarray(torch.as_tensor(k(x=xs, W=ws)).float())
+                assert_close(out, ref, f"{dtype} m={m} {isa} {name}", rtol=1e-2 if dtype != "float32" else 1e-4)
+        assert one_template.specialize(m=23).template is not None, one_template.template_failures
