@@ -36,6 +36,10 @@ NT_WHOLE_K_ROWS = 8
 PACK_NT_MIN_ROWS = 64
 PACK_NT_MAX_K = 256
 PACK_NT_MAX_FLOATS = 64 * 1024
+# a bfloat16 nt product with vdpbf16ps runs as C^T = Bt @ A^T on A packed in k pairs (emit_tn) from this many rows
+# of C and this K (a Linear's prefill; attention's scores, K = a head dim, keep the nt kernels)
+TN_MIN_ROWS = 64
+TN_MIN_K = 256
 
 # K chunk = B rows per micro-kernel call (see emit_nn): 4 rows per C row, at least 8. Measured on W1
 # (d=4096, one thread): n=1 best at 4-8 (sgemv-like streaming, C reloads are cheap), n=8/16 at 32
@@ -338,6 +342,13 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     # nt into chunks of W * ACC_CHUNK (ACC_CHUNK products per vector lane), or, for few rows, one call
     # over the whole K that sums in levels itself; the generic loop sums in levels itself. Over an outer
     # loop every iteration adds its own calls.
+    tn = (path == "nt" and elems == ("bf16", "bf16") and mk.nt_dot(sup.isa, elems) and scratch is not None
+          and rowscale is None and (beta == "0" or outer is not None) and par is None and not vars_
+          and sa0 % 2 == 0 and K % 2 == 0 and K >= TN_MIN_K and N >= mk.TN_RN and M >= TN_MIN_ROWS)
+    if tn:
+        assert scratch is not None
+        emit_tn(w, nm, sup, M, N, K, ptr[1], sa0, ptr[2], sb1, ptr[0], sc0, scratch, beta)
+        return
     p = plan_nn(sup.isa, M, N, K) if path == "nn" else None
     whole_k = swap = False
     if p is not None:
@@ -407,11 +418,11 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
         elif path == "nt" and swap:  # C [M, 1] = (x^T @ A^T)^T: x = B's one column, A's rows the keys
             emit_nt(w, nm, sup, 1, M, kn, off(bp, 1), sb1, off(ap, 1), sa0, c, 1, bt, cs, elems[::-1],
                     prefetch=mk.nt_prefetch(sup.isa, elems[::-1], whole_k),
-                    single_keys=mk.nt_single_keys(sup.isa, elems[::-1], whole_k))
+                    single_keys=mk.nt_single_keys(sup.isa, elems[::-1], whole_k), first_prefetches=not whole_k)
         elif path == "nt":
             emit_nt(w, nm, sup, M, N, kn, off(ap, 1), sa0, off(bp, 1), sb1, c, sc0, bt, cs, elems,
                     prefetch=mk.nt_prefetch(sup.isa, elems, whole_k),
-                    single_keys=mk.nt_single_keys(sup.isa, elems, whole_k))
+                    single_keys=mk.nt_single_keys(sup.isa, elems, whole_k), first_prefetches=not whole_k)
         else:
             _generic(w, nm, M, N, K, ap, sa0, sa1, bp, sb0, sb1, c, sc0, bt, cs, elems)
 
@@ -483,6 +494,89 @@ def _emit_transpose(w: CWriter, nm: Namer, sup: Support, src: str, ss: int, dst:
                     w.line(f"{dst}[{k_} * {ds} + {n_}] = {src}[{n_} * {ss} + {k_}];")
 
 
+# pr_tr16 adding into its destination (dst[k * ds + n] += src[n * ss + k])
+_TR16_STORE = "_mm512_storeu_ps(dst + i * ds, r[i]);"
+assert _TR16_STORE in TR16_AVX512
+TR16_ADD_AVX512 = TR16_AVX512.replace("pr_tr16(", "pr_tr16_add(").replace(
+    _TR16_STORE, "_mm512_storeu_ps(dst + i * ds, _mm512_add_ps(_mm512_loadu_ps(dst + i * ds), r[i]));")
+
+
+def _emit_transpose_any(w: CWriter, nm: Namer, sup: Support, src: str, ss: int, dst: str, ds: int, N: int,
+                        K: int, add: bool = False) -> None:
+    """dst[k * ds + n] = src[n * ss + k] (``add``: +=) for n < N, k < K (32-bit elements), as _emit_transpose,
+    but the loops' bounds are only printed, never tested here: in a template (codegen/template.py) the edge loops
+    of every row count are in the text (a zero-trip loop where the count has no edge), so no residue of N or K
+    modulo 16 is a guard of its own."""
+    fn = sup.need("pr_tr16_add", TR16_ADD_AVX512) if add else sup.need("pr_tr16", TR16_AVX512)
+    op = "+=" if add else "="
+    n16, k16 = N // 16 * 16, K // 16 * 16
+    n_, k_ = nm("n"), nm("k")
+    with w.block(f"for (long {n_} = 0; {n_} < {n16}; {n_} += 16)"):
+        with w.block(f"for (long {k_} = 0; {k_} < {k16}; {k_} += 16)"):
+            w.line(f"{fn}({src} + {n_} * {ss} + {k_}, {ss}, {dst} + {k_} * {ds} + {n_}, {ds});")
+        with w.block(f"for (long {k_} = {k16}; {k_} < {K}; {k_}++)"):
+            with w.block("for (long i_ = 0; i_ < 16; i_++)"):
+                w.line(f"{dst}[{k_} * {ds} + {n_} + i_] {op} {src}[({n_} + i_) * {ss} + {k_}];")
+    with w.block(f"for (long {n_} = {n16}; {n_} < {N}; {n_}++)"):
+        with w.block(f"for (long {k_} = 0; {k_} < {K}; {k_}++)"):
+            w.line(f"{dst}[{k_} * {ds} + {n_}] {op} {src}[{n_} * {ss} + {k_}];")
+
+
+def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str, sa0: int, bt: str, sbt: int,
+            c: str, sc0: int, scratch: Scratch, beta: str = "0") -> None:
+    """C[M x N] = A @ Bt^T for bfloat16 A and Bt (keys contiguous in K) with ``vdpbf16ps``, as the transposed
+    product C^T = Bt @ A^T: per group of ``mk.ACC_ROWS`` of K, A's rows are packed in k pairs (32-bit, a 16 x 16
+    register transpose, ``pr_tr16``) into the thread's scratch ``Xp [K / 2][ldm]``; every block of ``mk.TN_RN``
+    keys broadcasts its k pairs against ``mk.TN_MV`` vectors of 16 packed rows (``mk.tn_kernel``), each lane one
+    output, into ``Ct [N][ldm]``; at the end Ct is transposed into C. The nt kernels end every tile with a
+    transpose-and-add of 16 accumulators and call per K chunk; this form has no reduction in the loop, and its
+    packing (M x K elements per group, read N times) and the final transposition cost ~2 % of a Linear's
+    prefill product. ldm rounds M up to the kernel's 16 * TN_MV rows: the packed rows past M are stale, and
+    so are the Ct columns they give, which are never read (each lane is its own output). The summation order
+    is the nt kernels': ACC_CHUNK products per lane from zero, ACC_GROUP chunks into a group sum, groups
+    into C (here Ct). ``beta`` (0, or the iteration's of a block's for-loop that accumulates the product, with
+    each iteration's part of K): C = Ct^T, or C += Ct^T where it is non-zero. Measured: docs/codegen.md, "tn"."""
+    RN, MV = mk.TN_RN, mk.TN_MV
+    mt = 16 * MV
+    ldm = (M + mt - 1) // mt * mt
+    G = mk.ACC_ROWS
+    xp_n = min(K, G) // 2 * ldm
+    base = scratch(xp_n + N * ldm)
+    xp, ct = nm("Xp"), nm("Ct")
+    w.line(f"float* {xp} = {base};")
+    w.line(f"float* {ct} = {base} + {xp_n};")
+    n_full = N // RN * RN
+    rn_tail = N - n_full
+    kern = sup.need(mk.tn_name(RN, MV), mk.tn_kernel(RN, MV))
+    tail = sup.need(mk.tn_name(rn_tail, MV), mk.tn_kernel(rn_tail, MV)) if rn_tail else ""
+
+    def group(g0: str, gn: int, beta: str) -> None:
+        _emit_transpose_any(w, nm, sup, f"((const float*)({a} + {g0}))", sa0 // 2, xp, ldm, M, gn // 2)
+        n0, m0 = nm("n"), nm("m")
+        with w.block(f"for (long {m0} = 0; {m0} < {ldm}; {m0} += {mt})"):
+            with w.block(f"for (long {n0} = 0; {n0} < {n_full}; {n0} += {RN})"):
+                w.line(f"{kern}({gn}, {bt} + {n0} * {sbt} + {g0}, {sbt}, {xp} + {m0}, {ldm}, {ct} + {n0} * {ldm} + "
+                       f"{m0}, {ldm}, {beta});")
+            if rn_tail:
+                w.line(f"{tail}({gn}, {bt} + {n_full} * {sbt} + {g0}, {sbt}, {xp} + {m0}, {ldm}, {ct} + {n_full} * "
+                       f"{ldm} + {m0}, {ldm}, {beta});")
+
+    full, rem = K // G, K % G
+    if full:
+        g0 = nm("g")
+        with w.block(f"for (long {g0} = 0; {g0} < {full * G}; {g0} += {G})"):
+            group(g0, G, f"({g0} > 0)")
+    if rem:
+        group(str(full * G), rem, "1" if full else "0")
+    if beta == "0":
+        _emit_transpose_any(w, nm, sup, ct, ldm, c, sc0, N, M)
+        return
+    with w.block(f"if ({beta})"):
+        _emit_transpose_any(w, nm, sup, ct, ldm, c, sc0, N, M, add=True)
+    with w.block("else"):
+        _emit_transpose_any(w, nm, sup, ct, ldm, c, sc0, N, M)
+
+
 NT_ALL_RUNS = 8   # in a template, from this many rows every row-group shape has its loop (nt_row_runs)
 
 
@@ -516,10 +610,11 @@ def nt_row_runs(isa: ISA, M: int, single_keys: int | None = None) -> dict[int, l
 
 def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a: str, sa0: int, bt: str, sbt: int,
             c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str] = mk.F32, prefetch: bool = True,
-            single_keys: int | None = None) -> None:
+            single_keys: int | None = None, first_prefetches: bool = False) -> None:
     """C[M x N] (beta) A @ Bt^T, Bt rows (the keys) contiguous: for each block of J keys, every row group
     (the key block stays in L1 while the row groups use it); left-over keys one dot product at a time.
-    ``prefetch``: the kernels prefetch the keys ahead (see microkernels.nt_kernel)."""
+    ``prefetch``: the kernels prefetch the keys ahead (see microkernels.nt_kernel); ``first_prefetches``: only the
+    first row group of each run does (calls over K chunks: below)."""
     def call(fn: str, jv: str, row: str, a_off: str, c_off: str) -> None:
         """One micro-kernel call for the rows starting at ``row`` (offsets precomputed where constant)."""
         csr = "0" if cs == "0" else f"{cs} + {row}"
@@ -538,12 +633,14 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
                         call(fn, jv, str(r0), str(r0 * sa0), str(r0 * sc0))
                         continue
                     first = r0
-                    if prefetch and R * J > 1:
-                        # only a run's first row group prefetches the next keys: the later groups find this
-                        # block's keys in L1, and their prefetches (one per key per line) only took load
-                        # slots. bf16 [1024, 2048] x [5632, 2048]^T in 128 x 704 blocks, 2 threads, Zen 5:
-                        # 687 -> 857 GFLOP/s (no prefetch at all: 861); keys from DRAM at 8-32 rows: 1.03-1.11x
-                        # faster than every group prefetching, 1.2-1.5x than none (docs/codegen.md)
+                    if prefetch and first_prefetches and R * J > 1:
+                        # over K chunks only a run's first row group prefetches the next keys: the later
+                        # groups find this block's keys in L1, and their prefetches (one per key per line) only
+                        # took load slots. bf16 [1024, 2048] x [5632, 2048]^T in 128 x 704 blocks, 2 threads,
+                        # Zen 5: 687 -> 857 GFLOP/s (no prefetch at all: 861); keys from DRAM at 8-32 rows:
+                        # 1.03-1.11x faster than every group prefetching, 1.2-1.5x than none. Calls over the
+                        # whole K (at most NT_WHOLE_K_ROWS rows) keep every group's: llama-1b bf16 batch-8
+                        # decode kernels took 24.5 ms per step against 22.2 with it (docs/codegen.md)
                         if every:
                             with w.block(f"if ({count} > 0)"):
                                 call(fn, jv, str(r0), str(r0 * sa0), str(r0 * sc0))

@@ -577,3 +577,54 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
             L.append(f"  {{ const float s = {t}; float* c = C + {r} * sc0 + {j}; " + update.format(r=r) + " }")
     L.append("}")
     return "\n".join(L) + "\n"
+
+
+# --- tn: an nt product of bfloat16 run as C^T = Bt @ A^T with A packed in k pairs ---------------------------
+# (matmul.emit_matmul's "tn" path). Each lane holds one output, so no tile ends in a transpose-and-add: the
+# keys' k pairs are broadcast (vpbroadcastd of two bfloat16) against TN_MV vectors of 16 rows of A, packed as
+# 32-bit pairs [K / 2][ldm] (matmul.emit_tn). Measured on the Zen 5 VM (2 threads, bf16 [1024, 2048] x
+# [5632, 2048]^T, standalone C): 6 keys x 4 vectors 930-1030 GFLOP/s, the 4x4 nt kernel 845-864, oneDNN
+# 887; 8 x 3 910-960, 4 x 6 920-970, 12 x 2 920-955, 7 x 4 750-820.
+TN_RN = 6   # keys per micro-kernel
+TN_MV = 4   # vectors of 16 rows of A per micro-kernel
+
+
+def tn_name(rn: int, mv: int) -> str:
+    return f"pr_tn_avx512_{rn}x{mv}_bf16_dp"
+
+
+def tn_kernel(rn: int, mv: int) -> str:
+    """Ct[r * sct + m] (beta) sum_k Bt[r * sb0 + k] * A[m, k] for r < rn, m < 16 * mv, over K <= ACC_ROWS (one
+    group of the summation order): ``Xp`` holds A's k pairs, pair p of row m at ``Xp[p * ldm + m]`` (32 bits:
+    the even k in the low half, as ``vdpbf16ps`` pairs them). K even. Chunks of ACC_CHUNK products per lane
+    (32 steps of two) start from zero in registers; their sums are added into the group sum (on the stack);
+    the group sum is stored (beta 0) or added (beta 1) into Ct."""
+    cells = [(r, v) for r in range(rn) for v in range(mv)]
+    steps = ACC_CHUNK // 2
+    L = [f"PR_INLINE void {tn_name(rn, mv)}(long K, const uint16_t* restrict Bt, long sb0, const float* restrict Xp, "
+         "long ldm, float* restrict Ct, long sct, int beta) {",
+         f"  __m512 g[{rn * mv}];",
+         f"  for (long c0 = 0; c0 < K; c0 += {2 * steps}) {{",
+         f"    const long c1 = pr_minl(K, c0 + {2 * steps});",
+         "    " + " ".join(f"__m512 a{r}_{v} = _mm512_setzero_ps();" for r, v in cells),
+         "    for (long k = c0; k < c1; k += 2) {",
+         "      const float* xp = Xp + (k >> 1) * ldm;"]
+    for v in range(mv):
+        L.append(f"      const __m512bh x{v} = (__m512bh)_mm512_loadu_ps(xp + {16 * v});")
+    for r in range(rn):
+        L.append(f"      {{ int32_t p; memcpy(&p, Bt + {r} * sb0 + k, 4);")
+        L.append("        const __m512bh b = (__m512bh)_mm512_set1_epi32(p);")
+        L.extend(f"        a{r}_{v} = _mm512_dpbf16_ps(a{r}_{v}, b, x{v});" for v in range(mv))
+        L.append("      }")
+    L.append("    }")
+    L.append("    if (c0 == 0) {")
+    L.extend(f"      g[{i}] = a{r}_{v};" for i, (r, v) in enumerate(cells))
+    L.append("    } else {")
+    L.extend(f"      g[{i}] = _mm512_add_ps(g[{i}], a{r}_{v});" for i, (r, v) in enumerate(cells))
+    L.append("    }")
+    L.append("  }")
+    for i, (r, v) in enumerate(cells):
+        p = f"Ct + {r} * sct + {16 * v}"
+        L.append(f"  _mm512_storeu_ps({p}, beta ? _mm512_add_ps(_mm512_loadu_ps({p}), g[{i}]) : g[{i}]);")
+    L.append("}")
+    return "\n".join(L) + "\n"

@@ -669,3 +669,59 @@ def test_only_the_first_row_group_of_a_key_block_prefetches_the_next_keys(dtype:
                 out = np.asarray(torch.as_tensor(k(x=xs, W=ws)).float())
                 assert_close(out, ref, f"{dtype} m={m} {isa} {name}", rtol=1e-2 if dtype != "float32" else 1e-4)
         assert one_template.specialize(m=23).template is not None, one_template.template_failures
+
+
+def test_a_bf16_product_of_many_rows_runs_transposed_on_rows_packed_in_pairs() -> None:
+    """bf16 X [m, K] @ W [N, K]^T with vdpbf16ps from matmul.TN_MIN_ROWS rows and K >= TN_MIN_K: C^T = W @ X^T on X
+    packed in k pairs (matmul.emit_tn; a Linear's prefill 1.16 -> 0.99x oneDNN's time). Row counts that are
+    not a multiple of the kernel's 64 rows, key counts not a multiple of its 6 keys, K with and without a partial
+    group of 512, one scaled-up row and column; against float64, per value and through one template of m. Short
+    K (attention's scores) and few rows keep the nt kernels."""
+    import torch
+
+    from prism.codegen.isa import bf16_dot, detect
+    if not bf16_dot(detect()):
+        pytest.skip("the machine has no AVX512_BF16 (vdpbf16ps): the tn path is not generated for it")
+    gen = torch.Generator().manual_seed(5)
+
+    def product(K: int, N: int) -> prism.Graph:
+        g = prism.Graph()
+        x, w = g.input("x", ("m", K), "bfloat16"), g.input("W", (N, K), "bfloat16")
+        bb = BlockBuilder(grid=(1,), forloop=1, inputs=[x, w])
+        bb.save(bb.matmul(bb.iter(0, imap=(None,)), bb.transpose(bb.iter(1, imap=(None,)), 0, 1)), omap=(None,))
+        (y,) = g.customized(bb.build(), [x, w])
+        g.output(y, "Y")
+        return g
+
+    assert "pr_tn_" in compile_kernel(product(512, 48).instantiate({"m": 64}), isa="avx512").source
+    assert "pr_tn_" not in compile_kernel(product(128, 48).instantiate({"m": 256}), isa="avx512").source
+    assert "pr_tn_" not in compile_kernel(product(512, 48).instantiate({"m": 32}), isa="avx512").source
+    for K, N in ((512, 48), (600, 53), (1030, 13), (2048, 50)):
+        g = product(K, N)
+        ws = torch.randn(N, K, generator=gen)
+        ws[N // 2] *= 1e4                                    # one key of large weights
+        ws = ws.to(torch.bfloat16)
+        per_value, one_template = prism.compile(g, isa="avx512"), prism.compile(g, isa="avx512", templates=True)
+        for m in (64, 70, 127, 130):
+            xs = torch.randn(m, K, generator=gen)
+            xs[m // 3] *= -3e3                               # one row of large activations
+            xs = xs.to(torch.bfloat16)
+            ref = xs.double().numpy() @ ws.double().numpy().T
+            for name, k in (("per value", per_value), ("template", one_template)):
+                out = np.asarray(torch.as_tensor(k(x=xs, W=ws)).float())
+                assert_close(out, ref, f"K={K} N={N} m={m} {name}", rtol=1e-2)
+        assert one_template.specialize(m=130).template is not None, one_template.template_failures
+
+    g = prism.Graph()                 # a for-loop over K's halves accumulating the product: C += Ct^T from it = 1
+    x, w = g.input("x", ("m", 1100), "bfloat16"), g.input("W", (50, 1100), "bfloat16")
+    bb = BlockBuilder(grid=(1,), forloop=2, inputs=[x, w])
+    xi, wi = bb.iter(0, imap=(None,), fmap=1), bb.iter(1, imap=(None,), fmap=1)
+    bb.save(bb.accumulate("sum", bb.matmul(xi, bb.transpose(wi, 0, 1))), omap=(None,))
+    (y,) = g.customized(bb.build(), [x, w])
+    g.output(y, "Y")
+    assert "pr_tr16_add" in compile_kernel(g.instantiate({"m": 70}), isa="avx512").source
+    ws = torch.randn(50, 1100, generator=gen).to(torch.bfloat16)
+    for m in (64, 70, 130):
+        xs = torch.randn(m, 1100, generator=gen).to(torch.bfloat16)
+        out = np.asarray(torch.as_tensor(prism.compile(g, isa="avx512")(x=xs, W=ws)).float())
+        assert_close(out, xs.double().numpy() @ ws.double().numpy().T, f"for-loop m={m}", rtol=1e-2)
