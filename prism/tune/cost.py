@@ -15,6 +15,10 @@ thread and ``a = min(nb, T)`` busy threads:
   once (a one-column strip of a row-major weight is latency-bound, not bandwidth-bound);
 * flops: matmul ``2·M·N·K`` per tile, others weighted per element (``exp`` 8, ``div`` 4, ...), loop nodes
   and accumulators times ``F``, over the SIMD efficiency ``N / (lanes·ceil(N/lanes))`` of the innermost dim;
+  a bfloat16 product against a transposed operand (a Linear's ``W^T``) on a machine with ``vdpbf16ps``
+  (``Machine.pair_dot``) runs at ``PAIR_TN`` times the FMA peak where the code generator takes its tn path
+  (at least ``TN_ROWS`` rows per product -- a batch folds into the rows where the tile keeps whole rows of
+  its sequences -- and ``TN_K`` of K), ``PAIR_NT`` elsewhere (the nt kernels' transpose-and-add per tile);
 * time = ``max(memory, compute)`` of the busiest thread (per-thread bandwidth ``min(bw1, bw/a)``, core
   peak) + ``BLOCK_S`` per block + ``ITER_S + NODE_S·(loop nodes)`` per iteration + ``FORK_S``.
 
@@ -60,6 +64,31 @@ OP_FLOPS = {**{n: o.flops for n, o in OPS.items() if o.elementwise or o.group ==
             "rms_norm": 6, "layer_norm": 9, "softmax": 14, "rotate_half": 1}
 ACC_FLOPS = {"sum": 1, "sum_last": 1, "rms": 2, "max": 1, "softmax_sum": 10}
 LAYOUT = ("reshape", "permute", "iter", "save", "split")
+# bfloat16 products with vdpbf16ps, flop rate over the machine's FMA peak (codegen/matmul.py: emit_tn from
+# TN_ROWS rows and TN_K of K, the nt kernels below). Measured on the Zen 5 VM, 2 threads: FMA loop 542 GFLOP/s,
+# vdpbf16ps loop 1150; bf16 [1024, 2048] x [5632, 2048]^T tn 950-1030, nt 845-864 (docs/codegen.md, "tn").
+PAIR_TN = 1.8
+PAIR_NT = 1.55
+TN_ROWS = 64
+TN_K = 256
+
+
+def _pair_rate(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> float:
+    """The rate of matmul ``n`` over the FMA peak: 1, or PAIR_TN / PAIR_NT for a bfloat16 product against a
+    transposed operand on a machine with vdpbf16ps (the module docstring)."""
+    a, b = n.src
+    if not (m.pair_dot and b.op == "permute" and str(a.dtype) == "bfloat16" and str(b.dtype) == "bfloat16"):
+        return 1.0
+    tile = S(a.shape)
+    if len(tile) < 2:
+        return PAIR_NT
+    rows = tile[-2]
+    if len(tile) > 2 and len(b.shape) == 2:   # one weight for the batch: the batch folds into the rows where
+        # they run on across it (matmul._fold_shared_b): a tile computed in the block is compact; an input's
+        # tile where it keeps whole rows of every sequence
+        if a.op != "iter" or tile[-2] == S(bg.inputs[a.arg[0]].shape)[-2]:
+            rows = numel(tile[:-1])
+    return PAIR_TN if rows >= TN_ROWS and tile[-1] >= TN_K else PAIR_NT
 
 
 def numel(shape: tuple) -> int:
@@ -237,7 +266,7 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
         f = _node_flops(n, S) * trips
         flops += f
         inner = max([S.dim(x.shape[-1]) for x in (n, *n.src) if x.shape] or [1])
-        eff_flops += f / _simd_eff(inner, m.simd)
+        eff_flops += f / _simd_eff(inner, m.simd) / (_pair_rate(n, bg, m, S) if n.op == "matmul" else 1.0)
         if trips > 1:
             loop_nodes += 1
         # element-wise nodes with one consumer are fused into it by the code generator (no tile)
