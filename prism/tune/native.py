@@ -83,6 +83,9 @@ void prism_bench_triad_free(void) {
     tn = 0;
 }
 
+/* the length of the arrays the triad runs over (0: freed; they are one set per process) */
+long prism_bench_triad_size(void) { return tn; }
+
 /* best-of-reps seconds of a[i] = b[i] + s*c[i] with ordinary (temporal) stores */
 double prism_bench_triad(int reps, int nthreads) {
     double best = 1e30;
@@ -119,7 +122,7 @@ def _load_lib() -> ctypes.CDLL:
     atomic, a private fallback directory when the cache is read-only)."""
     from prism.runtime.cache import load
     lib, _ = load(_SOURCE, ("prism_bench_peak", "prism_bench_triad", "prism_bench_triad_init",
-                            "prism_bench_triad_free"))
+                            "prism_bench_triad_free", "prism_bench_triad_size"))
     return lib
 
 
@@ -150,6 +153,7 @@ class Limits:
                 lib.prism_bench_triad.restype = ctypes.c_double
                 lib.prism_bench_triad.argtypes = [ctypes.c_int, ctypes.c_int]
                 lib.prism_bench_triad_free.restype = None
+                lib.prism_bench_triad_size.restype = ctypes.c_long
                 return cls(threads, f"C ({cc_version(cc)}, -O3 -march=native -fopenmp, OpenMP)", lib)
         return cls(threads, "NumPy fallback (no C compiler): lower bounds", None)
 
@@ -186,7 +190,10 @@ class Limits:
         """DRAM bandwidth in bytes/s, STREAM convention: 3 arrays x 4 bytes per element (no write-allocate
         traffic counted), best of ``TRIAD_REPS``."""
         nbytes = 3 * 4 * TRIAD_FLOATS
-        if not self._ready:
+        # the C library's arrays are one set per process: another Limits' release() (the tuner's machine
+        # measurement, inside a bench run from empty caches) freed them under this one, whose triads then ran
+        # over no elements and reported 350,000-460,000 GB/s beside every case (2026-11-28)
+        if not self._ready or (self._lib is not None and self._lib.prism_bench_triad_size() != TRIAD_FLOATS):
             self._arrays()
         if self._lib is not None:
             return nbytes / self._lib.prism_bench_triad(TRIAD_REPS, self.threads)

@@ -423,3 +423,21 @@ def test_notes_warn_when_the_process_never_went_idle() -> None:
     assert "still busy 500 ms after a visit" in text and "W4 spun" in text
     assert "quiet" not in text and "old report" not in text
     assert Report.from_json(rep.to_json()).cases[1].settle_ms_max == SETTLE_MAX_S * 1e3
+
+
+def test_a_triad_after_another_limits_released_the_arrays_still_reads_them() -> None:
+    """The C probes keep one set of triad arrays per process; the tuner's machine measurement releases them
+    (Limits.release) while the bench's own Limits still measures a triad beside every case. It re-allocates
+    instead of timing a loop over no elements (which reported 350,000-460,000 GB/s)."""
+    from prism.tune.native import TRIAD_FLOATS, Limits
+    bench, tuner = Limits.load(1), Limits.load(1)
+    if bench._lib is None:
+        pytest.skip("no C compiler: the NumPy triad has its own arrays per Limits")
+    first = bench.triad_bandwidth()
+    tuner.triad_bandwidth()
+    tuner.release()
+    assert bench._lib.prism_bench_triad_size() == 0
+    again = bench.triad_bandwidth()
+    assert bench._lib.prism_bench_triad_size() == TRIAD_FLOATS
+    assert again < 20 * first and again < 5e12, (first, again)   # a DRAM-sized stream, not an empty loop
+    bench.release()
