@@ -526,16 +526,17 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
             c: str, sc0: int, scratch: Scratch, beta: str = "0") -> None:
     """C[M x N] = A @ Bt^T for bfloat16 A and Bt (keys contiguous in K) with ``vdpbf16ps``, as the transposed
     product C^T = Bt @ A^T: per group of ``mk.ACC_ROWS`` of K, A's rows are packed in k pairs (32-bit, a 16 x 16
-    register transpose, ``pr_tr16``) into the thread's scratch ``Xp [K / 2][ldm]``; every block of ``mk.TN_RN``
-    keys broadcasts its k pairs against ``mk.TN_MV`` vectors of 16 packed rows (``mk.tn_kernel``), each lane one
-    output, into ``Ct [N][ldm]``; at the end Ct is transposed into C. The nt kernels end every tile with a
-    transpose-and-add of 16 accumulators and call per K chunk; this form has no reduction in the loop, and its
-    packing (M x K elements per group, read N times) and the final transposition cost ~2 % of a Linear's
-    prefill product. ldm rounds M up to the kernel's 16 * TN_MV rows: the packed rows past M are stale, and
-    so are the Ct columns they give, which are never read (each lane is its own output). The summation order
-    is the nt kernels': ACC_CHUNK products per lane from zero, ACC_GROUP chunks into a group sum, groups
-    into C (here Ct). ``beta`` (0, or the iteration's of a block's for-loop that accumulates the product, with
-    each iteration's part of K): C = Ct^T, or C += Ct^T where it is non-zero. Measured: docs/codegen.md, "tn"."""
+    register transpose, ``pr_tr16``) into the thread's scratch ``Xp [K / 2][ldm]``; every block of ``mk.TN_RN`` keys
+    broadcasts its k pairs against ``mk.TN_MV`` vectors of 16 packed rows (``mk.tn_kernel``), each lane one output,
+    into ``Ct [N][ldm]``; at the end Ct is transposed into C. The nt kernels end every tile with a transpose-and-add
+    of 16 accumulators and call per K chunk; this form has no reduction in the loop. Its packing (one 16 x 16
+    transpose per 16 rows x 16 pairs, each pair then used by every key) and the final transposition are estimated at
+    ~2 % of a Linear's prefill product (not measured apart). ldm rounds M up to the kernel's 16 * TN_MV rows: the
+    packed rows past M are stale, and so are the Ct columns they give, which are never read (each lane is its own
+    output). The summation order is the nt kernels': ACC_CHUNK products per lane from zero, ACC_GROUP chunks into a
+    group sum, groups into C (here Ct). ``beta`` (0, or the iteration's of a block's for-loop that accumulates the
+    product, with each iteration's part of K): C = Ct^T, or C += Ct^T where it is non-zero. Measured:
+    docs/codegen.md, "tn"."""
     RN, MV = mk.TN_RN, mk.TN_MV
     mt = 16 * MV
     ldm = (M + mt - 1) // mt * mt
