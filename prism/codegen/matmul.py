@@ -478,22 +478,6 @@ TR16_AVX512 = """PR_INLINE void pr_tr16(const float* restrict src, long ss, floa
 """
 
 
-def _emit_transpose(w: CWriter, nm: Namer, sup: Support, src: str, ss: int, dst: str, ds: int, N: int, K: int) -> None:
-    """dst[k * ds + n] = src[n * ss + k] for n < N, k < K: 16 x 16 tiles in registers, the edges by loops."""
-    fn = sup.need("pr_tr16", TR16_AVX512)
-    n16, k16 = N // 16 * 16, K // 16 * 16
-    n_, k_ = nm("n"), nm("k")
-    if n16 and k16:
-        with w.block(f"for (long {n_} = 0; {n_} < {n16}; {n_} += 16)"):
-            with w.block(f"for (long {k_} = 0; {k_} < {k16}; {k_} += 16)"):
-                w.line(f"{fn}({src} + {n_} * {ss} + {k_}, {ss}, {dst} + {k_} * {ds} + {n_}, {ds});")
-    for (n0, n1), (k0, k1) in (((n16, N), (0, K)), ((0, n16), (k16, K))):
-        if n1 > n0 and k1 > k0:
-            with w.block(f"for (long {n_} = {n0}; {n_} < {n1}; {n_}++)"):
-                with w.block(f"for (long {k_} = {k0}; {k_} < {k1}; {k_}++)"):
-                    w.line(f"{dst}[{k_} * {ds} + {n_}] = {src}[{n_} * {ss} + {k_}];")
-
-
 # pr_tr16 adding into its destination (dst[k * ds + n] += src[n * ss + k])
 _TR16_STORE = "_mm512_storeu_ps(dst + i * ds, r[i]);"
 assert _TR16_STORE in TR16_AVX512
@@ -501,12 +485,12 @@ TR16_ADD_AVX512 = TR16_AVX512.replace("pr_tr16(", "pr_tr16_add(").replace(
     _TR16_STORE, "_mm512_storeu_ps(dst + i * ds, _mm512_add_ps(_mm512_loadu_ps(dst + i * ds), r[i]));")
 
 
-def _emit_transpose_any(w: CWriter, nm: Namer, sup: Support, src: str, ss: int, dst: str, ds: int, N: int,
-                        K: int, add: bool = False) -> None:
-    """dst[k * ds + n] = src[n * ss + k] (``add``: +=) for n < N, k < K (32-bit elements), as _emit_transpose,
-    but the loops' bounds are only printed, never tested here: in a template (codegen/template.py) the edge loops
-    of every row count are in the text (a zero-trip loop where the count has no edge), so no residue of N or K
-    modulo 16 is a guard of its own."""
+def _emit_transpose(w: CWriter, nm: Namer, sup: Support, src: str, ss: int, dst: str, ds: int, N: int, K: int,
+                    add: bool = False) -> None:
+    """dst[k * ds + n] = src[n * ss + k] (``add``: +=) for n < N, k < K (32-bit elements): 16 x 16 tiles in
+    registers, the edges by loops. The loops' bounds are only printed, never tested here: in a template
+    (codegen/template.py) the edge loops of every count are in the text (a zero-trip loop where the count has
+    no edge), so no residue of N or K modulo 16 is a guard of its own."""
     fn = sup.need("pr_tr16_add", TR16_ADD_AVX512) if add else sup.need("pr_tr16", TR16_AVX512)
     op = "+=" if add else "="
     n16, k16 = N // 16 * 16, K // 16 * 16
@@ -552,7 +536,7 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     tail = sup.need(mk.tn_name(rn_tail, MV), mk.tn_kernel(rn_tail, MV)) if rn_tail else ""
 
     def group(g0: str, gn: int, beta: str) -> None:
-        _emit_transpose_any(w, nm, sup, f"((const float*)({a} + {g0}))", sa0 // 2, xp, ldm, M, gn // 2)
+        _emit_transpose(w, nm, sup, f"((const float*)({a} + {g0}))", sa0 // 2, xp, ldm, M, gn // 2)
         n0, m0 = nm("n"), nm("m")
         with w.block(f"for (long {m0} = 0; {m0} < {ldm}; {m0} += {mt})"):
             with w.block(f"for (long {n0} = 0; {n0} < {n_full}; {n0} += {RN})"):
@@ -570,12 +554,12 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     if rem:
         group(str(full * G), rem, "1" if full else "0")
     if beta == "0":
-        _emit_transpose_any(w, nm, sup, ct, ldm, c, sc0, N, M)
+        _emit_transpose(w, nm, sup, ct, ldm, c, sc0, N, M)
         return
     with w.block(f"if ({beta})"):
-        _emit_transpose_any(w, nm, sup, ct, ldm, c, sc0, N, M, add=True)
+        _emit_transpose(w, nm, sup, ct, ldm, c, sc0, N, M, add=True)
     with w.block("else"):
-        _emit_transpose_any(w, nm, sup, ct, ldm, c, sc0, N, M)
+        _emit_transpose(w, nm, sup, ct, ldm, c, sc0, N, M)
 
 
 NT_ALL_RUNS = 8   # in a template, from this many rows every row-group shape has its loop (nt_row_runs)

@@ -17,8 +17,8 @@ thread and ``a = min(nb, T)`` busy threads:
   and accumulators times ``F``, over the SIMD efficiency ``N / (lanes·ceil(N/lanes))`` of the innermost dim;
   a bfloat16 product against a transposed operand (a Linear's ``W^T``) on a machine with ``vdpbf16ps``
   (``Machine.pair_dot``) runs at ``PAIR_TN`` times the FMA peak where the code generator takes its tn path
-  (at least ``TN_ROWS`` rows per product -- a batch folds into the rows where the tile keeps whole rows of
-  its sequences -- and ``TN_K`` of K), ``PAIR_NT`` elsewhere (the nt kernels' transpose-and-add per tile);
+  (at least ``TN_MIN_ROWS`` rows per product -- a batch folds into the rows where the tile keeps whole rows of
+  its sequences -- and ``TN_MIN_K`` of K), ``PAIR_NT`` elsewhere (the nt kernels' transpose-and-add per tile);
 * time = ``max(memory, compute)`` of the busiest thread (per-thread bandwidth ``min(bw1, bw/a)``, core
   peak) + ``BLOCK_S`` per block + ``ITER_S + NODE_S·(loop nodes)`` per iteration + ``FORK_S``.
 
@@ -41,6 +41,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from prism.codegen.matmul import TN_MIN_K, TN_MIN_ROWS
 from prism.ir import dims as D
 from prism.ir.block import BlockGraph
 from prism.ir.graph import Graph
@@ -65,12 +66,10 @@ OP_FLOPS = {**{n: o.flops for n, o in OPS.items() if o.elementwise or o.group ==
 ACC_FLOPS = {"sum": 1, "sum_last": 1, "rms": 2, "max": 1, "softmax_sum": 10}
 LAYOUT = ("reshape", "permute", "iter", "save", "split")
 # bfloat16 products with vdpbf16ps, flop rate over the machine's FMA peak (codegen/matmul.py: emit_tn from
-# TN_ROWS rows and TN_K of K, the nt kernels below). Measured on the Zen 5 VM, 2 threads: FMA loop 542 GFLOP/s,
+# TN_MIN_ROWS rows and TN_MIN_K of K, the nt kernels below). Measured on the Zen 5 VM, 2 threads: FMA loop 542 GFLOP/s,
 # vdpbf16ps loop 1150; bf16 [1024, 2048] x [5632, 2048]^T tn 950-1030, nt 845-864 (docs/codegen.md, "tn").
 PAIR_TN = 1.8
 PAIR_NT = 1.55
-TN_ROWS = 64
-TN_K = 256
 
 
 def _pair_rate(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> float:
@@ -88,7 +87,7 @@ def _pair_rate(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> float:
         # tile where it keeps whole rows of every sequence
         if a.op != "iter" or tile[-2] == S(bg.inputs[a.arg[0]].shape)[-2]:
             rows = numel(tile[:-1])
-    return PAIR_TN if rows >= TN_ROWS and tile[-1] >= TN_K else PAIR_NT
+    return PAIR_TN if rows >= TN_MIN_ROWS and tile[-1] >= TN_MIN_K else PAIR_NT
 
 
 def numel(shape: tuple) -> int:

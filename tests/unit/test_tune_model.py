@@ -290,7 +290,7 @@ def test_the_cpu_of_our_own_child_processes_is_not_foreign_load() -> None:
 
 def test_a_bf16_linear_counts_the_pair_instruction_and_the_kernel_its_tile_gets() -> None:
     """bf16 X [8, 128, 2048] @ W[2048, 2048]^T on a machine with vdpbf16ps: compute at PAIR_TN times the FMA
-    peak where a block's product has at least TN_ROWS rows (a block of whole sequences: the batch folds into
+    peak where a block's product has at least TN_MIN_ROWS rows (a block of whole sequences: the batch folds into
     its rows), PAIR_NT where it has 16 rows of each of 8 sequences (the nt kernels), the FMA peak without
     the instruction or for float32. The tuner had measured only the second kind for a prefill's linear+add
     (all predicted equal; measured 11.2-11.7 ms where the first kind takes ~9.2)."""
