@@ -68,7 +68,6 @@ class Template:
     record_key: str | None = None   # the compiled template's kernel-cache key: its check record's name (api.py)
     records_read: bool = False      # the check record was read (once per template and process)
     first: Any = None      # the runtime's first variant of it (whose workspace the others share)
-    launcher: Any = None   # the C launcher whose workspace and lock the others share (runtime/fastcall.py)
 
     def holds(self, env: Mapping[str, int]) -> bool:
         return self.trace.holds(env)

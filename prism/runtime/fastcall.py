@@ -23,9 +23,11 @@ messages); and ``Guard(specs, tensor_type)``, ``capture="export"``'s input check
 
 The thread count is ``PRISM_NUM_THREADS`` read with ``getenv`` on every call (``os.environ`` writes through
 ``putenv``); a value that is not a plain positive integer is handed to :func:`prism.runtime.kernel.
-num_threads`, which raises the usual error. The launcher owns its workspace (64-byte aligned, grown under
-its lock, NaN-filled when ``PRISM_POISON_WS=1`` as the Python path's) and its lock: one call of a launcher
-at a time, with the GIL released while the kernel runs.
+num_threads`, which raises the usual error. A launcher owns a workspace (64-byte aligned, grown under its
+lock, NaN-filled when ``PRISM_POISON_WS=1`` as the Python path's) and a lock, or uses another's (``owner``,
+the last argument): ``Variant.torch_launcher`` makes every launcher of the process use the first one's
+(``kernel.ARENA``), so kernels run one at a time, with the GIL released while one runs, and one workspace,
+grown to the largest need, serves them all. ``launcher.workspace``: (floats allocated, the owner or None).
 
 It is compiled on first use with the C compiler and the Python headers, into the compile cache
 (``<cache>/ext/``). Where it cannot be built (no ``Python.h``, a compiler error) or with
@@ -282,9 +284,25 @@ static PyObject* Launcher_call(Launcher* self, PyObject* args, PyObject* kw) {
     return launcher_run(self, PySequence_Fast_ITEMS(ins), PyList_GET_SIZE(ins));
 }
 
+/* the workspace this launcher's calls use (its owner's): (floats allocated, the owner or None) */
+static PyObject* Launcher_get_workspace(Launcher* self, void* closure) {
+    (void)closure;
+    Launcher* o = self->owner != NULL ? (Launcher*)self->owner : self;
+    PyThread_acquire_lock(o->lock, WAIT_LOCK);
+    long cap = o->ws_cap;
+    PyThread_release_lock(o->lock);
+    return Py_BuildValue("(lO)", cap, self->owner != NULL ? self->owner : Py_None);
+}
+
+static PyGetSetDef Launcher_getset[] = {
+    {"workspace", (getter)Launcher_get_workspace, NULL, "(floats allocated, the owning launcher or None)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyTypeObject LauncherType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "_prism_fastcall.Launcher",
+    .tp_getset = Launcher_getset,
     .tp_basicsize = sizeof(Launcher),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A kernel's per-call path on torch tensors (prism/runtime/fastcall.py).",

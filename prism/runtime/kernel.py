@@ -35,6 +35,13 @@ Params = Union[Mapping[str, object], Callable[[dict[str, int]], Mapping[str, obj
 ALIGN_BYTES = 64
 ENTRY_POINTS = ("prism_entry", "prism_max_threads")  # what every generated library exports (codegen/kernel.py)
 TEMPLATE_TRIES = 3   # templates that failed (not traceable, not valid, not compilable) before a kernel stops trying
+# The C launcher whose workspace and lock every C launcher of the process uses (runtime/fastcall.py): kernels
+# run one at a time anyway (each takes every core through OpenMP), so one workspace, grown to the largest
+# need, serves them all. One per kernel and shape kept each one's intermediates for the life of the process:
+# llama-1b bf16 at batch 8 (prompt 128, warm caches) added 64 MiB beyond Dynamo's own (`backend="eager"`),
+# 33 MiB of it workspaces, the largest 10 MiB (docs/bench.md, "Memory"). The cost: kernels called from two
+# Python threads at once run one after the other.
+ARENA: list[Any] = [None]
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
@@ -183,15 +190,15 @@ class Variant:
         empty, default_dtype = torch.empty, torch.get_default_dtype
         fast = fastcall.launcher_type()
         if fast is not None:  # the same path in one C call (runtime/fastcall.py)
-            t = self.template   # a template's launchers share the first one's workspace and lock
+            owner = ARENA[0] if type(ARENA[0]) is fast else None   # fastcall.reset() (tests) builds a new type
             launcher = fast(ctypes.cast(self.fn, ctypes.c_void_p).value, self.max_threads, empty, default_dtype,
                             # the sizes as separate arguments: empty(256) is ~0.5 µs cheaper than empty((256,))
                             tuple(tuple(s) if len(s) else ((),) for s in out_shapes),
                             tuple({"dtype": d} for d in dtypes),
                             tuple(dtypes), num_threads, self.gen.ws_floats, self.gen.scratch_floats, self.words,
-                            t.launcher if t is not None else None)
-            if t is not None and t.launcher is None:
-                t.launcher = launcher
+                            owner)
+            if owner is None:
+                ARENA[0] = launcher
             return launcher
         outs_spec = tuple(zip(out_shapes, dtypes))
         ptr_type, fn, lock, max_threads, workspace = self.ptr_type, self.fn, self.lock, self.max_threads, self.workspace

@@ -1,8 +1,8 @@
 """The C launcher (prism/runtime/fastcall.py): the per-call path of the pieces in one C call. Same outputs
 as the Python launcher, fresh outputs of the kernel's dtypes whatever torch's default dtype, the
-thread-count rule of PRISM_NUM_THREADS (invalid values raise the usual error), its own workspace (poisoned
-with NaN under PRISM_POISON_WS=1, grown with the thread count), concurrent callers, wrong arguments raise,
-and the Python launcher where the extension cannot be built."""
+thread-count rule of PRISM_NUM_THREADS (invalid values raise the usual error), the workspace (poisoned
+with NaN under PRISM_POISON_WS=1, grown with the thread count, one for every launcher), concurrent callers,
+wrong arguments raise, and the Python launcher where the extension cannot be built."""
 
 from __future__ import annotations
 
@@ -128,6 +128,30 @@ def test_concurrent_callers(fresh: None) -> None:
     for th in threads:
         th.join()
     assert errors == []
+
+
+def test_one_workspace_for_every_launcher(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every C launcher of the process uses one launcher's workspace and lock (kernel.ARENA): two kernels of
+    different workspace needs, called in turn at several thread counts over a NaN-poisoned workspace that
+    grows to the largest need, each give their own right result."""
+    monkeypatch.setenv("PRISM_POISON_WS", "1")
+    ins = _inputs()
+    y, t = _expected(ins)
+    kernels = [_split_k(), prism.compile(split_k_graph(row_sums=True), params={"S": 2})]
+    launches = [k.torch_launcher(((6, 128), (128, 96))) for k in kernels]
+    owners = {id(la.workspace[1] or la) for la in launches}
+    assert len(owners) == 1, "two launchers with workspaces of their own"
+    needs = [(k.specialize().gen.ws_floats, k.specialize().gen.scratch_floats) for k in kernels]
+    assert needs[0] != needs[1]
+    most = 0
+    for nth in ("1", "3", "2", "4"):
+        monkeypatch.setenv("PRISM_NUM_THREADS", nth)
+        for la in launches + launches[::-1]:
+            out = la(list(ins))
+            np.testing.assert_allclose(out[0].numpy(), y, rtol=1e-5, atol=1e-4, err_msg=nth)
+            np.testing.assert_allclose(out[1].numpy(), t, rtol=1e-5, atol=1e-3, err_msg=nth)
+        most = max([most] + [w + int(nth) * s for w, s in needs])
+        assert launches[0].workspace[0] == launches[1].workspace[0] >= most
 
 
 def test_wrong_arguments_raise(fresh: None) -> None:
