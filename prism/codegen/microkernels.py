@@ -418,7 +418,19 @@ def nt_single_keys(isa: ISA, elems: tuple[str, str], whole_k: bool) -> int | Non
     without 0.960, a torch sum of the same bytes 0.952; float16 likewise (0.862 with 8 keys + prefetch,
     0.905 with 16); with 24 MB of weights (mostly L3) 8 keys + prefetch took 0.585 of the time. Fewer
     concurrent key streams per thread, each prefetched a block ahead, is what llama.cpp's row-at-a-time
-    kernels also get (without the prefetch: 1.09x Prism's time)."""
+    kernels also get (without the prefetch: 1.09x Prism's time).
+
+    float16 keys (against a float16 or float32 row) take one key at a time on AVX-512: the single-key kernel,
+    four accumulators, no software prefetch -- the order of llama.cpp's ``ggml_vec_dot_f16``. Measured on the
+    2-core Zen 5 VM (2 threads, the generated kernels of both forms called from one process, weights cycled
+    from DRAM, two runs each): llama-1b float16's decode pieces 0.80-0.87x the 8-key kernel's time (LM head
+    3.30 -> 2.68 ms, the fused MLP with its float32 row 1.28 -> 1.08 ms), single Linears 4096 x 4096, 11008 x
+    4096, 4096 x 11008 and 768 x 3072 0.81-0.96x, 1024 x 1024 (in L2) 1.00-1.02x. The 8-key kernel loses 12-20 %
+    of the stream to the widening loads (docs/codegen.md, "Widening GEMVs"); bfloat16 (``vdpbf16ps``, one
+    instruction per line) and float32 keys lost with one key at a time (1.06-1.09x, 0.90-1.33x). Measured on the
+    Zen 5 host only (on Zen 4, above, one key at a time was measured for bfloat16: 1.09x)."""
+    if whole_k and isa.name == "avx512" and elems[1] == "f16":
+        return 1
     if whole_k and isa.name == "avx512" and elems[0] == elems[1] and ITEMSIZE[elems[1]] == 2:
         return 8
     return None
@@ -506,18 +518,28 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
         full = ("(__m512bh)_mm512_loadu_si512((const void*)({p}))",) * 2
     else:
         full = (v.load("{p}", 0, ea), v.load("{p}", 0, eb))
-    if R * J == 1:  # a single dot product (tails): one accumulator, its lanes added per chunk
+    if R * J == 1:  # a single dot product (tails, GEMV rows one key at a time): its lanes added per chunk
+        # four accumulators taken in turn (a float16 GEMV runs every key through it: nt_single_keys); one would
+        # be a chain of dependent FMAs
+        steps = "\n".join(
+            f"      {a} = {fma(full[0].format(p=f'A + k + {u * S}'), full[1].format(p=f'Bt + k + {u * S}'), a)};"
+            for u, a in enumerate(("acc", "acc1", "acc2", "acc3")))
         return f"""PR_INLINE void {name}{sig} {{
   float s = 0.0f, g = 0.0f;
   float t[{W}] __attribute__((aligned(64)));
   for (long k0 = 0; k0 < K; k0 += {ch}) {{
     const long k1 = pr_minl(K, k0 + {ch}), K0 = k1 - (k1 - k0) % {S};
-    {vt} acc = {v.zero()};
-    for (long k = k0; k < K0; k += {S}) acc = {fma(full[0].format(p="A + k"), full[1].format(p="Bt + k"), "acc")};
+    {vt} acc = {v.zero()}, acc1 = {v.zero()}, acc2 = {v.zero()}, acc3 = {v.zero()};
+    long k = k0;
+    for (; k + {4 * S} <= K0; k += {4 * S}) {{
+{steps}
+    }}
+    for (; k < K0; k += {S}) acc = {fma(full[0].format(p="A + k"), full[1].format(p="Bt + k"), "acc")};
     if (K0 < k1) {{
       const {mtype} km = {mtail}; (void)km;
       acc = {fma(mload_of(ea).format(p="A + K0"), mload_of(eb).format(p="Bt + K0"), "acc")};
     }}
+    acc = {v.add(v.add("acc", "acc1"), v.add("acc2", "acc3"))};
     {v.store("t", "acc")}
     float cs_ = 0.0f;
     for (int i = 0; i < {W}; i++) cs_ += t[i];

@@ -558,26 +558,31 @@ def test_short_k_nt_product_runs_as_nn_on_a_transposed_copy(rng: np.random.Gener
     check(g, rng)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_a_16_bit_gemv_streams_8_prefetched_keys_per_block(dtype: str) -> None:
-    """x @ W^T with x and W both 16-bit over a whole long K (decode): on AVX-512 the single-row kernel takes 8 keys
-    per block, two accumulators per key on alternate steps, and prefetches the keys ahead
-    (microkernels.nt_single_keys: a decode step's GEMVs 0.875 of the 16-key kernel's time in bfloat16); every K
-    tail and key count (37: four blocks and 5 single keys) against float64, and the kernel run where it can."""
+@pytest.mark.parametrize("x_dtype, w_dtype", [("bfloat16", "bfloat16"), ("float16", "float16"),
+                                              ("float32", "float16")])
+def test_a_16_bit_gemv_streams_its_keys_as_measured(x_dtype: str, w_dtype: str) -> None:
+    """x @ W^T with 16-bit keys W over a whole long K (decode), on AVX-512 (microkernels.nt_single_keys): bfloat16
+    against a bfloat16 row takes 8 keys per block, two accumulators per key on alternate steps, and prefetches
+    the keys ahead (a decode step's GEMVs 0.875 of the 16-key kernel's time); float16 keys take one key at a time
+    with four accumulators and no prefetch (llama-1b float16's decode pieces 0.80-0.87x the 8-key kernel's
+    time). Every K tail and key count (37) against float64, and the kernel run where it can."""
     import torch
     for K in (5001, 2048, 1056):
-        g = _x_wt(K, dtype, dtype)
+        g = _x_wt(K, w_dtype, x_dtype)
         src = compile_kernel(g, isa="avx512").source
-        assert "_1x8_" in src and "__builtin_prefetch(Bt + 16 * sb0 + k, 0, 2)" in src and "_1x16_" not in src
+        if w_dtype == "bfloat16":
+            assert "_1x8_" in src and "__builtin_prefetch(Bt + 16 * sb0 + k, 0, 2)" in src and "_1x16_" not in src
+        else:
+            assert "_1x1_" in src and "__builtin_prefetch" not in src and "_1x8_" not in src and "_1x16_" not in src
+            assert "acc3 = _mm512_fmadd_ps" in src   # four accumulators taken in turn
         assert "__builtin_prefetch(Bt + 16 * sb0" not in compile_kernel(g, isa="avx2").source   # AVX2: as before
         if "avx512" not in supported_isas():
             continue
-        tdt = getattr(torch, dtype)
-        w = torch.randn(37, K, generator=torch.Generator().manual_seed(K)).to(tdt)
-        xs = torch.randn(1, K, generator=torch.Generator().manual_seed(K + 1)).to(tdt)
+        w = torch.randn(37, K, generator=torch.Generator().manual_seed(K)).to(getattr(torch, w_dtype))
+        xs = torch.randn(1, K, generator=torch.Generator().manual_seed(K + 1)).to(getattr(torch, x_dtype))
         out = prism.compile(g, isa="avx512")(W=w, x=xs)
         ref = xs.double().numpy() @ w.double().numpy().T
-        assert_close(np.asarray(torch.as_tensor(out).float()), ref, f"x @ W^T {dtype} K={K}", rtol=1e-2)
+        assert_close(np.asarray(torch.as_tensor(out).float()), ref, f"x @ W^T {x_dtype} x {w_dtype} K={K}", rtol=1e-2)
 
 
 def _batch_loops(src: str) -> list[str]:
