@@ -378,7 +378,8 @@ def test_derived_shapes_share_a_template_instead_of_a_compile_each() -> None:
     """Shapes derived from one tuned winner (the same sGraph and sizes) are served by templates of their guard
     regions (codegen/template.py): a few compiles for 29 new lengths, each kernel checked at its shape. (A
     dim that a grid splits is not templated where the blocks' rows choose the micro-kernels: their text
-    pins the value; here n is the softmax's and the contraction's length.)"""
+    pins the value; here n is the softmax's and the contraction's length.) A template's first check runs every
+    input kind, its later ones the normal draw only."""
     clear_memory_caches()
     reset_stats()
     from prism import api
@@ -409,6 +410,11 @@ def test_derived_shapes_share_a_template_instead_of_a_compile_each() -> None:
     served = [n for n in range(41, 70) if all(i["n"] != n for i in k.specialize(n=n).check.instantiations)]
     assert len(served) == STATS.template_served
     assert "served by a template of its guard region" in k.explain(n=served[-1])   # says where its check ran
+    # a template's first check runs every input kind, its later ones (other values of the region) the normal one
+    for t, *_ in kern._templates:
+        kinds = [{c.kind for c in r.checks} for r in t.checks]
+        assert kinds[0] >= {"normal", "hostile", "tiny"} and all(ks == {"normal"} for ks in kinds[1:]), kinds
+    assert any(len(t.checks) > 1 for t, *_ in kern._templates)
 
 
 def test_a_later_process_takes_a_templates_recorded_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
