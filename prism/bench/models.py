@@ -499,6 +499,10 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
             order = order[k % len(order):] + order[:k % len(order)]
             for sysname in order:
                 model = calls[sysname]
+                # untimed, as llama-bench's warm-up run: the first call of a system's turn, after the others
+                # streamed their own weights, took Prism's llama-1b bf16 prefill 153-177 ms where the same
+                # call repeated takes 114-127 ms (a 2-token generate() right after it: 140 ms)
+                model.generate(ids, max_new_tokens=1, **kw)
                 t0 = time.perf_counter()
                 model.generate(ids, max_new_tokens=1, **kw)
                 t1 = time.perf_counter()
