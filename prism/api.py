@@ -606,6 +606,7 @@ class SuperKernel:
         check with two seeds and every input scaled in turn at small instantiations -- so this check is for
         the compiled code at this shape (docs/verify.md). ``kinds``: only these (a template's later checks)."""
         from prism.verify import compiled_runner, numeric_check
+        from prism.verify.numeric import KINDS
         STATS.final_checks += 1
         seed, draws, refs, pairs = 0, None, None, []
         if tuned is not None:
@@ -613,10 +614,9 @@ class SuperKernel:
             draws = {seed: tuned.draw} if tuned.draw else None
             refs = {seed: tuned.reference} if tuned.reference else None
         runner = compiled_runner(lambda _g, _p: kernel, name="compiled kernel", float32=pairs)
-        more = {} if kinds is None else {"kinds": kinds}
         return numeric_check(impl.graph, self.program, instantiations=[{**env, **params}], runners=[runner],
                              seeds=(seed,), hostile_input=next(iter(self.program.inputs)), draws=draws,
-                             normal_references=refs, **more)
+                             normal_references=refs, kinds=KINDS if kinds is None else kinds)
 
     def _pick(self, env: dict[str, int], tuned: Tuned) -> Specialization:
         """The fastest measured candidate whose compiled kernel passes the numeric check at this shape."""
