@@ -122,8 +122,42 @@ def nn_sig(elems: tuple[str, str] = F32) -> str:
             "float* restrict C, long sc0, int beta, const float* restrict cs)")
 
 
+def nn_pairs(isa: ISA, elems: tuple[str, str]) -> bool:
+    """Whether the nn kernels of ``elems`` take B's rows two at a time with ``vdpbf16ps``: both operands
+    bfloat16 on a machine with AVX512_BF16. Rows k and k + 1 of B are interleaved in registers
+    (``vpunpcklwd``/``vpunpckhwd``: 32 columns of the two rows -> two vectors of 16 column pairs) and
+    multiplied by the broadcast pair (A[r, k], A[r, k + 1]): the same exact products as the widening loads,
+    summed in float32 two per lane and step. The unpack leaves a vector's lanes in an order of its own (columns
+    0-3, 8-11, ... in one, 4-7, 12-15, ... in the other); the sums are put back in column order once per call,
+    before C is touched. Measured need (Zen 5 VM, 2 threads, W3's two bfloat16 [4096, 11008] weights in the
+    K-chunk sweep of matmul.py, standalone C, three alternating runs): the widening kernel read 32-35 GB/s,
+    this one 46-52 (the float32 kernel beside it 48-51, a bfloat16 weight at half its bytes); in a faster phase
+    of the host 43-45 against 62-70."""
+    return isa.name == "avx512" and elems == ("bf16", "bf16") and bf16_dot(isa)
+
+
 def nn_name(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elems: tuple[str, str] = F32) -> str:
-    return f"pr_nn_{isa.name}_{mr}x{nv}" + (f"_t{tail}" if tail else "") + ("_kb" if blocked else "") + _suffix(elems)
+    return (f"pr_nn_{isa.name}_{mr}x{nv}" + (f"_t{tail}" if tail else "") + ("_kb" if blocked else "")
+            + _suffix(elems) + ("_dp" if nn_pairs(isa, elems) else ""))
+
+
+def _pair_load(n: int, tail: int, p: str) -> str:
+    """n (32 or 16) bfloat16 of one B row at ``p`` as integer lanes; with ``tail`` (lanes of the group's last
+    16-column vector) the columns past it read as zero."""
+    if n == 32:
+        return (f"_mm512_maskz_loadu_epi16((__mmask32)0x{(1 << (16 + tail)) - 1:x}, {p})" if tail
+                else f"_mm512_loadu_si512((const void*)({p}))")
+    return (f"_mm256_maskz_loadu_epi16((__mmask16)0x{(1 << tail) - 1:x}, {p})" if tail
+            else f"_mm256_loadu_si256((const __m256i*)({p}))")
+
+
+def _pair_order(n: int) -> list[int]:
+    """For the sums of ``n`` (32 or 16) columns of unpacked row pairs: the lane (0-31 over the two vectors of
+    a 32-column group, 0-15 for a 16-column one) that holds each column, in column order."""
+    lane_col = ([8 * (i // 4) + i % 4 for i in range(16)] + [8 * (i // 4) + 4 + i % 4 for i in range(16)]
+                if n == 32 else [8 * (i // 4) + i % 4 for i in range(8)] + [8 * (i // 4) + 4 + i % 4 for i in range(8)])
+    where = {c: lane for lane, c in enumerate(lane_col)}
+    return [where[c] for c in range(n)]
 
 
 def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elems: tuple[str, str] = F32) -> str:
@@ -142,6 +176,7 @@ def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elem
     ea, eb = elems
     if not isa.vector:
         return _nn_portable(name, mr, nv, tail, elems)
+    pairs = nn_pairs(isa, elems)
     v, W = _V(isa), isa.width
     L: list[str] = [f"PR_INLINE void {name}{nn_sig(elems)} {{"]
     acc = [[f"c{r}_{j}" for j in range(nv)] for r in range(mr)]
@@ -176,10 +211,59 @@ def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elem
                      for j in range(nv))
             L.append(f"{i2}}}")
 
+    # pairs: B's vectors in groups of 32 columns (two vectors from one unpack) and a last group of 16 if nv is odd
+    groups = [(j, min(2, nv - j)) for j in range(0, nv, 2)]
+
+    def pair_step(single: bool) -> None:
+        """Rows k and k + 1 (``single``: row k alone, the odd last row of a chunk, paired with zeros)."""
+        i2 = ind + "  "
+        L.append(f"{i2}const uint16_t* Bk = B + k * sb0;")
+        L.append(f"{i2}const uint16_t* Ak = A + k * sa1;")
+        if blocked and not single:   # a column strip walked down K: the next rows are new pages
+            for row in ("", " + sb0"):
+                for off in [*range(0, cols, 32), cols - 1]:
+                    L.append(f"{i2}__builtin_prefetch(Bk{row} + {PF_ROWS} * sb0 + {off}, 0, 2);")
+        for j, n in groups:
+            t = tl(j + n - 1)
+            if n == 2:
+                r1 = "_mm512_setzero_si512()" if single else _pair_load(32, t, f"Bk + sb0 + {j * W}")
+                L.append(f"{i2}const __m512i r{j} = {_pair_load(32, t, f'Bk + {j * W}')}, q{j} = {r1};")
+                L.append(f"{i2}const __m512bh b{j} = (__m512bh)_mm512_unpacklo_epi16(r{j}, q{j}), "
+                         f"b{j + 1} = (__m512bh)_mm512_unpackhi_epi16(r{j}, q{j});")
+            else:
+                r1 = "_mm256_setzero_si256()" if single else _pair_load(16, t, f"Bk + sb0 + {j * W}")
+                L.append(f"{i2}const __m256i r{j} = {_pair_load(16, t, f'Bk + {j * W}')}, q{j} = {r1};")
+                L.append(f"{i2}const __m512bh b{j} = (__m512bh)_mm512_inserti64x4(_mm512_castsi256_si512("
+                         f"_mm256_unpacklo_epi16(r{j}, q{j})), _mm256_unpackhi_epi16(r{j}, q{j}), 1);")
+        for r in range(mr):
+            pair = f"(int)Ak[{r} * sa0]" if single else f"pr_pair_bf16(Ak + {r} * sa0, sa1)"
+            L.append(f"{i2}{{ const __m512bh a = (__m512bh)_mm512_set1_epi32({pair});")
+            L.extend(f"{i2}  {acc[r][j]} = _mm512_dpbf16_ps({acc[r][j]}, b{j}, a);" for j in range(nv))
+            L.append(f"{i2}}}")
+
+    def column_order() -> None:
+        """pairs: the sums back in column order (see nn_pairs)."""
+        for j, n in groups:
+            if n == 2:
+                lo, hi = _pair_order(32)[:16], _pair_order(32)[16:]
+                L.append(f"{ind}{{ const __m512i i0 = _mm512_setr_epi32({', '.join(map(str, lo))}), "
+                         f"i1 = _mm512_setr_epi32({', '.join(map(str, hi))});")
+                for r in range(mr):
+                    a, b = acc[r][j], acc[r][j + 1]
+                    L.append(f"{ind}  {{ const __m512 t0 = _mm512_permutex2var_ps({a}, i0, {b}), "
+                             f"t1 = _mm512_permutex2var_ps({a}, i1, {b}); {a} = t0; {b} = t1; }}")
+                L.append(f"{ind}}}")
+            else:
+                L.append(f"{ind}{{ const __m512i i0 = _mm512_setr_epi32({', '.join(map(str, _pair_order(16)))});")
+                L.extend(f"{ind}  {acc[r][j]} = _mm512_permutexvar_ps(i0, {acc[r][j]});" for r in range(mr))
+                L.append(f"{ind}}}")
+
     def flush(bt: str) -> None:
         """Combine the sum with C (beta 1 is beta 2 with the factor 1: C * 1 + sum is exactly C + sum). The
         empty asm after each row keeps gcc from loading all of C's block first, while every accumulator
         is still live: it spilled them, and W4's PV product (8x3 calls of 32 rows) ran 5% slower."""
+        if pairs:
+            column_order()
         L.append(f"{ind}if ({bt} == 0) {{")
         L.extend(f"{ind}  {v.store(cell(r, j), acc[r][j], tl(j))}" for r, j, _ in cells)
         L.append(f"{ind}}} else {{")
@@ -193,6 +277,16 @@ def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elem
         L.append(f"{ind}}}")
 
     def chunk(k0: str, k1: str) -> None:
+        if pairs:
+            L.append(f"{ind}" + " ".join(f"{x} = _mm512_setzero_ps();" for row in acc for x in row))
+            L.append(f"{ind}for (long k = {k0}; k + 1 < {k1}; k += 2) {{")
+            pair_step(False)
+            L.append(f"{ind}}}")
+            L.append(f"{ind}if (({k1} - {k0}) & 1) {{")
+            L.append(f"{ind}  const long k = {k1} - 1;")
+            pair_step(True)
+            L.append(f"{ind}}}")
+            return
         L.append(f"{ind}{{")
         L.append(f"{ind}  const long k = {k0};")
         step(True)

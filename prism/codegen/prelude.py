@@ -159,6 +159,11 @@ PR_INLINE __m512 pr_v16_i8(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
 }
 PR_INLINE __m512 pr_v16_f16(const _Float16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+/* (p[0], p[s]) as one 32-bit pair, p[0] in the low half: a vdpbf16ps operand (microkernels.nn_pairs) */
+PR_INLINE int pr_pair_bf16(const uint16_t* p, long s) {
+  if (s == 1) { int32_t u; memcpy(&u, p, 4); return u; }
+  return (int)((uint32_t)p[0] | ((uint32_t)p[s] << 16));
+}
 PR_V_N(16, bf16, uint16_t, __m512)
 PR_V_N(16, f16, _Float16, __m512)
 PR_V_N(16, i8, int8_t, __m512)

@@ -214,6 +214,35 @@ def test_bfloat16_dot_product_kernels(monkeypatch: pytest.MonkeyPatch, dot: str,
         _check(g, {"x": _draw(rng, (M, K), "bfloat16", scale), "w": _draw(rng, (N, K), "bfloat16")}, "avx512")
 
 
+@pytest.mark.skipif("avx512_bf16" not in cpu_flags(), reason="this machine has no AVX512_BF16 (vdpbf16ps)")
+@pytest.mark.parametrize("dot", ["1", "0"], ids=["vdpbf16ps", "widening"])
+@pytest.mark.parametrize("shape", [(1, 2100, 37), (5, 67, 45), (3, 131, 50), (9, 1100, 40)],
+                         ids=["gemv-long-k", "odd-k-tails", "tail-in-a-pair", "rows-blocked"])
+def test_bfloat16_row_pair_kernels(monkeypatch: pytest.MonkeyPatch, dot: str, shape: tuple[int, int, int]) -> None:
+    """x @ W with W [K, N] row-major, both bfloat16: with AVX512_BF16 the nn kernels take W's rows two at a time
+    (interleaved in registers, ``vdpbf16ps``, the sums put back in column order), ``PRISM_BF16_DOT=0`` keeps the
+    widening loads; both against float64 on ordinary, hostile and tiny inputs: an odd K (the last row paired
+    with zeros), column tails in a 32-column group and in a lone 16-column one, several rows, and K walked
+    whole by the blocked kernel (the 9-row case runs one task per panel)."""
+    monkeypatch.setenv("PRISM_BF16_DOT", dot)
+    M, K, N = shape
+    g = prism.Graph(f"nn-bf16-{M}x{K}x{N}-dot{dot}")
+    X, W = g.input("x", (M, K), "bfloat16"), g.input("w", (K, N), "bfloat16")
+    if M == 9:   # a kernel-level matmul: one task per (row group, panel) over the whole K (the blocked kernel)
+        y = g.matmul(X, W)
+    else:        # in a block: K-chunk calls across the panels
+        bb = BlockBuilder(grid=(1,), forloop=1, inputs=[X, W])
+        bb.save(bb.matmul(bb.iter(0), bb.iter(1)), omap=(None,))
+        (y,) = g.customized(bb.build(), [X, W])
+    g.output(g.cast(y, "bfloat16"))
+    src = compile_graph(g, isa="avx512").source
+    assert "pr_nn_avx512" in src and ("_kb_bf16_bf16" in src) == (M == 9)
+    assert ("_bf16_bf16_dp(" in src) == (dot == "1") and ("_mm512_dpbf16_ps" in src) == (dot == "1")
+    rng = np.random.default_rng(K + N)
+    for scale in (1.0, 30.0, 1e-3):
+        _check(g, {"x": _draw(rng, (M, K), "bfloat16", scale), "w": _draw(rng, (K, N), "bfloat16")}, "avx512")
+
+
 def _llama_mlp(M: int = 48, D: int = 256, F: int = 96) -> tuple[prism.Graph, prism.Graph]:
     """Llama's bfloat16 MLP gate as the program (``h = bf16(rms_norm(x)) * w``, ``silu(h @ Wg^T) * (h @ Wu^T)``)
     and as one block: h computed in the block, read by both products."""
