@@ -19,6 +19,7 @@ import importlib
 import json
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -91,7 +92,9 @@ class Options:
     derive: bool = False                # a new shape near a tuned one takes its winner (SuperKernel._derive)
 
 
-DERIVE_WINDOW = 2.0   # a shape within this factor (each dim) of a tuned one is derived from it, farther ones tuned
+DERIVE_WINDOW = 2.0   # a shape within this factor (each dim) of a tuned one is derived from it for good; a farther
+#                       one is derived too (served at once) and recorded as pending: `prism cache retune` tunes it
+#                       (PRISM_DERIVE_FAR=0: tuned on first use instead)
 DERIVE_SLACK = 1.10   # a derived shape may take a tuning's other candidate measured this close to its winner
 NEAR = 4              # ... or its winner's sGraph with sizes at most this factor from the winner's (api._derived)
 TEMPLATE_CHECKS = 3   # served shapes of a template checked numerically before its other shapes reuse the checks
@@ -409,11 +412,12 @@ class SuperKernel:
         is tuned). Saves the tuning's compiles and measurements (decode attention: 1.9 s per KV length,
         of which 1.5 s compiling 6 candidates); the choice is the neighbour's, not measured at ``env``."""
         best: tuple[float, dict[str, int], TuneResult] | None = None
+        far_ok = os.environ.get("PRISM_DERIVE_FAR", "1").strip() != "0"
         for aenv, res in self._anchors(material):
             if set(aenv) != set(env) or aenv == env or any(aenv[k] <= 0 for k in env):
                 continue
             ratios = [env[k] / aenv[k] for k in env]
-            if not all(1 / DERIVE_WINDOW <= r <= DERIVE_WINDOW for r in ratios):
+            if not far_ok and not all(1 / DERIVE_WINDOW <= r <= DERIVE_WINDOW for r in ratios):
                 continue
             dist = sum(abs(math.log(r)) for r in ratios)
             if best is None or dist < best[0]:
@@ -424,7 +428,27 @@ class SuperKernel:
         if spec is None:
             return None
         STATS.tune_derived += 1
+        if any(not 1 / DERIVE_WINDOW <= env[k] / best[1][k] <= DERIVE_WINDOW for k in env):
+            STATS.tune_derived_far += 1
+            self._mark_pending(env, best[1], material)
         return dataclasses.replace(spec, derived_from=dict(best[1]))
+
+    def _mark_pending(self, env: dict[str, int], anchor: dict[str, int], material: dict[str, Any]) -> None:
+        """Record ``env`` -- served from the tuning at ``anchor``, more than DERIVE_WINDOW away -- as pending in the
+        tuning cache, where this shape's own tuning would be: `prism cache retune` tunes it (the program and its
+        sGraphs are in the record, as in a tuning entry). Why not tune now: a tuning at a new size blocks the call
+        for tens of seconds (llama-1b bf16: a 1900-token prompt after tunings at 600: 56 s, 41 of them in 13
+        tunings), while the far winner compiled at the new size served it as fast (3.21 s per prefill against the
+        tuned kernels' 3.31; from 20 to 1000 rows 1.35 against 1.41 s)."""
+        path, _ = self._cache_path(env)
+        if store.load(path, "tuning").payload is not None:
+            return
+        try:
+            store.save(path, "tuning", {"key": material, "pending": {"derived_from": dict(anchor)},
+                                        "program": json.loads(graph_to_json(self.program)),
+                                        "sgraphs": [json.loads(graph_to_json(i.graph)) for i in self.implementations]})
+        except (OSError, PrismError) as e:   # the record is for later tuning; never fail the call for it
+            LOG.debug("prism: pending tuning record not written: %s", e)
 
     def _derived(self, env: dict[str, int], anchor: dict[str, int], res: TuneResult) -> Specialization | None:
         """The kernel the tuning ``res`` at ``anchor`` gives ``env``, compiled through its template and checked;
@@ -501,6 +525,8 @@ class SuperKernel:
             if got.corrupt:
                 STATS.rebuilds += 1
             return None
+        if got.payload.get("pending") is not None and "result" not in got.payload:
+            return None   # served from a far tuning, not tuned yet (SuperKernel._derive; `prism cache retune`)
         try:
             if got.payload.get("key") != material:
                 raise ValueError("its key does not match the program, shapes and machine")
@@ -675,6 +701,8 @@ class SuperKernel:
                 STATS.checks_cached += 1
                 return Specialization(env, impl, params, kernel, cached, NumericResult(True, (), (inst,), 0.0), True,
                                       check_cached="numeric check passed", cached_from="template")
+        if t is not None and len(t.checks) < TEMPLATE_CHECKS and not self._checked_below(t, impl, kparams, kernel, env):
+            return None
         if t is not None and len(t.checks) >= TEMPLATE_CHECKS:
             # the code that runs here is the template's, validated as plain generation's text at this shape
             # (its guards hold) and checked at TEMPLATE_CHECKS shapes of its region: no check of its own
@@ -697,6 +725,38 @@ class SuperKernel:
             t.checks.append(check)
             self._record_check(t, {**env, **params})
         return Specialization(env, impl, params, kernel, cached, check, True)
+
+    def _checked_below(self, t: Any, impl: Implementation, kparams: Mapping[str, Any], kernel: Kernel,
+                       env: Mapping[str, int]) -> bool:
+        """Run template ``t``'s missing checks at cheap values of its region below the served ``env``
+        (``template.check_points``: the region's smallest value, then from a quarter and a half of ``env``) rather
+        than at this and the next served shapes, where that costs less: a check's float64 reference grows with the
+        dim, and the first check runs every input kind. The first with every kind, the others the normal draw.
+        False when one fails (the template is not used); True otherwise, also when no value is cheaper (the
+        served shapes are checked instead). Measured need: llama-1b bf16, a 1000-token prompt after 600: 16.5 s,
+        11.3 s of it in the 13 pieces' checks at 1000 rows (8.4 s in float64 reference runs)."""
+        from prism.codegen.template import check_points
+        from prism.verify.numeric import KINDS
+        dims = {k: v for k, v in env.items() if k in t.trace.env}
+        need = TEMPLATE_CHECKS - len(t.checks)
+        seen = [{k: v for k, v in i.items() if k in dims} for r in t.checks for i in r.instantiations]
+        points = [p for p in check_points(t.trace, dims, need, seen) if kernel.specialize(**p).template is t]
+        if len(points) < need or not dims:
+            return True
+        # the check's cost grows with the dim's value: these points against this shape's check and the next ones'
+        (d,) = dims
+        first = len(KINDS) if not t.checks else 1
+        if sum(p[d] * (first if i == 0 else 1) for i, p in enumerate(points)) >= dims[d] * (first + need - 1):
+            return True
+        for p in points:
+            params = D.resolve_params(kparams, p)
+            check = self._check(impl, p, params, kernel, kinds=("normal",) if t.checks else None)
+            if not check.passed:
+                return False
+            STATS.template_checks_below += 1
+            t.checks.append(check)
+            self._record_check(t, {**p, **params})
+        return True
 
     # A template's checks are recorded beside the kernel cache, keyed by the compiled template (its C text,
     # compiler, flags and machine: the kernel cache's key) and this program: a later process serving the same
@@ -838,28 +898,32 @@ class Retuned:
     path: str
     program: str
     shape: dict[str, int]
-    status: str          # "retuned" | "still contended" | "skipped: ..." | "dropped: ..."
+    status: str          # "retuned" | "tuned (was pending)" | "still contended" | "skipped: ..." | "dropped: ..."
 
 
 def _marked() -> list[tuple[Path, dict[str, Any]]]:
-    """(path, payload) of the tuning cache's entries marked as measured under contention."""
+    """(path, payload) of the tuning cache's entries marked as measured under contention, and of the shapes
+    served from a far tuning and not tuned yet (pending: SuperKernel._mark_pending)."""
     out = []
     for path in sorted((store.root() / "results").glob("*/*.json")):
         got = store.load(path, "tuning")
-        if got.payload is not None and got.payload.get("contended") is not None:
+        if got.payload is not None and (got.payload.get("contended") is not None
+                                        or got.payload.get("pending") is not None):
             out.append((path, got.payload))
     return out
 
 
 def contended_entries() -> list[Path]:
-    """The tuning cache's entries marked as measured under contention."""
+    """The tuning cache's entries marked as measured under contention, and the pending shapes (served from a
+    tuning more than DERIVE_WINDOW away): what ``prism cache retune`` tunes."""
     return [path for path, _ in _marked()]
 
 
 def retune_contended(progress: Any = None) -> list[Retuned]:
-    """Tune again every tuning-cache entry marked as measured under contention (``prism cache retune``).
-    Each entry's sGraphs are proved again before they are tuned; an entry stays marked when the new
-    measurement is contended too. ``progress(i, n, text)`` is called before each entry."""
+    """Tune every tuning-cache entry marked as measured under contention again, and every pending shape (served
+    from a tuning more than DERIVE_WINDOW away) for the first time (``prism cache retune``). Each entry's sGraphs
+    are proved again before they are tuned; an entry stays marked when the new measurement is contended too.
+    ``progress(i, n, text)`` is called before each entry."""
     from prism.verify.egraph import prove
     marked = _marked()
     out: list[Retuned] = []
@@ -886,5 +950,6 @@ def retune_contended(progress: Any = None) -> list[Retuned]:
         before = STATS.contended_tunings
         sk._tune(env, path, material)
         out.append(Retuned(str(path), program.name, env,
-                           "still contended" if STATS.contended_tunings > before else "retuned"))
+                           "still contended" if STATS.contended_tunings > before
+                           else "tuned (was pending)" if p.get("pending") is not None else "retuned"))
     return out

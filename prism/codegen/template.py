@@ -174,3 +174,31 @@ def region_points(tr: Trace, count: int) -> list[dict[str, int]]:
     for scale in (2, 4):
         first(lambda k, scale=scale: {x: v * scale + k for x, v in base.items()})
     return found[:max(count, len(base) + 1)]
+
+
+
+def check_points(tr: Trace, env: Mapping[str, int], count: int, skip: list[dict[str, int]]) -> list[dict[str, int]]:
+    """Up to ``count`` values of a one-dim template's guard region below the served value ``env``: cheaper
+    places than ``env`` to check the template's compiled code numerically (the SuperKernel's TEMPLATE_CHECKS):
+    the region's smallest value, then the smallest from a quarter of ``env`` whose three low bits are set where
+    the region has one within 8 (a row remainder that takes every run of ``matmul.REM_RUNS``, and a 4-row
+    tail), then the smallest from half of ``env`` -- distinct, not in ``skip``. The code is the same at every
+    value of the region (``validate``: plain generation's text); a check shows the arithmetic of that text and
+    its sizes at one value. Empty for a template over several dims."""
+    if len(tr.env) != 1 or set(env) != set(tr.env):
+        return []
+    ((d, top),) = env.items()
+    out: list[dict[str, int]] = []
+
+    def first(lo: int, hi: int, odd: bool = False) -> int | None:
+        return next((v for v in range(max(1, lo), min(hi, top)) if (not odd or v % 8 == 7)
+                     and {d: v} not in out and {d: v} not in skip and tr.holds({d: v})), None)
+    for i, start in enumerate((1, top // 4, top // 2)):
+        v = first(start, top)
+        if v is not None and i == 1:
+            v = first(v, v + 8, odd=True) or v
+        if v is not None:
+            out.append({d: v})
+        if len(out) >= count:
+            break
+    return out[:count]

@@ -12,7 +12,8 @@ eager PyTorch, and with ``--bench`` times both. Exit status: 0 ok, 1 the check f
 
 ``prism cache ls`` lists ``$PRISM_CACHE_DIR`` (compiled kernels, search results, tuning results,
 machine measurements); ``prism cache clear [kernels|search|tuning|all]`` deletes them; ``prism cache retune``
-tunes again the entries stored as measured under contention (other processes loaded the machine).
+tunes again the entries stored as measured under contention (other processes loaded the machine), and tunes
+the shapes served from a tuning more than 2x away (pending: ``api.DERIVE_WINDOW``).
 """
 
 from __future__ import annotations
@@ -66,9 +67,9 @@ def cache_main(argv: list[str] | None = None) -> int:
     ls = sub.add_parser("ls", help="list the cache's contents per category")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.add_argument("-v", "--verbose", action="store_true", help="also list every entry")
-    rt = sub.add_parser("retune", help="tune again the entries stored as measured under contention (run it when "
-                        "the machine is quiet)")
-    rt.add_argument("--list", action="store_true", help="only list the marked entries")
+    rt = sub.add_parser("retune", help="tune again the entries stored as measured under contention, and tune the "
+                        "shapes served from a tuning more than 2x away (pending); run it when the machine is quiet")
+    rt.add_argument("--list", action="store_true", help="only list the marked and pending entries")
     cl = sub.add_parser("clear", help="delete cache entries")
     cl.add_argument("what", nargs="*", metavar="{" + ",".join([*CATEGORIES, "all"]) + "}",
                     help="categories to delete (default: all)")
@@ -121,7 +122,8 @@ def cache_main(argv: list[str] | None = None) -> int:
 def _retune(only_list: bool) -> int:
     from prism.api import contended_entries, retune_contended
     marked = contended_entries()
-    print(f"{len(marked)} tuning entries are marked as measured under contention")
+    print(f"{len(marked)} tuning entries are marked as measured under contention or pending (served from a tuning "
+          "more than 2x away)")
     if only_list:
         for path in marked:
             print(f"  {path}")

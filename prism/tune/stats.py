@@ -15,8 +15,10 @@ class TuneStats:
     tune_cache_hits: int = 0     # tuning results read from the disk cache
     tune_memory_hits: int = 0    # shapes already tuned by this kernel object
     tune_derived: int = 0        # new shapes given a nearby shape's tuned winner, compiled and checked (derive)
+    tune_derived_far: int = 0    # ... of them, from a tuning more than api.DERIVE_WINDOW away (recorded as pending)
     template_served: int = 0     # derived shapes served by a template already checked at TEMPLATE_CHECKS shapes
     template_checks_recorded: int = 0   # template checks adopted from an earlier process's record (api.py)
+    template_checks_below: int = 0   # template checks run at a cheaper value of its region than the served one
     rebuilds: int = 0            # corrupt or stale cache entries that were rebuilt
     machine_measurements: int = 0  # triad/peak measurements (once per machine fingerprint)
     compiles: int = 0            # candidate kernels compiled by the tuner

@@ -270,9 +270,12 @@ def _run_small(k: prism.SuperKernel, n: int) -> None:
     assert np.max(np.abs(y - ref) / (np.abs(ref) + np.sqrt(np.mean(ref ** 2)))) <= 2e-4
 
 
-def test_derive_serves_a_nearby_shape_with_the_tuned_winner_checked() -> None:
+def test_derive_serves_a_nearby_shape_with_the_tuned_winner_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     """derive=True: a new n within a factor of 2 of a tuned one takes its winner -- compiled and checked at the
-    new shape, not measured; farther shapes are tuned; a new process derives from the disk cache's tunings."""
+    new shape, not measured; farther shapes are tuned where PRISM_DERIVE_FAR=0 (else derived too and recorded
+    pending: test_a_far_shape_is_derived_at_once_recorded_pending_and_tuned_by_retune); a new process derives
+    from the disk cache's tunings."""
+    monkeypatch.setenv("PRISM_DERIVE_FAR", "0")
     clear_memory_caches()
     reset_stats()
     k = prism.superoptimize(_small(), limits=LIMITS, derive=True)
@@ -403,8 +406,10 @@ def test_derived_shapes_share_a_template_instead_of_a_compile_each() -> None:
     assert not kern.template_failures and 1 <= len(kern._templates) <= 4
     assert STATS.compiles == compiles   # the tuner compiled nothing more: no new length was tuned
     # each template's first api.TEMPLATE_CHECKS shapes were checked on their own; later ones reuse them
+    # (checked where they were served, or at cheaper values of their region: template.check_points)
     checked = {tuple(sorted(e.items())) for t, *_ in kern._templates for r in t.checks for e in r.instantiations}
-    assert STATS.template_served == 29 - len(checked) and len(checked) <= 3 * len(kern._templates)
+    assert STATS.template_served == 29 - len({c for c in checked if 41 <= dict(c)["n"] < 70})
+    assert len(checked) <= 3 * len(kern._templates)
     assert STATS.template_served >= 29 - 3 * len(kern._templates) and all(len(t.checks) <= 3 for t, *_ in
                                                                         kern._templates)
     served = [n for n in range(41, 70) if all(i["n"] != n for i in k.specialize(n=n).check.instantiations)]
@@ -452,8 +457,10 @@ def test_a_later_process_takes_a_templates_recorded_checks(tmp_path: Path, monke
     assert STATS.final_checks == checks and STATS.template_checks_recorded >= 3
     assert STATS.template_served + STATS.checks_cached == 10   # n=40: the tuning entry's record
 
-    # a template with fewer recorded checks than api.TEMPLATE_CHECKS: a shape recorded is not checked again,
-    # another one is
+    # a template with fewer recorded checks than api.TEMPLATE_CHECKS (checked where served: no cheaper value of
+    # its region here): a shape recorded is not checked again, another one is
+    from prism.codegen import template
+    monkeypatch.setattr(template, "check_points", lambda *a: [])
     monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path / "second"))
     clear_memory_caches()
     k4 = prism.superoptimize(g, limits=LIMITS, derive=True)
@@ -508,3 +515,105 @@ def test_prefill_lengths_prime_ones_included_are_served_by_a_few_checked_templat
     templates = [t for kern in k._kernels.values() for t, *_ in kern._templates]
     assert 1 <= len(templates) <= 6, [kern.template_failures for kern in k._kernels.values()]
     assert STATS.template_served >= len(lengths) - 3 * len(templates)
+
+
+def test_a_far_shape_is_derived_at_once_recorded_pending_and_tuned_by_retune(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape more than api.DERIVE_WINDOW from every tuned one is served from the nearest tuning (compiled and
+    checked, never tuned on the call) and recorded as pending in the tuning cache; a later process derives it
+    again without a second record; ``retune_contended`` (``prism cache retune``) tunes it, and from then on it is
+    served from its own tuning. ``PRISM_DERIVE_FAR=0``: tuned on first use, as before."""
+    from prism import api
+    from prism.api import contended_entries, retune_contended
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    clear_memory_caches()
+    reset_stats()
+    k = prism.superoptimize(_program(), limits=LIMITS, derive=True)
+    x = _inputs(6)
+    _check(k(**x), x)
+    assert STATS.tunings == 1 and contended_entries() == []
+    far = _inputs(6 * 8 + 3)   # 8.5x: far beyond the window
+    assert 51 / 6 > api.DERIVE_WINDOW
+    _check(k(**far), far)
+    s = k.specialize(n=51)
+    assert STATS.tunings == 1 and STATS.tune_derived_far == 1 and s.derived_from == {"n": 6} and s.check.passed
+    (pending,) = contended_entries()
+    assert store.load(pending, "tuning").payload["pending"] == {"derived_from": {"n": 6}}
+
+    clear_memory_caches()   # a later process: derived again (the record is no tuning), not recorded twice
+    k2 = prism.superoptimize(_program(), limits=LIMITS, derive=True)
+    _check(k2(**far), far)
+    assert STATS.tunings == 1 and k2.specialize(n=51).derived_from == {"n": 6} and contended_entries() == [pending]
+
+    rows = retune_contended()
+    assert [r.status for r in rows] == ["tuned (was pending)"] and STATS.tunings == 2
+    assert contended_entries() == []
+    clear_memory_caches()
+    hits = STATS.tune_cache_hits
+    k3 = prism.superoptimize(_program(), limits=LIMITS, derive=True)
+    _check(k3(**far), far)
+    assert STATS.tunings == 2 and STATS.tune_cache_hits == hits + 1 and k3.specialize(n=51).derived_from is None
+
+    monkeypatch.setenv("PRISM_DERIVE_FAR", "0")
+    clear_memory_caches()
+    k4 = prism.superoptimize(_program(), limits=LIMITS, derive=True)
+    y = _inputs(2 * 51 * 3)   # far from 6 and 51
+    _check(k4(**y), y)
+    assert STATS.tunings == 3 and k4.specialize(n=306).derived_from is None
+
+
+def test_a_new_templates_checks_run_at_cheaper_values_of_its_region(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template served first at a large value runs its TEMPLATE_CHECKS checks at cheap values of its guard region
+    below it (codegen/template.check_points: its smallest, one with the low bits set, one from half) -- the first
+    with every input kind -- and then serves that value and the region's others with no check of their own; a
+    template whose code fails at those values is not used (here: the shape is tuned instead)."""
+    from prism import api
+    from prism.codegen.template import check_points
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    clear_memory_caches()
+    reset_stats()
+    g = prism.Graph("rms_linear_cheap_checks")
+    X, W = g.input("X", ("L", 256), "bfloat16"), g.input("W", (192, 256), "bfloat16")
+    g.output(g.matmul(g.rms_norm(X), g.permute(W, (1, 0))), "Y")
+    w = torch.randn(192, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+
+    def run(k: object, n: int) -> None:
+        x = torch.from_numpy(np.random.default_rng(n).standard_normal((n, 256), dtype=np.float32)).to(torch.bfloat16)
+        ref = g.evaluate({"X": x.double().numpy(), "W": w.double().numpy()}, dtype=np.float64)["Y"]
+        y = k(X=x, W=w).double().numpy()  # type: ignore[operator]
+        assert np.max(np.abs(y - ref)) <= 2e-2 * np.max(np.abs(ref)), n
+
+    k = prism.superoptimize(g, limits=LIMITS, derive=True)
+    run(k, 64)
+    run(k, 120)
+    s = k.specialize(L=120)
+    (t,) = [t for kern in k._kernels.values() for t, *_ in kern._templates]
+    at = [i["L"] for r in t.checks for i in r.instantiations]
+    assert s.derived_from == {"L": 64} and len(at) == api.TEMPLATE_CHECKS and all(v < 120 for v in at)
+    assert len(set(at)) == len(at) and all(t.holds({"L": v}) for v in at) and any(v % 8 == 7 for v in at)
+    assert STATS.template_checks_below == api.TEMPLATE_CHECKS
+    kinds = [{c.kind for c in r.checks} for r in t.checks]
+    assert kinds[0] >= {"normal", "hostile", "tiny"} and all(ks == {"normal"} for ks in kinds[1:])
+    assert [i["L"] for i in s.check.instantiations] == at   # where the served value's check ran
+    checks = STATS.final_checks
+    for n in (101, 77):
+        run(k, n)
+    assert STATS.final_checks == checks   # served by the checked template
+    assert check_points(t.trace, {"L": 120}, 3, [{"L": v} for v in at]) and not check_points(t.trace, {"L": 9}, 3, [])
+
+    # a template failing at the cheap values is not used: the shape is tuned (its own check at its own value)
+    clear_memory_caches()
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path / "second"))
+    real = api.SuperKernel._check
+
+    def failing_below(self: object, impl: object, env: dict, params: dict, kernel: object, tuned: object = None,
+                      kinds: object = None) -> object:
+        r = real(self, impl, env, params, kernel, tuned, kinds)  # type: ignore[arg-type]
+        return r if env["L"] >= 250 or tuned is not None else _Failed(r)
+    monkeypatch.setattr(api.SuperKernel, "_check", failing_below)
+    k2 = prism.superoptimize(g, limits=LIMITS, derive=True)
+    run(k2, 64 * 2)   # the tuned shape at 128 (its own check passes)
+    tunings = STATS.tunings
+    run(k2, 250)
+    assert STATS.tunings == tunings + 1 and k2.specialize(L=250).derived_from is None
