@@ -748,14 +748,16 @@ class SuperKernel:
         first = len(KINDS) if not t.checks else 1
         if sum(p[d] * (first if i == 0 else 1) for i, p in enumerate(points)) >= dims[d] * (first + need - 1):
             return True
-        for p in points:
-            params = D.resolve_params(kparams, p)
-            check = self._check(impl, p, params, kernel, kinds=("normal",) if t.checks else None)
-            if not check.passed:
-                return False
-            STATS.template_checks_below += 1
-            t.checks.append(check)
-            self._record_check(t, {**p, **params})
+        from prism.verify.numeric import shared_draws
+        with shared_draws():   # the checks change the rows, not the weights: drawn and converted once
+            for p in points:
+                params = D.resolve_params(kparams, p)
+                check = self._check(impl, p, params, kernel, kinds=("normal",) if t.checks else None)
+                if not check.passed:
+                    return False
+                STATS.template_checks_below += 1
+                t.checks.append(check)
+                self._record_check(t, {**p, **params})
         return True
 
     # A template's checks are recorded beside the kernel cache, keyed by the compiled template (its C text,

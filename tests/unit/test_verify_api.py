@@ -130,6 +130,36 @@ def test_the_draw_is_the_same_on_any_number_of_threads(monkeypatch: pytest.Monke
         to_float32(one["A"], out=np.empty((5, 1000)))
 
 
+def test_shared_draws_draw_an_unchanged_input_once_across_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside ``shared_draws`` (a template's checks at several values of its dim) an input whose shape did not
+    change is the same draw, converted to its dtype once; the input that changed is drawn anew. Outside, an
+    input of a fixed shape gets new values at every instantiation (the search's checks want that)."""
+    g = prism.Graph("shared")
+    g.output(g.matmul(g.input("A", ("n", 64), "bfloat16"), g.input("B", (64, 48), "bfloat16")), "C")
+    a, b = standard_normal_inputs(g, {"n": 5}, seed=3), standard_normal_inputs(g, {"n": 9}, seed=3)
+    assert not np.array_equal(a["B"], b["B"])
+    converted: list[tuple] = []
+    real = NU.to_dtype
+
+    def counting(x: np.ndarray, dtype: object, out: object = None) -> np.ndarray:
+        converted.append(x.shape)
+        return real(x, dtype, out)  # type: ignore[arg-type]
+    monkeypatch.setattr(NU, "to_dtype", counting)
+    with NU.shared_draws():
+        r1 = numeric_check(g, g, instantiations=[{"n": 5}], runners=[compiled_runner(
+            lambda gg, p: prism.compile(gg))], kinds=("normal",))
+        first = list(converted)
+        r2 = numeric_check(g, g, instantiations=[{"n": 9}], runners=[compiled_runner(
+            lambda gg, p: prism.compile(gg))], kinds=("normal",))
+        c = standard_normal_inputs(g, {"n": 5}, seed=NU.SEEDS[0])
+        d = standard_normal_inputs(g, {"n": 9}, seed=NU.SEEDS[0])
+    assert r1.passed and r2.passed
+    assert c["B"] is d["B"] and c["A"].shape == (5, 64) and d["A"].shape == (9, 64)
+    later = converted[len(first):]
+    assert (64, 48) in first and (64, 48) not in later and (9, 64) in later   # B converted by the first check only
+    assert not NU._SHARED
+
+
 def test_numeric_check_starts_from_given_draws_and_converts_shared_inputs_once() -> None:
     w = WORKLOADS["W3"]
     s = w.shapes[0]
