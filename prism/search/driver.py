@@ -42,10 +42,12 @@ from prism.search.space import Limits, derive_opset
 from prism.search.splitk import Refusal, estimate_split, split_reduction
 from prism.search.stats import Budget, Stats, StopReason, StopSearch
 
-VERSION = "search/6"  # 2: split-reduction variants; 3: checksummed envelope, verifier fingerprint in the key;
+VERSION = "search/7"  # 2: split-reduction variants; 3: checksummed envelope, verifier fingerprint in the key;
 # 4: block graphs carry their split counts (BlockGraph.splits); 5: dtypes (casts to float32 abstractly the
 # identity, mixed float operands promote, outputs cast to the program's dtype); 6: the numeric check judges one
-# element by the program's own float32 error (results that lost every candidate to it are searched again)
+# element by the program's own float32 error (results that lost every candidate to it are searched again);
+# 7: candidates that exponentiate an unshifted value where the program shifts by the max are rejected
+# (gate.unshifted_exp: softmax as exp(s) / sum(exp(s)) was verified and won decode attention tunings)
 # part of the cache key only (the file format is unchanged): results of an older space are not reused.
 # 1: several program outputs (savers of used tiles, outputs needing no user), level 0, square permutes;
 # 2: inputs read through views (transposes and per-channel scales outside the core, prism.search.program);

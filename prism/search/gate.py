@@ -60,9 +60,59 @@ def work(program: Graph, env: Mapping[str, int]) -> int:
     return total
 
 
+def _nodes(roots: Any) -> list[Any]:
+    """Every node reachable from ``roots`` (IR or block-graph nodes: ``op``, ``src``, ``arg``)."""
+    seen: dict[int, Any] = {}
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen[id(n)] = n
+        stack.extend(s for s in getattr(n, "src", ()) if s is not None)
+    return list(seen.values())
+
+
+def _shifted(x: Any) -> bool:
+    """Whether ``x`` is ``a - b`` with a maximum among b's producers (``exp(x)`` then cannot overflow where
+    ``a`` is what the maximum was taken of)."""
+    if x.op != "sub":
+        return False
+    return any(n.op == "max" or (n.op == "acc" and n.arg and n.arg[0] == "max") for n in _nodes([x.src[1]]))
+
+
+def unshifted_exp(candidate: Graph, program: Graph) -> str | None:
+    """Why ``candidate`` may overflow where ``program`` does not, or None: the program exponentiates only
+    max-shifted values (``softmax``, or ``exp(x - max(x))`` written out) and the candidate exponentiates a value
+    that is not shifted (``exp(s) / sum(exp(s))``: equal in exact arithmetic, so the proof holds, but inf / inf =
+    NaN once a score passes ~88.7 in float32). The numeric checks do not show it at the sizes they run: with
+    head dim 128 the hostile draw's scores stay below exp's range at a decode shape. Measured need: llama-1b
+    bf16's decode attention had such a winner in the tuning cache; at a 141-token prefill two candidates of
+    it failed their final check with NaN. The online-softmax accumulators (softmax_sum, softmax_matmul) keep
+    their running maximum and are safe."""
+    prog_nodes = list(program.nodes)
+    if not any(n.op == "softmax" for n in prog_nodes) and not any(n.op == "exp" for n in prog_nodes):
+        return None
+    if any(n.op == "exp" and not _shifted(n.src[0]) for n in prog_nodes):
+        return None   # the program itself exponentiates an unshifted value: its own range
+    roots: list[Any] = list(candidate.nodes)
+    for bg in candidate.customized_ops():
+        roots.extend(bg.outputs)
+    for n in _nodes(roots):
+        if n.op == "exp" and not _shifted(n.src[0]):
+            return ("exponentiates a value not shifted by its maximum (exp(s) / sum(exp(s))), where the program "
+                    "subtracts the maximum first: it overflows to inf / inf = NaN for scores above ~88")
+    return None
+
+
 def verify(candidate: Graph, program: Graph, seed: int = 0) -> Verdict:
     """The verifier's verdict (formal proof AND its numeric check) when it exists; the numeric-only gate
-    otherwise, or when the verifier says it cannot model the candidate yet (then labelled so)."""
+    otherwise, or when the verifier says it cannot model the candidate yet (then labelled so). A candidate
+    that exponentiates values the program shifts by their maximum first is rejected outright
+    (:func:`unshifted_exp`)."""
+    unsafe = unshifted_exp(candidate, program)
+    if unsafe is not None:
+        return Verdict(False, "formal+numeric", f"numerically unsafe: {unsafe}")
     fn = formal_verifier()
     # the numeric checks run with the program's big fixed sizes made symbols, at small values of them
     # (prism.verify.numeric.generalized); the proof and the compiled kernel's final check at the real ones

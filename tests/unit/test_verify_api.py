@@ -227,6 +227,46 @@ def test_hostile_inputs_catch_a_softmax_without_max_subtraction() -> None:
     assert not r.passed and "non-finite" in r.failures[0].detail
 
 
+def test_the_search_gate_rejects_an_unshifted_exp_the_numeric_check_would_pass() -> None:
+    """At a decode-like shape (one query row, head dim 128) the hostile draw keeps the scores inside exp's range,
+    so exp(s) / sum(exp(s)) passes every numeric kind; the gate rejects it for exponentiating a value the program
+    shifts by its maximum first (search/gate.unshifted_exp). The shifted form, written out or in a block, passes;
+    a program that itself exponentiates an unshifted value does not constrain its candidates."""
+    from prism.ir import BlockBuilder
+    from prism.search.gate import unshifted_exp
+    from prism.search.gate import verify as gate_verify
+
+    def attn(naive: bool, name: str) -> prism.Graph:
+        g = prism.Graph(name)
+        q, k = g.input("q", (1, 128)), g.input("k", ("n", 128))
+        s = g.mul_scalar(g.matmul(q, g.permute(k, (1, 0))), 0.0884)
+        if naive:
+            e = g.exp(s)
+        else:
+            e = g.exp(g.sub(s, g.max(s, -1)))
+        g.output(g.div(e, g.sum(e, -1)), "p")
+        return g
+    ref = prism.Graph("ref")
+    q, k = ref.input("q", (1, 128)), ref.input("k", ("n", 128))
+    ref.output(ref.softmax(ref.mul_scalar(ref.matmul(q, ref.permute(k, (1, 0))), 0.0884), -1), "p")
+    naive = attn(True, "naive")
+    assert numeric_check(naive, ref).passed   # every kind: the scores stay below ~88 at this shape
+    assert unshifted_exp(naive, ref) is not None
+    v = gate_verify(naive, ref)
+    assert not v.ok and "numerically unsafe" in v.detail
+    assert unshifted_exp(attn(False, "stable"), ref) is None and unshifted_exp(ref, ref) is None
+    assert unshifted_exp(naive, naive) is None   # the program's own exp is unshifted: its range, its choice
+    # inside a block graph: the same rule
+    g = prism.Graph("block_naive")
+    Q, K = g.input("q", (1, 128)), g.input("k", ("n", 128))
+    bb = BlockBuilder(grid=(1,), forloop=1, inputs=[Q, K])
+    e = bb.exp(bb.mul_scalar(bb.matmul(bb.iter(0), bb.transpose(bb.iter(1), 0, 1)), 0.0884))
+    bb.save(bb.div(e, bb.sum(e, -1)), omap=(None,))
+    (y,) = g.customized(bb.build(), [Q, K])
+    g.output(y, "p")
+    assert unshifted_exp(g, ref) is not None
+
+
 def test_numeric_check_judges_ill_conditioned_programs_by_their_own_float32_error() -> None:
     """x / (x + 1) near x = -1: the program run in float32 is itself far from float64 there; a candidate
     as accurate as it passes, one with an added error beyond OWN_ERROR_FACTOR times it does not."""
