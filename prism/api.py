@@ -411,27 +411,29 @@ class SuperKernel:
         numerically checked there (never unverified); None when there is none or it fails (then ``env``
         is tuned). Saves the tuning's compiles and measurements (decode attention: 1.9 s per KV length,
         of which 1.5 s compiling 6 candidates); the choice is the neighbour's, not measured at ``env``."""
-        best: tuple[float, dict[str, int], TuneResult] | None = None
+        best: tuple[float, dict[str, int], TuneResult, bool] | None = None
         far_ok = os.environ.get("PRISM_DERIVE_FAR", "1").strip() != "0"
         for aenv, res in self._anchors(material):
             if set(aenv) != set(env) or aenv == env or any(aenv[k] <= 0 for k in env):
                 continue
             ratios = [env[k] / aenv[k] for k in env]
-            if not far_ok and not all(1 / DERIVE_WINDOW <= r <= DERIVE_WINDOW for r in ratios):
+            far = not all(1 / DERIVE_WINDOW <= r <= DERIVE_WINDOW for r in ratios)
+            if far and not far_ok:
                 continue
             dist = sum(abs(math.log(r)) for r in ratios)
             if best is None or dist < best[0]:
-                best = (dist, aenv, res)
+                best = (dist, aenv, res, far)
         if best is None:
             return None
-        spec = self._derived(env, best[1], best[2])
+        _, anchor, res, far = best
+        spec = self._derived(env, anchor, res)
         if spec is None:
             return None
         STATS.tune_derived += 1
-        if any(not 1 / DERIVE_WINDOW <= env[k] / best[1][k] <= DERIVE_WINDOW for k in env):
+        if far:
             STATS.tune_derived_far += 1
-            self._mark_pending(env, best[1], material)
-        return dataclasses.replace(spec, derived_from=dict(best[1]))
+            self._mark_pending(env, anchor, material)
+        return dataclasses.replace(spec, derived_from=dict(anchor))
 
     def _mark_pending(self, env: dict[str, int], anchor: dict[str, int], material: dict[str, Any]) -> None:
         """Record ``env`` -- served from the tuning at ``anchor``, more than DERIVE_WINDOW away -- as pending in the
@@ -742,7 +744,7 @@ class SuperKernel:
         need = TEMPLATE_CHECKS - len(t.checks)
         seen = [{k: v for k, v in i.items() if k in dims} for r in t.checks for i in r.instantiations]
         points = [p for p in check_points(t.trace, dims, need, seen) if kernel.specialize(**p).template is t]
-        if len(points) < need or not dims:
+        if len(points) < need:   # (none for a template over several dims)
             return True
         # the check's cost grows with the dim's value: these points against this shape's check and the next ones'
         (d,) = dims

@@ -176,7 +176,6 @@ def region_points(tr: Trace, count: int) -> list[dict[str, int]]:
     return found[:max(count, len(base) + 1)]
 
 
-
 def check_points(tr: Trace, env: Mapping[str, int], count: int, skip: list[dict[str, int]]) -> list[dict[str, int]]:
     """Up to ``count`` values of a one-dim template's guard region below the served value ``env``: cheaper
     places than ``env`` to check the template's compiled code numerically (the SuperKernel's TEMPLATE_CHECKS):

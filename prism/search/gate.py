@@ -21,6 +21,7 @@ import numpy as np
 from prism.errors import PrismError, UnsupportedError
 from prism.ir import dims as D
 from prism.ir.graph import Graph
+from prism.ir.node import toposort
 
 RTOL = 1e-8
 HOSTILE = 30.0
@@ -60,25 +61,12 @@ def work(program: Graph, env: Mapping[str, int]) -> int:
     return total
 
 
-def _nodes(roots: Any) -> list[Any]:
-    """Every node reachable from ``roots`` (IR or block-graph nodes: ``op``, ``src``, ``arg``)."""
-    seen: dict[int, Any] = {}
-    stack = list(roots)
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen[id(n)] = n
-        stack.extend(s for s in getattr(n, "src", ()) if s is not None)
-    return list(seen.values())
-
-
 def _shifted(x: Any) -> bool:
     """Whether ``x`` is ``a - b`` with a maximum among b's producers (``exp(x)`` then cannot overflow where
     ``a`` is what the maximum was taken of)."""
     if x.op != "sub":
         return False
-    return any(n.op == "max" or (n.op == "acc" and n.arg and n.arg[0] == "max") for n in _nodes([x.src[1]]))
+    return any(n.op == "max" or (n.op == "acc" and n.arg and n.arg[0] == "max") for n in toposort([x.src[1]]))
 
 
 def unshifted_exp(candidate: Graph, program: Graph) -> str | None:
@@ -98,7 +86,7 @@ def unshifted_exp(candidate: Graph, program: Graph) -> str | None:
     roots: list[Any] = list(candidate.nodes)
     for bg in candidate.customized_ops():
         roots.extend(bg.outputs)
-    for n in _nodes(roots):
+    for n in toposort(roots):
         if n.op == "exp" and not _shifted(n.src[0]):
             return ("exponentiates a value not shifted by its maximum (exp(s) / sum(exp(s))), where the program "
                     "subtracts the maximum first: it overflows to inf / inf = NaN for scores above ~88")

@@ -110,13 +110,12 @@ def compiled_runner(compile_fn: Callable[[Graph, Mapping[str, int]], Callable[..
         if hit is not None and hit[0] is v and hit[1].dtype == dtype.np:
             return hit[1]
         shared = _SHARED[-1] if _SHARED else None   # shared_draws: the typed copy of a shared draw, made once
+        if shared is None or id(v) not in shared.drawn:
+            return to_dtype(v, dtype)
         key = (id(v), dtype.name)
-        if shared is not None and key in shared and shared[key][0] is v:
-            return shared[key][1]
-        typed = to_dtype(v, dtype)
-        if shared is not None and any(a is v for a in shared.values() if isinstance(a, np.ndarray)):
-            shared[key] = (v, typed)
-        return typed
+        if key not in shared.typed:
+            shared.typed[key] = to_dtype(v, dtype)
+        return shared.typed[key]
 
     def run(g: Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, int]) -> Mapping[str, np.ndarray]:
         nonlocal memo, first
@@ -369,19 +368,26 @@ def _draw(c: np.ndarray, s: tuple, dtype: DType) -> None:
         c[...] = round_to(c, dtype)
 
 
-# shared_draws(): the draws (and their typed copies, compiled_runner) of the checks run inside it, by
-# (seed, input position, shape, dtype) and by (id of a draw, dtype)
-_SHARED: list[dict[object, object]] = []
+@dataclass
+class _Shared:
+    """The draws of the checks run inside one :func:`shared_draws`, by (seed, input position, shape, dtype), and
+    their typed copies (compiled_runner), by (id of the draw, dtype); ``drawn`` keeps each draw (so its id)."""
+    draws: dict[tuple, np.ndarray]
+    drawn: dict[int, np.ndarray]
+    typed: dict[tuple[int, str], np.ndarray]
+
+
+_SHARED: list[_Shared] = []
 
 
 @contextmanager
 def shared_draws() -> Iterator[None]:
-    """Within it, the numeric checks draw an input of an unchanged shape once (each input's draw depends on the
-    seed, its position, its own shape and dtype only) and convert it to its dtype once: a template's checks at
-    several values of its dim (api.SuperKernel._checked_below) change the rows, not the weights. Measured need:
-    llama-1b bf16, the 13 pieces' first templates at prompt 157: 1.24 s of their 2.8 s of checks drew inputs,
-    0.36 s converted them."""
-    _SHARED.append({})
+    """Within it, the numeric checks draw an input of a shape drawn before (same seed, position and dtype) once
+    -- that first draw is reused -- and convert it to its dtype once: a template's checks at several values of
+    its dim (api.SuperKernel._checked_below) change the rows, not the weights. Measured need: llama-1b bf16, the
+    13 pieces' first templates at prompt 157: 1.24 s of their 2.8 s of checks drew inputs, 0.36 s converted
+    them."""
+    _SHARED.append(_Shared({}, {}, {}))
     try:
         yield
     finally:
@@ -400,9 +406,9 @@ def standard_normal_inputs(reference: Graph, env: Mapping[str, int], seed: int) 
     drawn = 0
     for i, (name, shape) in enumerate(zip(reference.inputs, shapes)):
         dt = reference.inputs[name].dtype
-        memo_key = ("draw", seed, i, shape, dt.name)
-        if shared is not None and memo_key in shared:
-            out[name] = shared[memo_key]  # type: ignore[assignment]
+        memo_key = (seed, i, shape, dt.name)
+        if shared is not None and memo_key in shared.draws:
+            out[name] = shared.draws[memo_key]
             continue
         a = np.empty(shape)
         flat = a.reshape(-1)
@@ -412,7 +418,7 @@ def standard_normal_inputs(reference: Graph, env: Mapping[str, int], seed: int) 
         out[name] = a
         drawn += a.size
         if shared is not None:
-            shared[memo_key] = a
+            shared.draws[memo_key] = shared.drawn[id(a)] = a
     _run_chunks(tasks, drawn)
     return out
 
