@@ -20,8 +20,8 @@ def _shape(shape: dict[str, int]) -> str:
 
 
 def table(report: dict) -> str:
-    rows = ["| case | prism µs | hand µs | best baseline µs | prism vs best | prism / roofline | torch.compile µs "
-            "| prism vs compile | foreign cores |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| case | prism µs | hand µs | best baseline µs | prism vs best | prism / roofline | prism / read roof "
+            "| torch.compile µs | prism vs compile | foreign cores |", "|---|---|---|---|---|---|---|---|---|---|"]
     vs_best, vs_compile = [], []
     for c in report["cases"]:
         sys_ = {s["name"]: s for s in c["systems"]}
@@ -33,13 +33,14 @@ def table(report: dict) -> str:
             vs_best.append(sp)
         if pu and cu:
             vs_compile.append(cu / pu)
-        frac = c.get("prism_roofline_fraction")
+        frac, rfrac = c.get("prism_roofline_fraction"), c.get("prism_read_fraction")
         best = f"{_us(c.get('best_baseline_us'))} ({c.get('best_baseline')})" if c.get("best_baseline") else "-"
         status = "" if p.get("status") == "ok" else f" ({p.get('status')})"
         mark = "**" if sp is not None and sp < 1.0 else ""
         fc = c.get("foreign_cores")
         rows.append(f"| {c['workload']} {_shape(c['shape'])} | {_us(pu)}{status} | {_us(h.get('median_us'))} | {best} "
                     f"| {mark}{'-' if sp is None else f'{sp:.2f}x'}{mark} | {'-' if frac is None else f'{frac:.2f}'} "
+                    f"| {'-' if rfrac is None else f'{rfrac:.2f}'} "
                     f"| {_us(cu)} | {'-' if not (pu and cu) else f'{cu / pu:.2f}x'} "
                     f"| {'-' if fc is None else f'{fc:.2f}'} |")
 

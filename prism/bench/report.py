@@ -48,9 +48,14 @@ def header(report: Report) -> Text:
         ("precision: ", "bold"), f"{report.config.get('precision', 'float32')} (every system runs the same values; "
         "correct = within the precision's tolerance of the float64 reference)\n",
         ("limits: ", "bold"), f"peak {lim['peak_gflops']:.0f} GFLOP/s (FP32 FMA loop), triad "
-        f"{lim['startup_triad_gbs']:.1f} GB/s at start ({lim.get('method')}); each case's roofline uses the "
-        "triad measured beside it\n",
+        f"{lim['startup_triad_gbs']:.1f} GB/s{_read_at_start(lim)} at start ({lim.get('method')}); each case's "
+        "roofline uses the triad measured beside it, '/read' the read-only stream beside it\n",
         ("note: ", "bold yellow"), report.note)
+
+
+def _read_at_start(lim: dict) -> str:
+    r = lim.get("startup_read_gbs")
+    return "" if r is None else f", read-only stream {r:.1f} GB/s"
 
 
 def summary_table(report: Report) -> Table:
@@ -64,6 +69,7 @@ def summary_table(report: Report) -> Table:
     t.add_column("best baseline", justify="left")
     t.add_column("best/roof", justify="right")
     t.add_column("prism/roof", justify="right")
+    t.add_column("prism/read", justify="right")
     t.add_column("prism speedup", justify="right")
     for c in report.cases:
         best = c.system(c.best_baseline) if c.best_baseline else None
@@ -71,14 +77,15 @@ def summary_table(report: Report) -> Table:
                   *[_cell(c.system(n), c.best_baseline) for n in names],
                   SHORT.get(c.best_baseline or "", c.best_baseline or "-"),
                   _num(best.roofline_fraction if best else None, "{:.2f}"),
-                  _num(c.prism_roofline_fraction, "{:.2f}"), _num(c.prism_speedup, "{:.2f}x"))
+                  _num(c.prism_roofline_fraction, "{:.2f}"), _num(c.prism_read_fraction, "{:.2f}"),
+                  _num(c.prism_speedup, "{:.2f}x"))
     return t
 
 
 DETAIL_COLUMNS = (("case", "left"), ("bytes MB", "right"), ("MFLOP", "right"), ("triad GB/s", "right"),
-                  ("bound", "left"), ("other procs", "right"), ("system", "left"), ("status", "left"),
-                  ("median µs", "right"), ("GB/s", "right"), ("GFLOP/s", "right"), ("of roofline", "right"),
-                  ("rel err", "right"))
+                  ("read GB/s", "right"), ("bound", "left"), ("other procs", "right"), ("system", "left"),
+                  ("status", "left"), ("median µs", "right"), ("GB/s", "right"), ("GFLOP/s", "right"),
+                  ("of roofline", "right"), ("of read roof", "right"), ("rel err", "right"))
 
 
 def detail_table(report: Report) -> Table:
@@ -87,11 +94,13 @@ def detail_table(report: Report) -> Table:
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for c in report.cases:
         case_cells = [f"{c.workload} {c.label}", _num(c.bytes / 1e6, "{:.2f}"), _num(c.flops / 1e6, "{:.1f}"),
-                      _num(c.bandwidth_gbs, "{:.1f}"), c.bound, _num(c.foreign_cores, "{:.2f}")]
+                      _num(c.bandwidth_gbs, "{:.1f}"), _num(c.read_bandwidth_gbs, "{:.1f}"), c.bound,
+                      _num(c.foreign_cores, "{:.2f}")]
         for i, s in enumerate(c.systems):
             t.add_row(*(case_cells if i == 0 else [""] * len(case_cells)), s.name, s.status, _num(s.median_us),
                       _num(s.gbs, "{:.1f}"), _num(s.gflops, "{:.1f}"), _num(s.roofline_fraction, "{:.2f}"),
-                      _num(s.max_rel_err, "{:.1e}"), end_section=i == len(c.systems) - 1)
+                      _num(s.read_fraction, "{:.2f}"), _num(s.max_rel_err, "{:.1e}"),
+                      end_section=i == len(c.systems) - 1)
     return t
 
 

@@ -32,6 +32,7 @@ class SystemResult:
     gbs: float | None = None        # minimal bytes / median time
     gflops: float | None = None     # flops / median time
     roofline_fraction: float | None = None   # roofline bound / median time (1.0 = at the physical limit)
+    read_fraction: float | None = None       # the same with the read-only stream's bandwidth (weight streams)
     samples_us: list[float] = field(default_factory=list)
     sample_rounds: list[int] = field(default_factory=list)
     round_medians_us: list[float] = field(default_factory=list)
@@ -63,6 +64,10 @@ class CaseResult:
     prism_speedup: float | None = None   # best baseline time / Prism time (> 1: Prism is faster)
     foreign_cores: float | None = None   # CPU other processes used while timing (see contention.py)
     settle_ms_max: float | None = None   # the longest wait after a visit for this process to go idle
+    read_gbs: list[float] = field(default_factory=list)   # read-only streams measured beside the triads
+    read_bandwidth_gbs: float | None = None   # their median
+    read_roofline_us: float | None = None     # max(bytes / read bandwidth, flops / peak)
+    prism_read_fraction: float | None = None
 
     def system(self, name: str) -> SystemResult | None:
         return next((s for s in self.systems if s.name == name), None)
@@ -100,7 +105,8 @@ class Report:
 
 
 def finish_case(case: CaseResult) -> CaseResult:
-    """Fill the derived columns: per-system GB/s, GFLOP/s and roofline fraction; the best baseline (the
+    """Fill the derived columns: per-system GB/s, GFLOP/s and roofline fractions (triad and read-only
+    stream); the best baseline (the
     fastest *correct* one: ``wrong`` systems are excluded); Prism's fraction and speedup."""
     for s in case.systems:
         if s.samples_us:
@@ -110,6 +116,8 @@ def finish_case(case: CaseResult) -> CaseResult:
             s.gbs = case.bytes / sec / 1e9
             s.gflops = case.flops / sec / 1e9
             s.roofline_fraction = case.roofline_us / s.median_us
+            if case.read_roofline_us is not None:
+                s.read_fraction = case.read_roofline_us / s.median_us
     ok = [s for s in case.systems if s.kind == "baseline" and s.status == "ok" and s.median_us]
     best = min(ok, key=lambda s: s.median_us or 0.0, default=None)
     case.best_baseline = best.name if best else None
@@ -118,6 +126,7 @@ def finish_case(case: CaseResult) -> CaseResult:
     if p is not None and p.status == "ok" and p.median_us:
         case.prism_us = p.median_us
         case.prism_roofline_fraction = p.roofline_fraction
+        case.prism_read_fraction = p.read_fraction
         if best is not None and best.median_us:
             case.prism_speedup = best.median_us / p.median_us
     return case

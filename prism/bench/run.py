@@ -1,5 +1,5 @@
 """The bench driver: for each case prepare and check every system, time them interleaved, measure the
-triad beside them, and fill a ``CaseResult``."""
+triad and a read-only stream beside them, and fill a ``CaseResult``."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ REASON_CHARS = 400
 
 class Limits(Protocol):
     def triad_bandwidth(self) -> float: ...
+    def read_bandwidth(self) -> float: ...
     def peak_flops(self, seconds: float = ...) -> float: ...
 
 
@@ -146,10 +147,12 @@ def run_case(w: Workload, shape: Shape, systems: Sequence[System], cfg: Config, 
         if prep is not None:
             preps[s.name] = prep
     triads: list[float] = []
+    reads: list[float] = []
 
     def before_round(r: int) -> None:
         step("warm-up round" if r < 0 else f"round {r + 1}/{cfg.rounds}" if r < cfg.rounds else "closing triad")
         triads.append(limits.triad_bandwidth())
+        reads.append(limits.read_bandwidth())
 
     waits: list[float] = []
 
@@ -174,11 +177,14 @@ def run_case(w: Workload, shape: Shape, systems: Sequence[System], cfg: Config, 
             r.sample_rounds = list(t.rounds_of[r.name])
             r.round_medians_us = [x * 1e6 for x in t.round_medians(r.name)]
     bw = statistics.median(triads)
+    read_bw = statistics.median(reads)
     roof = roofline_seconds(cost, bw, peak_flops)
     case = CaseResult(w.id, w.name, dict(shape), case_label(w, shape), cost.bytes, cost.flops, peak_flops / 1e9,
                       [b / 1e9 for b in triads], bw / 1e9, roof * 1e6,
                       "memory" if cost.bytes / bw >= cost.flops / peak_flops else "compute", results,
-                      foreign_cores=foreign, settle_ms_max=max(waits) * 1e3 if waits else None)
+                      foreign_cores=foreign, settle_ms_max=max(waits) * 1e3 if waits else None,
+                      read_gbs=[b / 1e9 for b in reads], read_bandwidth_gbs=read_bw / 1e9,
+                      read_roofline_us=roofline_seconds(cost, read_bw, peak_flops) * 1e6)
     preps.clear()
     for s in systems:
         if s.cleanup is not None:
@@ -197,9 +203,11 @@ def run(cfg: Config, systems: Sequence[System], limits: Limits, machine: dict, p
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     peak = peak_flops if peak_flops is not None else limits.peak_flops()
     startup_bw = limits.triad_bandwidth()
+    startup_read = limits.read_bandwidth()
     cases = select_cases(cfg.workloads, cfg.quick, cfg.precision, cfg.shape)
     report = Report(machine=machine,
                     limits={"peak_gflops": peak / 1e9, "startup_triad_gbs": startup_bw / 1e9,
+                            "startup_read_gbs": startup_read / 1e9,
                             "method": getattr(limits, "method", "unknown")},
                     config={**vars(cfg), "systems": [s.name for s in systems]},
                     warnings=list(warnings), started=started)

@@ -26,6 +26,9 @@ from prism.errors import PrismError
 _SOURCE = r"""
 #include <omp.h>
 #include <stdlib.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(__AVX512F__)
 #define LANES 16
@@ -64,11 +67,23 @@ int prism_bench_flops_per_iter(void) { return NACC * LANES * 2; }
 static float *ta, *tb, *tc;
 static long tn;
 
+/* 2 MiB-aligned, huge pages requested where the kernel has them on request (THP "madvise"): a stream
+   over 4 KiB pages pays a TLB walk per page, which generated kernels over large weights need not */
+static float *huge_alloc(long n) {
+    const size_t align = (size_t)1 << 21;
+    size_t bytes = ((size_t)n * sizeof(float) + align - 1) / align * align;
+    float *p = aligned_alloc(align, bytes);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (p) madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 int prism_bench_triad_init(long n, int nthreads) {
     free(ta); free(tb); free(tc);
-    ta = aligned_alloc(64, (size_t)n * sizeof(float));
-    tb = aligned_alloc(64, (size_t)n * sizeof(float));
-    tc = aligned_alloc(64, (size_t)n * sizeof(float));
+    ta = huge_alloc(n);
+    tb = huge_alloc(n);
+    tc = huge_alloc(n);
     if (!ta || !tb || !tc) return -1;
     tn = n;
     /* first touch by the threads that use the pages */
@@ -99,6 +114,36 @@ double prism_bench_triad(int reps, int nthreads) {
     }
     return best;
 }
+
+static float read_sum(const float *p, long n, int nthreads) {
+    float s = 0.0f;
+    const v16 *v = (const v16 *)p;
+    long nv = n / (4 * LANES) * 4;
+    #pragma omp parallel num_threads(nthreads) reduction(+:s)
+    {
+        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        #pragma omp for schedule(static)
+        for (long i = 0; i < nv; i += 4) { a0 += v[i]; a1 += v[i + 1]; a2 += v[i + 2]; a3 += v[i + 3]; }
+        v16 t = a0 + a1 + a2 + a3;
+        for (int k = 0; k < LANES; k++) s += t[k];
+    }
+    return s;
+}
+
+/* best-of-reps seconds of a read-only sum over the triad's b and c arrays (2 x n floats, nothing written):
+   the limit of a kernel that streams weights, which the triad (a third of it written) under-states */
+double prism_bench_read(int reps, int nthreads) {
+    double best = 1e30;
+    float sink = 0.0f;
+    for (int r = 0; r < reps; r++) {
+        double t0 = omp_get_wtime();
+        sink += read_sum(tb, tn, nthreads) + read_sum(tc, tn, nthreads);
+        double t = omp_get_wtime() - t0;
+        if (t < best) best = t;
+    }
+    g_sink = sink;
+    return best;
+}
 """
 
 TRIAD_FLOATS = 1 << 24          # 64 MiB per array, 192 MiB in all: far beyond any L3 we target
@@ -122,7 +167,7 @@ def _load_lib() -> ctypes.CDLL:
     atomic, a private fallback directory when the cache is read-only)."""
     from prism.runtime.cache import load
     lib, _ = load(_SOURCE, ("prism_bench_peak", "prism_bench_triad", "prism_bench_triad_init",
-                            "prism_bench_triad_free", "prism_bench_triad_size"))
+                            "prism_bench_triad_free", "prism_bench_triad_size", "prism_bench_read"))
     return lib
 
 
@@ -154,6 +199,8 @@ class Limits:
                 lib.prism_bench_triad.argtypes = [ctypes.c_int, ctypes.c_int]
                 lib.prism_bench_triad_free.restype = None
                 lib.prism_bench_triad_size.restype = ctypes.c_long
+                lib.prism_bench_read.restype = ctypes.c_double
+                lib.prism_bench_read.argtypes = [ctypes.c_int, ctypes.c_int]
                 return cls(threads, f"C ({cc_version(cc)}, -O3 -march=native -fopenmp, OpenMP)", lib)
         return cls(threads, "NumPy fallback (no C compiler): lower bounds", None)
 
@@ -186,15 +233,36 @@ class Limits:
         best = min([t] + [self._lib.prism_bench_peak(iters, self.threads) for _ in range(2)])
         return per_iter * iters / best
 
-    def triad_bandwidth(self) -> float:
-        """DRAM bandwidth in bytes/s, STREAM convention: 3 arrays x 4 bytes per element (no write-allocate
-        traffic counted), best of ``TRIAD_REPS``."""
-        nbytes = 3 * 4 * TRIAD_FLOATS
+    def _ensure_arrays(self) -> None:
         # the C library's arrays are one set per process: another Limits' release() (the tuner's machine
         # measurement, inside a bench run from empty caches) freed them under this one, whose triads then ran
         # over no elements and reported 350,000-460,000 GB/s beside every case (2026-11-28)
         if not self._ready or (self._lib is not None and self._lib.prism_bench_triad_size() != TRIAD_FLOATS):
             self._arrays()
+
+    def read_bandwidth(self) -> float:
+        """DRAM read bandwidth in bytes/s: a read-only sum over two of the triad's arrays (128 MiB, huge pages
+        requested), best of ``TRIAD_REPS``. The limit of a kernel that streams weights and writes little;
+        the triad under-states it (Zen 5 host, 2 threads: 53-56 GB/s read where the triad said 47-50)."""
+        nbytes = 2 * 4 * TRIAD_FLOATS
+        self._ensure_arrays()
+        if self._lib is not None:
+            return nbytes / self._lib.prism_bench_read(TRIAD_REPS, self.threads)
+        assert self._np_arrays is not None
+        _, b, c, _ = self._np_arrays
+        best = float("inf")
+        for _ in range(TRIAD_REPS):
+            t0 = time.perf_counter()
+            b.sum()
+            c.sum()
+            best = min(best, time.perf_counter() - t0)
+        return nbytes / best
+
+    def triad_bandwidth(self) -> float:
+        """DRAM bandwidth in bytes/s, STREAM convention: 3 arrays x 4 bytes per element (no write-allocate
+        traffic counted), best of ``TRIAD_REPS``."""
+        nbytes = 3 * 4 * TRIAD_FLOATS
+        self._ensure_arrays()
         if self._lib is not None:
             return nbytes / self._lib.prism_bench_triad(TRIAD_REPS, self.threads)
         assert self._np_arrays is not None

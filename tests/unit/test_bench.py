@@ -172,6 +172,9 @@ class FakeLimits:
     def triad_bandwidth(self) -> float:
         return 50e9
 
+    def read_bandwidth(self) -> float:
+        return 80e9
+
     def peak_flops(self, seconds: float = 0.5) -> float:
         return 200e9
 
@@ -224,6 +227,10 @@ def test_wrong_baseline_is_excluded_with_reason(monkeypatch: pytest.MonkeyPatch)
     assert case.roofline_us == pytest.approx(max(cost.bytes / 50e9, cost.flops / 200e9) * 1e6)
     assert good.roofline_fraction == pytest.approx(case.roofline_us / good.median_us)
     assert good.gbs == pytest.approx(cost.bytes / (good.median_us * 1e-6) / 1e9)
+    # the read-only stream beside the triad gives a second roofline (the limit of a weight stream)
+    assert case.read_bandwidth_gbs == pytest.approx(80.0) and case.read_gbs == pytest.approx([80.0] * 4)
+    assert case.read_roofline_us == pytest.approx(max(cost.bytes / 80e9, cost.flops / 200e9) * 1e6)
+    assert good.read_fraction == pytest.approx(case.read_roofline_us / good.median_us)
 
 
 def test_system_failing_while_timed_is_reported() -> None:
@@ -440,4 +447,17 @@ def test_a_triad_after_another_limits_released_the_arrays_still_reads_them() -> 
     again = bench.triad_bandwidth()
     assert bench._lib.prism_bench_triad_size() == TRIAD_FLOATS
     assert again < 20 * first and again < 5e12, (first, again)   # a DRAM-sized stream, not an empty loop
+    tuner.triad_bandwidth()
+    tuner.release()
+    read = bench.read_bandwidth()   # the read-only stream runs over the same arrays: re-allocated too
+    assert bench._lib.prism_bench_triad_size() == TRIAD_FLOATS
+    assert 0 < read < 20 * first and read < 5e12, (first, read)
     bench.release()
+
+
+def test_the_numpy_fallback_measures_a_read_stream_too() -> None:
+    from prism.tune.native import Limits
+    lim = Limits.load(1, use_c=False)
+    assert lim.method.startswith("NumPy fallback")
+    assert 0 < lim.read_bandwidth() < 5e12
+    lim.release()
