@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from prism.errors import UnsupportedError
 
@@ -33,6 +34,35 @@ AVX512 = ISA("avx512", 16, 32, "__m512", ("avx512f",))
 AVX2 = ISA("avx2", 8, 16, "__m256", ("avx2", "fma"))
 PORTABLE = ISA("portable", 1, 16, "float", ())
 ISAS: dict[str, ISA] = {i.name: i for i in (AVX512, AVX2, PORTABLE)}
+
+
+_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def _size(text: str) -> int:
+    t = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    return int(t.rstrip("KMG")) * mult
+
+
+def cache_sizes(base: Path = _SYSFS) -> dict[int, int]:
+    """{level: bytes} of the data/unified caches of cpu0 (missing levels: 32 KiB L1, 1 MiB L2, no L3)."""
+    sizes = {1: 32 << 10, 2: 1 << 20, 3: 0}
+    try:
+        for idx in sorted(base.glob("index*")):
+            level = int((idx / "level").read_text())
+            if (idx / "type").read_text().strip() == "Instruction" or level not in sizes:
+                continue
+            sizes[level] = _size((idx / "size").read_text())
+    except (OSError, ValueError):
+        pass
+    return sizes
+
+
+@functools.cache
+def l1d_bytes() -> int:
+    """This machine's L1 data cache per core (32 KiB where sysfs does not say)."""
+    return cache_sizes()[1]
 
 
 @functools.cache

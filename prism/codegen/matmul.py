@@ -417,12 +417,12 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
             _nn_panels(w, nm, sup, p, kn, off(ap, sa1), sa0, sa1, off(bp, sb0), sb0, c, sc0, bt, cs, elems)
         elif path == "nt" and swap:  # C [M, 1] = (x^T @ A^T)^T: x = B's one column, A's rows the keys
             emit_nt(w, nm, sup, 1, M, kn, off(bp, 1), sb1, off(ap, 1), sa0, c, 1, bt, cs, elems[::-1],
-                    prefetch=mk.nt_prefetch(sup.isa, elems[::-1], whole_k),
-                    single_keys=mk.nt_single_keys(sup.isa, elems[::-1], whole_k), first_prefetches=not whole_k)
+                    prefetch=mk.nt_prefetch(sup.isa, elems[::-1], whole_k, K),
+                    single_keys=mk.nt_single_keys(sup.isa, elems[::-1], whole_k, K), first_prefetches=not whole_k)
         elif path == "nt":
             emit_nt(w, nm, sup, M, N, kn, off(ap, 1), sa0, off(bp, 1), sb1, c, sc0, bt, cs, elems,
-                    prefetch=mk.nt_prefetch(sup.isa, elems, whole_k),
-                    single_keys=mk.nt_single_keys(sup.isa, elems, whole_k), first_prefetches=not whole_k)
+                    prefetch=mk.nt_prefetch(sup.isa, elems, whole_k, K),
+                    single_keys=mk.nt_single_keys(sup.isa, elems, whole_k, K), first_prefetches=not whole_k)
         else:
             _generic(w, nm, M, N, K, ap, sa0, sa1, bp, sb0, sb1, c, sc0, bt, cs, elems)
 
@@ -642,7 +642,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
                     with w.block(f"for (long {rv} = {first}; {rv} < {r0 + count * R}; {rv} += {R})"):
                         call(fn, jv, rv, f"{rv} * {sa0}", f"{rv} * {sc0}")
         if nfull < N:
-            fn = sup.nt(1, 1, elems)
+            fn = sup.nt(1, 1, elems, False)   # a few left-over keys: nothing to stream ahead of
             jv, rv = nm("j"), nm("r")
             r_lo = runs[0][0]
             r_hi = runs[-1][0] + runs[-1][1] * runs[-1][2]

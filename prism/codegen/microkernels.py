@@ -15,11 +15,12 @@ levels of ACC_CHUNK.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 
 import numpy as np
 
-from prism.codegen.isa import ISA, bf16_dot
+from prism.codegen.isa import ISA, bf16_dot, l1d_bytes
 from prism.codegen.tiles import ctype, ld
 
 # Software prefetch of B, PF_ROWS rows ahead, into L2 (prefetcht1). A weight tile is a column strip of a
@@ -28,6 +29,7 @@ from prism.codegen.tiles import ctype, ld
 # rows all within 2%; prefetcht0 was slower), and no cost when B is cache-resident.
 PF_ROWS = 32
 PF_KEYS = 16  # nt: prefetch the Bt rows (keys) this many rows ahead
+PF_AHEAD = 4096  # nt, one key at a time: prefetch the key stream this many bytes ahead (nt_single_keys)
 
 # Summation order of every contraction (K). One running sum per output over all of K (a single FMA
 # chain, as this code had) has an rms rounding error growing like K*u/sqrt(6) for unit-variance products
@@ -479,7 +481,41 @@ def nt_dot(isa: ISA, elems: tuple[str, str]) -> bool:
     return elems == ("bf16", "bf16") and bf16_dot(isa)
 
 
-def nt_prefetch(isa: ISA, elems: tuple[str, str], whole_k: bool) -> bool:
+def nt_row_stream(isa: ISA, elems: tuple[str, str], whole_k: bool, K: int | str) -> bool:
+    """Whether a single-row nt product over a whole K whose row and keys are stored as ``elems`` takes one
+    key at a time, prefetching along the keys PF_AHEAD bytes ahead (``nt_kernel``'s single dot product): on
+    AVX-512, when the row (K elements of ``elems[0]``) fits in half the L1 data cache.
+
+    A GEMV's keys are then one sequential stream per thread, prefetched far enough ahead that the stream
+    keeps up with the read bandwidth. Measured on the 2-core Zen 5 VM (L1d 48 KiB; 2 threads, keys cycled
+    from DRAM through 10 matrices, the generated kernels in one standalone C harness, medians; a read-only
+    sum of the same bytes beside them), GB/s. Columns: 16 keys with the next block prefetched (int8 keys and
+    float32 before this), 8 keys prefetched 16 rows ahead (16-bit keys before), one key without prefetch
+    (float16 before), one key prefetching 4 KiB ahead (now), the read:
+
+    | keys [N, K] | 16 keys | 8 keys | 1 key | 1 key, 4 KiB ahead | read |
+    |---|---|---|---|---|---|
+    | int8 5632 x 2048 | 31.4 | 36.9 | 43.5 | 46.4 | 51.0 |
+    | int8 11008 x 4096 | 34.1 | 34.6 | 38.8 | 43.0 | 44.3 |
+    | int8 2048 x 5632 | 37.1 | 37.1 | 32.7 | 45.4 | 50.5 |
+    | int8 4096 x 11008 (row 43 KiB) | 35.9 | 37.1 | 20.3 | 32.9 | 46.1 |
+    | bf16 5632 x 2048 | 37.0 | 36.1 | 40.9 | 43.8 | 38.4 |
+    | bf16 2048 x 5632 | 40.9 | 37.0 | 44.6 | 46.1 | 46.0 |
+    | f16 5632 x 2048 | 35.8 | 33.8 | 44.6 | 47.1 | 46.9 |
+    | f16 2048 x 5632 | 36.5 | 37.9 | 42.5 | 49.5 | 47.9 |
+    | f32 4096 x 4096 | 42.2 | 43.2 | 46.5 | 48.0 | 47.5 |
+
+    2 and 8 KiB ahead were within a few % of 4 KiB. A float32 row longer than about half the L1 (int8 4096 x
+    11008: 43 KiB of float32 row) is evicted by the key stream and re-read from L2 for every key: one key at
+    a time then lost (20-33 GB/s), and 2-4 keys sharing the row loads reached 40-41 (hand-written harness), so
+    such rows keep the key blocks below. ``PRISM_ROW_STREAM=0`` turns it off (the key blocks everywhere)."""
+    if os.environ.get("PRISM_ROW_STREAM", "").strip() == "0":
+        return False
+    return (whole_k and isa.name == "avx512" and isinstance(K, int)
+            and K * ITEMSIZE[elems[0]] <= l1d_bytes() // 2)
+
+
+def nt_prefetch(isa: ISA, elems: tuple[str, str], whole_k: bool, K: int | str = 0) -> bool:
     """Whether the nt kernels of ``isa`` whose row and keys are stored as ``elems`` prefetch the keys PF_KEYS
     rows ahead into L2.
 
@@ -494,14 +530,23 @@ def nt_prefetch(isa: ISA, elems: tuple[str, str], whole_k: bool) -> bool:
     per 16-float step takes load slots: float32 113 -> 82 GB/s); a prefetch every second line, or of each row's
     first 512 bytes only, did not keep the gain without the loss. On the AVX2 Zen host (J = 8: two blocks ahead)
     the int8 prefetch cost 7 % from DRAM (docs/bench.md). So int8 keys on AVX-512 only, and the single-row
-    kernels of ``nt_single_keys``."""
-    return not whole_k or (isa.name == "avx512" and (ITEMSIZE[elems[1]] == 1
-                                                     or nt_single_keys(isa, elems, whole_k) is not None))
+    kernels of ``nt_single_keys`` (one key at a time: only with ``nt_row_stream``'s prefetch along the keys)."""
+    if not whole_k:
+        return True
+    if isa.name != "avx512":
+        return False
+    single = nt_single_keys(isa, elems, whole_k, K)
+    if single == 1:
+        return nt_row_stream(isa, elems, whole_k, K)
+    return ITEMSIZE[elems[1]] == 1 or single is not None
 
 
-def nt_single_keys(isa: ISA, elems: tuple[str, str], whole_k: bool) -> int | None:
+def nt_single_keys(isa: ISA, elems: tuple[str, str], whole_k: bool, K: int | str = 0) -> int | None:
     """The key block of a single-row nt kernel over a whole K whose row and keys are stored as ``elems``, where
     it is not NT_SHAPES's (None: NT_SHAPES's).
+
+    One key at a time with prefetch along the keys where ``nt_row_stream`` says so (every storage pair; a row
+    that fits in half the L1). Otherwise, as measured before that:
 
     16-bit keys against a row of the same storage (``elems``: the row's, the keys'; bfloat16 x bfloat16 with
     ``vdpbf16ps``, float16 x float16) on AVX-512 take 8 keys per block, prefetched PF_KEYS rows ahead
@@ -522,7 +567,10 @@ def nt_single_keys(isa: ISA, elems: tuple[str, str], whole_k: bool) -> int | Non
     4096, 4096 x 11008 and 768 x 3072 0.81-0.96x, 1024 x 1024 (in L2) 1.00-1.02x. The 8-key kernel loses 12-20 %
     of the stream to the widening loads (docs/codegen.md, "Widening GEMVs"); bfloat16 (``vdpbf16ps``, one
     instruction per line) and float32 keys lost with one key at a time (1.06-1.09x, 0.90-1.33x). Measured on the
-    Zen 5 host only (on Zen 4, above, one key at a time was measured for bfloat16: 1.09x)."""
+    Zen 5 host only (on Zen 4, above, one key at a time was measured for bfloat16: 1.09x; that kernel had no
+    prefetch along the keys)."""
+    if nt_row_stream(isa, elems, whole_k, K):
+        return 1
     if whole_k and isa.name == "avx512" and elems[1] == "f16":
         return 1
     if whole_k and isa.name == "avx512" and elems[0] == elems[1] and ITEMSIZE[elems[1]] == 2:
@@ -531,8 +579,11 @@ def nt_single_keys(isa: ISA, elems: tuple[str, str], whole_k: bool) -> int | Non
 
 
 def nt_name(isa: ISA, r: int, j: int, elems: tuple[str, str] = F32, prefetch: bool = True) -> str:
+    if r * j == 1:  # the single dot product prefetches along its own row (PF_AHEAD), only when asked
+        return (f"pr_nt_{isa.name}_1x1" + _suffix(elems) + ("_dp" if nt_dot(isa, elems) else "")
+                + ("_pfa" if prefetch and isa.vector else ""))
     return (f"pr_nt_{isa.name}_{r}x{j}" + _suffix(elems) + ("_dp" if nt_dot(isa, elems) else "")
-            + ("" if prefetch or not isa.vector or r * j == 1 else "_npf"))
+            + ("" if prefetch or not isa.vector else "_npf"))
 
 
 def nt_helpers(isa: ISA) -> tuple[str, str]:
@@ -614,10 +665,14 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
         full = (v.load("{p}", 0, ea), v.load("{p}", 0, eb))
     if R * J == 1:  # a single dot product (tails, GEMV rows one key at a time): its lanes added per chunk
         # four accumulators taken in turn (a float16 GEMV runs every key through it: nt_single_keys); one would
-        # be a chain of dependent FMAs
-        steps = "\n".join(
+        # be a chain of dependent FMAs. ``prefetch``: one prefetch per 64-byte line of the key, PF_AHEAD bytes
+        # ahead (into the next keys near a key's end: a GEMV's rows are one stream per thread)
+        pf_lines = 4 * S * ITEMSIZE[eb] // 64
+        pf = [f"      __builtin_prefetch((const char*)(Bt + k) + {PF_AHEAD + 64 * i}, 0, 1);"
+              for i in range(pf_lines)] if prefetch and pf_lines else []
+        steps = "\n".join(pf + [
             f"      {a} = {fma(full[0].format(p=f'A + k + {u * S}'), full[1].format(p=f'Bt + k + {u * S}'), a)};"
-            for u, a in enumerate(("acc", "acc1", "acc2", "acc3")))
+            for u, a in enumerate(("acc", "acc1", "acc2", "acc3"))])
         return f"""PR_INLINE void {name}{sig} {{
   float s = 0.0f, g = 0.0f;
   float t[{W}] __attribute__((aligned(64)));

@@ -21,15 +21,14 @@ import hashlib
 import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 from prism.codegen import isa as ISA
+from prism.codegen.isa import cache_sizes
 from prism.runtime import store
 from prism.runtime.kernel import num_threads
 from prism.tune.contention import CpuMeter, contended
 from prism.tune.stats import STATS
 
-_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
 # Used only when measuring is impossible or switched off (PRISM_TUNE_MEASURE=0): the 2-core VM the
 # project runs on measured 40-76 GB/s (triad, 2 threads) and ~117 GFLOP/s per core (WORKLOADS.md,
 # docs/codegen.md); the defaults sit at the low end so the model does not promise too much.
@@ -81,26 +80,6 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def _size(text: str) -> int:
-    t = text.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    return int(t.rstrip("KMG")) * mult
-
-
-def cache_sizes(base: Path = _SYSFS) -> dict[int, int]:
-    """{level: bytes} of the data/unified caches of cpu0 (missing levels: 32 KiB L1, 1 MiB L2, no L3)."""
-    sizes = {1: 32 << 10, 2: 1 << 20, 3: 0}
-    try:
-        for idx in sorted(base.glob("index*")):
-            level = int((idx / "level").read_text())
-            if (idx / "type").read_text().strip() == "Instruction" or level not in sizes:
-                continue
-            sizes[level] = _size((idx / "size").read_text())
-    except (OSError, ValueError):
-        pass
-    return sizes
 
 
 def fingerprint(cores: int, caches: dict[int, int]) -> str:

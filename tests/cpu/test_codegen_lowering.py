@@ -9,6 +9,7 @@ import pytest
 from cg_helpers import assert_close, split_k_graph, supported_isas
 
 import prism
+from prism.codegen import microkernels as mk
 from prism.ir import BlockBuilder, MapVar
 from prism.runtime.kernel import compile as compile_kernel
 
@@ -250,15 +251,33 @@ def _x_wt(K: int, w_dtype: str, x_dtype: str = "float32") -> prism.Graph:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
-def test_whole_k_gemv_prefetches_the_next_int8_key_block_only(dtype: str) -> None:
-    """x @ W^T over a whole long K (GEMV rows): the int8 kernels prefetch the next block of 16 keys into L2
-    while they stream this one on AVX-512 (from DRAM: 20 -> 27 GB/s, microkernels.nt_prefetch); float32 and
-    bfloat16 keys do not (in L3 the prefetches cost them a quarter of their speed), nor does AVX2."""
-    g = _x_wt(5001, dtype)
+def test_whole_k_gemv_streams_one_key_at_a_time_where_its_row_fits_in_l1(
+        dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """x @ W^T over a whole long K (GEMV rows) on AVX-512: where the float32 row fits in half the L1 data
+    cache, one key at a time with a prefetch along the keys PF_AHEAD bytes ahead, one per 64-byte line
+    (microkernels.nt_row_stream: int8 keys from DRAM 31-37 -> 45-46 GB/s, about the read); a longer row keeps
+    the key blocks of before: int8 keys prefetch the next block of 16 keys into L2, float32 and bfloat16 keys do
+    not (in L3 the prefetches cost them a quarter of their speed). AVX2 as before. The L1 size is set here,
+    so the test does not depend on the machine's."""
+    monkeypatch.setattr(mk, "l1d_bytes", lambda: 48 << 10)
+    g = _x_wt(5001, dtype)                         # a 20 KB row: fits in 24 KiB
     src = compile_kernel(g, isa="avx512").source
+    assert "_1x1_" in src and "_pfa(" in src and "_1x16_" not in src and "_1x8_" not in src
+    lines = 4 * 16 * {"float32": 4, "bfloat16": 2, "int8": 1}[dtype] // 64   # a loop: 4 steps of 16 keys
+    assert all(f"__builtin_prefetch((const char*)(Bt + k) + {mk.PF_AHEAD + 64 * i}, 0, 1)" in src
+               for i in range(lines))
+    assert "__builtin_prefetch(Bt + 16 * sb0" not in src
+    g = _x_wt(11008, dtype)                        # a 43 KB row: the key blocks
+    src = compile_kernel(g, isa="avx512").source
+    assert "_pfa(" not in src and "_1x16_" in src
     assert ("_npf" in src) == (dtype != "int8")
     assert ("__builtin_prefetch(Bt + 16 * sb0 + k, 0, 2)" in src) == (dtype == "int8")
-    assert "__builtin_prefetch(Bt + 16 * sb0" not in compile_kernel(g, isa="avx2").source
+    for K in (5001, 11008):
+        src = compile_kernel(_x_wt(K, dtype), isa="avx2").source
+        assert "__builtin_prefetch(Bt + 16 * sb0" not in src and "_pfa(" not in src
+    monkeypatch.setenv("PRISM_ROW_STREAM", "0")   # off: the key blocks at every row length
+    src = compile_kernel(_x_wt(5001, dtype), isa="avx512").source
+    assert "_pfa(" not in src and "_1x16_" in src
 
 
 def test_map_symbols_as_params(rng: np.random.Generator) -> None:
@@ -560,17 +579,23 @@ def test_short_k_nt_product_runs_as_nn_on_a_transposed_copy(rng: np.random.Gener
 
 @pytest.mark.parametrize("x_dtype, w_dtype", [("bfloat16", "bfloat16"), ("float16", "float16"),
                                               ("float32", "float16")])
-def test_a_16_bit_gemv_streams_its_keys_as_measured(x_dtype: str, w_dtype: str) -> None:
+def test_a_16_bit_gemv_streams_its_keys_as_measured(x_dtype: str, w_dtype: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """x @ W^T with 16-bit keys W over a whole long K (decode), on AVX-512 (microkernels.nt_single_keys): bfloat16
     against a bfloat16 row takes 8 keys per block, two accumulators per key on alternate steps, and prefetches
     the keys ahead (a decode step's GEMVs 0.875 of the 16-key kernel's time); float16 keys take one key at a time
     with four accumulators and no prefetch (llama-1b float16's decode pieces 0.80-0.87x the 8-key kernel's
-    time). Every K tail and key count (37) against float64, and the kernel run where it can."""
+    time). That is where the row does not fit in half the L1 (here set to 4 KiB); where it does, every pair
+    takes one key at a time with a prefetch along the keys (microkernels.nt_row_stream). Every K tail and key
+    count (37) against float64, and the kernel run where it can."""
     import torch
-    for K in (5001, 2048, 1056):
+    for K, l1 in ((5001, 4 << 10), (2048, 4 << 10), (1056, 4 << 10), (5001, 48 << 10), (1056, 48 << 10)):
+        monkeypatch.setattr(mk, "l1d_bytes", lambda l1=l1: l1)
         g = _x_wt(K, w_dtype, x_dtype)
         src = compile_kernel(g, isa="avx512").source
-        if w_dtype == "bfloat16":
+        if l1 > 4 << 10:
+            assert "_1x1_" in src and "_pfa(" in src and "_1x8_" not in src and "_1x16_" not in src
+        elif w_dtype == "bfloat16":
             assert "_1x8_" in src and "__builtin_prefetch(Bt + 16 * sb0 + k, 0, 2)" in src and "_1x16_" not in src
         else:
             assert "_1x1_" in src and "__builtin_prefetch" not in src and "_1x8_" not in src and "_1x16_" not in src
