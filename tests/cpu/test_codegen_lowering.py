@@ -755,3 +755,31 @@ def test_a_bf16_product_of_many_rows_runs_transposed_on_rows_packed_in_pairs() -
         xs = torch.randn(m, 1100, generator=gen).to(torch.bfloat16)
         out = np.asarray(torch.as_tensor(prism.compile(g, isa="avx512")(x=xs, W=ws)).float())
         assert_close(out, xs.double().numpy() @ ws.double().numpy().T, f"for-loop m={m}", rtol=1e-2)
+
+
+def _rows_ahead(row_bytes: int) -> int:
+    """microkernels.nn_prefetch_rows's C expression evaluated at ``row_bytes`` (C's ?: and integer division)."""
+    import re
+    m = re.fullmatch(r"\((.*) \? (.*) : (.*)\)", mk.nn_prefetch_rows(str(row_bytes)))
+    assert m is not None
+    cond, yes, no = (p.replace("&&", "and").replace("/", "//") for p in m.groups())
+    return int(eval(yes if eval(cond) else no))
+
+
+def test_attention_streams_are_prefetched_by_distance_in_bytes() -> None:
+    """Short rows are one stream: nn prefetches PF_AHEAD bytes ahead where B's rows are short (attention's V:
+    256 B of bfloat16 -> 16 rows, 512 B of float32 -> 8), PF_ROWS rows where each row is a new page or tiny;
+    nt over K chunks of short keys stored back to back (attention's K) does not prefetch, a weight's long or
+    strided keys do. W6's hand-written split-KV decode, compiled: the scores' nt kernel without prefetch, the
+    PV product's nn kernel with the distance."""
+    assert [_rows_ahead(rb) for rb in (64, 128, 256, 512, 1024, 2048, 16384)] == [32, 32, 16, 8, 4, 32, 32]
+    assert not mk.nt_chunk_prefetch(128, 128, "bf16") and not mk.nt_chunk_prefetch(128, 128, "f32")
+    assert mk.nt_chunk_prefetch(4096, 4096, "bf16")      # a weight's keys: 8 KiB each
+    assert mk.nt_chunk_prefetch(256, 128, "f32")         # keys not back to back
+    assert mk.nt_chunk_prefetch("sk", 128, "f32")        # a stride only known at run time
+    from prism.workloads import WORKLOADS
+    w = WORKLOADS["W6"]
+    s = w.shapes[0]
+    src = compile_kernel(w.hand_written(s).instantiate({**w.params(s)}), isa="avx512").specialize(b=s["b"]).source
+    assert "pr_nt_avx512_4x4_npf(" in src and "pr_nt_avx512_4x4(" not in src
+    assert f"const long pfo = {mk.nn_prefetch_rows('sb0 * 4')} * sb0;" in src and "Bk + pfo + 0" in src

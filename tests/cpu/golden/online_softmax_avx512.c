@@ -20,7 +20,7 @@ PR_INLINE __m512 pr_hsum16(const __m512* v) {
   return x4[0];
 }
 
-PR_INLINE void pr_nt_avx512_4x4(long K, const float* restrict A, long sa0, const float* restrict Bt, long sb0, float* restrict C, long sc0, int beta, const float* restrict cs) {
+PR_INLINE void pr_nt_avx512_4x4_npf(long K, const float* restrict A, long sa0, const float* restrict Bt, long sb0, float* restrict C, long sc0, int beta, const float* restrict cs) {
   __m512 tot = _mm512_setzero_ps(), grp = _mm512_setzero_ps();
   for (long k0 = 0; k0 < K; k0 += 1024) {
     const long k1 = pr_minl(K, k0 + 1024), K0 = k1 - (k1 - k0) % 16;
@@ -33,7 +33,6 @@ PR_INLINE void pr_nt_avx512_4x4(long K, const float* restrict A, long sa0, const
       __m512 a2 = _mm512_loadu_ps(A + 2 * sa0 + k);
       __m512 a3 = _mm512_loadu_ps(A + 3 * sa0 + k);
       __asm__("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3));
-      __builtin_prefetch(Bt + 16 * sb0 + k, 0, 2);
       { __m512 b = _mm512_loadu_ps(Bt + 0 * sb0 + k);
         __asm__("" : "+v"(b));
         acc0 = _mm512_fmadd_ps(a0, b, acc0);
@@ -41,7 +40,6 @@ PR_INLINE void pr_nt_avx512_4x4(long K, const float* restrict A, long sa0, const
         acc8 = _mm512_fmadd_ps(a2, b, acc8);
         acc12 = _mm512_fmadd_ps(a3, b, acc12);
       }
-      __builtin_prefetch(Bt + 17 * sb0 + k, 0, 2);
       { __m512 b = _mm512_loadu_ps(Bt + 1 * sb0 + k);
         __asm__("" : "+v"(b));
         acc1 = _mm512_fmadd_ps(a0, b, acc1);
@@ -49,7 +47,6 @@ PR_INLINE void pr_nt_avx512_4x4(long K, const float* restrict A, long sa0, const
         acc9 = _mm512_fmadd_ps(a2, b, acc9);
         acc13 = _mm512_fmadd_ps(a3, b, acc13);
       }
-      __builtin_prefetch(Bt + 18 * sb0 + k, 0, 2);
       { __m512 b = _mm512_loadu_ps(Bt + 2 * sb0 + k);
         __asm__("" : "+v"(b));
         acc2 = _mm512_fmadd_ps(a0, b, acc2);
@@ -57,7 +54,6 @@ PR_INLINE void pr_nt_avx512_4x4(long K, const float* restrict A, long sa0, const
         acc10 = _mm512_fmadd_ps(a2, b, acc10);
         acc14 = _mm512_fmadd_ps(a3, b, acc14);
       }
-      __builtin_prefetch(Bt + 19 * sb0 + k, 0, 2);
       { __m512 b = _mm512_loadu_ps(Bt + 3 * sb0 + k);
         __asm__("" : "+v"(b));
         acc3 = _mm512_fmadd_ps(a0, b, acc3);
@@ -132,12 +128,13 @@ PR_INLINE void pr_nt_avx512_4x4(long K, const float* restrict A, long sa0, const
 
 PR_INLINE void pr_nn_avx512_4x1(long K, const float* restrict A, long sa0, long sa1, const float* restrict B, long sb0, float* restrict C, long sc0, int beta, const float* restrict cs) {
   __m512 c0_0, c1_0, c2_0, c3_0;
+  const long pfo = (sb0 * 4 > 128 && sb0 * 4 <= 1024 ? 4096 / (sb0 * 4) : 32) * sb0;
   {
     const long k = 0;
     const float* Bk = B + k * sb0;
     const float* Ak = A + k * sa1;
-    __builtin_prefetch(Bk + 32 * sb0 + 0, 0, 2);
-    __builtin_prefetch(Bk + 32 * sb0 + 15, 0, 2);
+    __builtin_prefetch(Bk + pfo + 0, 0, 2);
+    __builtin_prefetch(Bk + pfo + 15, 0, 2);
     __m512 b0 = _mm512_loadu_ps(Bk + 0);
     __asm__("" : "+v"(b0));
     { __m512 a = _mm512_set1_ps(Ak[0 * sa0]);
@@ -156,8 +153,8 @@ PR_INLINE void pr_nn_avx512_4x1(long K, const float* restrict A, long sa0, long 
   for (long k = 1; k < K; k++) {
     const float* Bk = B + k * sb0;
     const float* Ak = A + k * sa1;
-    __builtin_prefetch(Bk + 32 * sb0 + 0, 0, 2);
-    __builtin_prefetch(Bk + 32 * sb0 + 15, 0, 2);
+    __builtin_prefetch(Bk + pfo + 0, 0, 2);
+    __builtin_prefetch(Bk + pfo + 15, 0, 2);
     __m512 b0 = _mm512_loadu_ps(Bk + 0);
     __asm__("" : "+v"(b0));
     { __m512 a = _mm512_set1_ps(Ak[0 * sa0]);
@@ -224,7 +221,7 @@ PR_NOINLINE void blk0(const float* restrict a0, const float* restrict a1, const 
         const float* A4 = v1;
         const float* B5 = v2i;
         for (long j6 = 0; j6 < 16; j6 += 4) {
-          pr_nt_avx512_4x4(16, A4 + 0, 16, B5 + j6 * 16, 16, C3 + 0 + j6, 16, 0, 0);
+          pr_nt_avx512_4x4_npf(16, A4 + 0, 16, B5 + j6 * 16, 16, C3 + 0 + j6, 16, 0, 0);
         }
         #pragma omp simd
         for (long i7 = 0; i7 < 64; i7++) {

@@ -4,12 +4,13 @@
 
 PR_INLINE void pr_nn_avx512_4x1(long K, const float* restrict A, long sa0, long sa1, const float* restrict B, long sb0, float* restrict C, long sc0, int beta, const float* restrict cs) {
   __m512 c0_0, c1_0, c2_0, c3_0;
+  const long pfo = (sb0 * 4 > 128 && sb0 * 4 <= 1024 ? 4096 / (sb0 * 4) : 32) * sb0;
   {
     const long k = 0;
     const float* Bk = B + k * sb0;
     const float* Ak = A + k * sa1;
-    __builtin_prefetch(Bk + 32 * sb0 + 0, 0, 2);
-    __builtin_prefetch(Bk + 32 * sb0 + 15, 0, 2);
+    __builtin_prefetch(Bk + pfo + 0, 0, 2);
+    __builtin_prefetch(Bk + pfo + 15, 0, 2);
     __m512 b0 = _mm512_loadu_ps(Bk + 0);
     __asm__("" : "+v"(b0));
     { __m512 a = _mm512_set1_ps(Ak[0 * sa0]);
@@ -28,8 +29,8 @@ PR_INLINE void pr_nn_avx512_4x1(long K, const float* restrict A, long sa0, long 
   for (long k = 1; k < K; k++) {
     const float* Bk = B + k * sb0;
     const float* Ak = A + k * sa1;
-    __builtin_prefetch(Bk + 32 * sb0 + 0, 0, 2);
-    __builtin_prefetch(Bk + 32 * sb0 + 15, 0, 2);
+    __builtin_prefetch(Bk + pfo + 0, 0, 2);
+    __builtin_prefetch(Bk + pfo + 15, 0, 2);
     __m512 b0 = _mm512_loadu_ps(Bk + 0);
     __asm__("" : "+v"(b0));
     { __m512 a = _mm512_set1_ps(Ak[0 * sa0]);
