@@ -75,6 +75,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--first-token", action="store_true",
                    help="with --models: after the rounds, time the first token of a new process per compiling "
                         "system on the caches the run filled (the model built untimed)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="with --models: torch.compile(..., dynamic=True) for both compilers (every size symbolic from "
+                        "the first capture: no second capture and search when a prompt length or the KV length "
+                        "first changes; default: Dynamo's static-first)")
     p.add_argument("--fresh-tokens", type=int, default=None, metavar="N",
                    help="with --models: tokens decoded past the KV lengths the rounds saw, timed once after the "
                         "rounds (a generate() longer than any before; default 8, 0 skips)")

@@ -366,14 +366,15 @@ import json, sys, time
 import torch
 from prism.bench.models import GENERATE_KW as kw, MODELS, build, prompt_ids
 name, dtype, system, prompt, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-batch = int(sys.argv[6])
+batch, dynamic = int(sys.argv[6]), {"none": None, "true": True}[sys.argv[7]]
 torch.set_num_threads(threads)
 model = build(MODELS[name], dtype=dtype)
 model.generation_config.eos_token_id = None
 ids = prompt_ids(MODELS[name], prompt, batch)
 with torch.inference_mode():
     ref = model.generate(ids, max_new_tokens=1, **kw)
-    model.forward = torch.compile(model.forward, backend="prism") if system == "prism" else torch.compile(model.forward)
+    backend = "prism" if system == "prism" else "inductor"
+    model.forward = torch.compile(model.forward, backend=backend, dynamic=dynamic)
     t = time.perf_counter()
     got = model.generate(ids, max_new_tokens=1, **kw)
     dt = time.perf_counter() - t
@@ -388,12 +389,12 @@ def prompt_ids(spec: ModelSpec, prompt: int, batch: int = 1) -> Any:
 
 
 def first_token_in_new_process(name: str, dtype: str, system: str, prompt: int,
-                               threads: int, batch: int = 1) -> tuple[float | None, str]:
+                               threads: int, batch: int = 1, dynamic: bool | None = None) -> tuple[float | None, str]:
     """(seconds, "") of a new process's first ``generate(max_new_tokens=1)`` under ``system`` ("compile" or
     "prism") on the caches as they are (item 6 of the module docstring), or (None, why not)."""
     import subprocess
     r = subprocess.run([sys.executable, "-c", FIRST_TOKEN_CHILD, name, dtype, system, str(prompt), str(threads),
-                        str(batch)],
+                        str(batch), "true" if dynamic else "none"],
                        capture_output=True, text=True)
     line = next((x for x in r.stdout.splitlines() if x.startswith("FIRST_TOKEN ")), None)
     if r.returncode != 0 or line is None:
@@ -408,7 +409,7 @@ def first_token_in_new_process(name: str, dtype: str, system: str, prompt: int,
 def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: int,
               log: Callable[[str], None], new_lengths: tuple[int, ...] = NEW_LENGTHS,
               dtype: str = "float32", fresh_tokens: int = FRESH_TOKENS, first_token: bool = False,
-              batch: int = 1) -> ModelResult:
+              batch: int = 1, dynamic: bool | None = None) -> ModelResult:
     import torch
 
     from prism.frontend import clear_reports, reports
@@ -438,10 +439,10 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
         model = base if sysname == "eager" else copy_model(base)
         copied = rss()
         clear_reports()  # no torch._dynamo.reset(): it would drop the other systems' compiled graphs
-        if sysname == "compile":
-            model.forward = torch.compile(model.forward)
+        if sysname == "compile":   # dynamic: torch.compile's (None: static first, dynamic after a size changes)
+            model.forward = torch.compile(model.forward, dynamic=dynamic)
         elif sysname == "prism":
-            model.forward = torch.compile(model.forward, backend="prism")
+            model.forward = torch.compile(model.forward, backend="prism", dynamic=dynamic)
         log(f"{name}: {sysname}: first generate() ...")
         stats0 = dataclasses.asdict(STATS)
         t0 = time.perf_counter()
@@ -557,7 +558,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
         for sysname in ("compile", "prism"):
             if sysname in calls:
                 secs, why = first_token_in_new_process(name, dtype, sysname, prompt, torch.get_num_threads(),
-                                                       batch)
+                                                       batch, dynamic)
                 res.systems[sysname].first_token_s = secs
                 if why:
                     res.notes.append(f"{sysname}: first token in a new process {why}")
@@ -622,7 +623,8 @@ def _f(x: float | None, spec: str = "{:.1f}") -> str:
 
 def markdown(results: list[ModelResult], meta: dict[str, Any]) -> str:
     lines = [f"Machine: {meta.get('cpu', '?')}, {meta.get('threads')} threads; load before {meta.get('load_before')}, "
-             f"after {meta.get('load_after')}; {meta.get('rounds')} interleaved rounds."]
+             f"after {meta.get('load_after')}; {meta.get('rounds')} interleaved rounds"
+             + ("; torch.compile(..., dynamic=True) for both compilers." if meta.get("dynamic") else ".")]
     for m in results:
         bw = min(m.bandwidth) / 1e9 if m.bandwidth else None
         lines += ["", f"**{m.name}** {m.dtype} ({m.spec['arch']}, {m.spec['layers']} layers, hidden "
@@ -736,8 +738,10 @@ def main(args: Any, threads: int) -> int:
     if fresh < 0:
         print("prism bench --models: --fresh-tokens must be >= 0", file=sys.stderr)
         return 2
+    dynamic = True if getattr(args, "dynamic", False) else None
+    meta["dynamic"] = dynamic
     results = [run_model(n, MODELS[n], prompt, new, rounds, log, lengths, dtype, fresh,
-                         bool(getattr(args, "first_token", False)), batch) for n in names]
+                         bool(getattr(args, "first_token", False)), batch, dynamic) for n in names]
     meta["load_after"] = os.getloadavg()[0]
     print(markdown(results, meta))
     if args.json:

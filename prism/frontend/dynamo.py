@@ -36,6 +36,59 @@ def _module_state(node: Any, example: Any) -> bool:
     return "_parameters" in name or "_buffers" in name
 
 
+def fold_float_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[tuple[int, float]]:
+    """Fold Python floats that Dynamo made graph inputs back into constants; returns (input index, value) for
+    each, the values every call must still pass (``guard_floats``).
+
+    With ``dynamic=True`` (or a float that changed between calls) Dynamo does not bake a module's float
+    attributes (an RMSNorm's ``eps``, attention's ``scaling``) into the graph: each is a 0-d float64 tensor input
+    read with ``.item()``, a symbolic float that no kernel can take as a constant, so the norms and attention of
+    a Llama were left to PyTorch under ``dynamic=True``. The example value is what every call passes unless
+    the model's attribute is changed; the guard checks it per call and runs the graph in PyTorch if not."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    folded: list[tuple[int, float]] = []
+    for i, (node, x) in enumerate(zip(placeholders, example_inputs)):
+        ga = node.meta.get("grapharg")
+        if not (isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype == torch.float64
+                and getattr(ga, "pass_arg_as_tensor", False) and node.users
+                and all(u.op == "call_method" and u.target == "item" for u in node.users)):
+            continue
+        try:
+            value = float(x.item())
+        except Exception:  # a fake or meta example: no value to fold
+            continue
+        for item in list(node.users):
+            def const(a: Any, it: Any = item, v: float = value) -> Any:
+                return v if a is it else a
+            for user in list(item.users):
+                user.args = torch.fx.node.map_aggregate(user.args, const)
+                user.kwargs = torch.fx.node.map_aggregate(user.kwargs, const)
+            gm.graph.erase_node(item)
+        folded.append((i, value))
+    if folded:
+        gm.recompile()
+    return folded
+
+
+def guard_floats(fast: Any, slow: Any, floats: list[tuple[int, float]]) -> Any:
+    """``fast`` (the graph with ``floats`` folded in) while every call passes those values, else ``slow`` (the
+    graph as Dynamo gave it, in PyTorch), said once in the log."""
+    if not floats:
+        return fast
+    warned: list[bool] = []
+
+    def call(*args: Any) -> Any:
+        for i, v in floats:
+            if float(args[i]) != v:
+                if not warned:
+                    warned.append(True)
+                    log.warning("prism: a float that Prism compiled as the constant %r is now %r (a changed module "
+                                "attribute): this graph runs in PyTorch while it differs", v, float(args[i]))
+                return slow(*args)
+        return fast(*args)
+    return call
+
+
 def prism_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: Any = None,
                   mode: str | None = None) -> Any:
     """The Dynamo backend (see the module docstring). ``mode`` (torch.compile's) is accepted and ignored:
@@ -44,8 +97,9 @@ def prism_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     persistent = {i for i, (n, x) in enumerate(zip(placeholders, example_inputs)) if _module_state(n, x)}
     try:
-        new_gm, report = compile_graph(copy_module(gm), None, source="dynamo", options=opts,
-                                       persistent_inputs=persistent)
+        work = copy_module(gm)
+        floats = fold_float_inputs(work, example_inputs)
+        new_gm, report = compile_graph(work, None, source="dynamo", options=opts, persistent_inputs=persistent)
     except Exception as e:  # never break the user's model: run this graph in PyTorch
         r = new_report("dynamo", len(gm.graph.nodes))
         r.error = f"{type(e).__name__}: {e}"
@@ -56,7 +110,7 @@ def prism_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
     # the module's forward, not the module: Dynamo calls what the backend returns on every call, and a
     # module costs nn.Module.__call__ plus Dynamo's own wrapping of it (measured on a 1-piece graph:
     # 38.7 µs per call through the module, 32.4 µs through its forward)
-    return new_gm.forward
+    return guard_floats(new_gm.forward, gm.forward, floats)
 
 
 def register() -> None:

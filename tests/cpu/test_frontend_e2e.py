@@ -76,6 +76,72 @@ def test_torch_compile_backend_two_batch_sizes_one_search() -> None:
     assert down and down[0].by_prism and down[0].runner.prism_calls == 2
 
 
+class NormAttention(nn.Module):
+    """A norm with its eps and an attention with its scale as Python float attributes: under dynamic=True
+    Dynamo passes both as 0-d float64 inputs read with .item() (frontend.dynamo.fold_float_inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.eps, self.scaling = 1e-6, 0.25
+        self.w = nn.Parameter(torch.rand(32, generator=torch.Generator().manual_seed(3)) + 0.5)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        n = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + self.eps) * self.w
+        return F.scaled_dot_product_attention(n, k, v, scale=self.scaling)
+
+
+def test_dynamic_true_folds_float_attributes_and_guards_them(caplog: pytest.LogCaptureFixture) -> None:
+    """torch.compile(..., dynamic=True): the module's float attributes (eps, the attention scale), which Dynamo
+    makes graph inputs, are folded into the kernels as their values, so the norm and the attention run on Prism
+    (they were left to PyTorch: "scale must be a constant number, got item (SymFloat)"). A call with a changed
+    attribute runs the graph in PyTorch, correctly, with one log line; the old value runs on Prism again."""
+    m = NormAttention()
+    c = torch.compile(m, backend="prism", dynamic=True, options=OPTS)
+
+    def args(n: int) -> tuple[torch.Tensor, ...]:
+        g = torch.Generator().manual_seed(n)
+        return tuple(torch.randn(1, 4, n, 32, generator=g) for _ in range(3))
+    with torch.no_grad():
+        for n in (7, 12):
+            _close(c(*args(n)), m(*args(n)))
+        (rep,) = reports()
+        assert not any("SymFloat" in (f.reason or "") for f in rep.fallbacks), rep.table()
+        prism_calls = sum(p.runner.prism_calls for p in rep.pieces if p.by_prism)
+        assert prism_calls >= 2 and any("scaled_dot_product_attention" in p.label or "attention" in p.label
+                                        for p in rep.pieces if p.by_prism), rep.table()
+        m.eps, m.scaling = 0.5, 0.125   # Dynamo 2.13 compiles the graph again for new values: still correct
+        _close(c(*args(9)), m(*args(9)))
+    # where the graph is called with another value (Dynamo guarding no float), the guard runs it in PyTorch
+    from prism.frontend.dynamo import prism_backend
+    seen: list[tuple[Any, Any, list[Any]]] = []
+
+    def keep(gm: Any, example_inputs: list[Any]) -> Any:
+        fn = prism_backend(gm, example_inputs, OPTS)
+        seen.append((fn, gm, list(example_inputs)))
+        return fn
+    torch._dynamo.reset()
+    m.eps, m.scaling = 1e-6, 0.25
+    with torch.no_grad():
+        torch.compile(m, backend=keep, dynamic=True)(*args(7))
+        fn, gm, ex = seen[-1]
+        floats = [i for i, x in enumerate(ex) if isinstance(x, torch.Tensor) and x.dim() == 0
+                  and x.dtype == torch.float64]
+        assert len(floats) == 2
+        rep = reports()[-1]
+        calls = sum(p.runner.prism_calls for p in rep.pieces if p.by_prism)
+        _close(fn(*ex), gm.forward(*ex))
+        assert sum(p.runner.prism_calls for p in rep.pieces if p.by_prism) > calls
+        calls = sum(p.runner.prism_calls for p in rep.pieces if p.by_prism)
+        changed = [torch.tensor(0.5, dtype=torch.float64) if i == floats[0] else x for i, x in enumerate(ex)]
+        with caplog.at_level(logging.WARNING, logger="prism"):
+            _close(fn(*changed), gm.forward(*changed))
+            _close(fn(*changed), gm.forward(*changed))
+        assert sum("is now 0.5" in r.getMessage() for r in caplog.records) == 1
+        assert sum(p.runner.prism_calls for p in rep.pieces if p.by_prism) == calls   # PyTorch ran them
+        _close(fn(*ex), gm.forward(*ex))
+        assert sum(p.runner.prism_calls for p in rep.pieces if p.by_prism) > calls
+
+
 def test_linear_weights_are_read_as_stored_no_copies() -> None:
     """Every Linear weight reaches its piece's kernel as the module stores it ([out, in], contiguous): no
     transposed copy is made, cached or kept (memory overhead), and the pieces' programs say so."""
