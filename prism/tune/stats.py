@@ -19,6 +19,7 @@ class TuneStats:
     template_served: int = 0     # derived shapes served by a template already checked at TEMPLATE_CHECKS shapes
     template_checks_recorded: int = 0   # template checks adopted from an earlier process's record (api.py)
     template_checks_below: int = 0   # template checks run at a cheaper value of its region than the served one
+    template_prebuilt: int = 0   # shapes one past a tuned one, derived (template built, checked) right after it
     rebuilds: int = 0            # corrupt or stale cache entries that were rebuilt
     machine_measurements: int = 0  # triad/peak measurements (once per machine fingerprint)
     compiles: int = 0            # candidate kernels compiled by the tuner

@@ -295,11 +295,13 @@ def test_derive_serves_a_nearby_shape_with_the_tuned_winner_checked(monkeypatch:
     assert STATS.tunings == 3
 
 
-def test_derive_adapts_the_winners_sizes_to_a_length_they_do_not_divide() -> None:
+def test_derive_adapts_the_winners_sizes_to_a_length_they_do_not_divide(monkeypatch: pytest.MonkeyPatch) -> None:
     """A new n that the tuned winner's grid sizes do not divide (17, prime) takes, compiled and checked there
     and not tuned, another candidate of the tuning measured within api.DERIVE_SLACK of the winner that is
-    valid at 17, or else the same sGraph with the valid sizes nearest to the winner's (api._derived)."""
+    valid at 17, or else the same sGraph with the valid sizes nearest to the winner's (api._derived). (17 is the
+    shape the pre-build derives right after tuning 16: off here, so that the call at 17 derives it.)"""
     from prism.api import DERIVE_SLACK
+    monkeypatch.setenv("PRISM_PREBUILD", "0")
     clear_memory_caches()
     reset_stats()
     g = prism.Graph("rmsnorm_linear_derive_prime")
@@ -329,6 +331,47 @@ def test_derive_adapts_the_winners_sizes_to_a_length_they_do_not_divide() -> Non
              if r.status == "ok" and r.measured_s <= s16.tuning.best.measured_s * DERIVE_SLACK]
     assert same or (s17.implementation.index, s17.params) in close or \
         s17.implementation.index == s16.implementation.index   # the winner's sGraph, its nearest sizes
+
+
+def test_the_shape_one_past_a_tuned_one_is_derived_right_after_the_tuning(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """api.SuperKernel._prebuild: right after tuning at n, n + 1 is derived (its template built and checked),
+    so a later value of its region costs no compile or check: after tuning at 32, one from 40 on, served with no
+    check, no tuning and no compile of its own. PRISM_PREBUILD=0: the first new value builds it."""
+    g = prism.Graph("rms_linear_prebuild")
+    X, W = g.input("X", ("n", 128), "float32"), g.input("W", (96, 128), "float32")
+    g.output(g.matmul(g.rms_norm(X), g.permute(W, (1, 0))), "Y")
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((96, 128), dtype=np.float32)
+
+    def run(k: object, n: int) -> None:
+        x = rng.standard_normal((n, 128), dtype=np.float32)
+        ref = g.evaluate({"X": x.astype(np.float64), "W": w.astype(np.float64)}, dtype=np.float64)["Y"]
+        y = k(X=x, W=w)  # type: ignore[operator]
+        assert np.max(np.abs(y - ref) / (np.abs(ref) + np.sqrt(np.mean(ref ** 2)))) <= 2e-4, n
+
+    for prebuild in ("1", "0"):
+        monkeypatch.setenv("PRISM_PREBUILD", prebuild)
+        monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path / prebuild))
+        clear_memory_caches()
+        reset_stats()
+        k = prism.superoptimize(g, limits=LIMITS, derive=True)
+        run(k, 32)
+        assert STATS.tunings == 1 and STATS.template_prebuilt == (1 if prebuild == "1" else 0)
+        s33 = k._specs.get((("n", 33),))
+        assert (s33 is not None) == (prebuild == "1")
+        if s33 is not None:
+            assert s33.derived_from == {"n": 32} and s33.check.passed
+        before = (STATS.final_checks, STATS.template_checks_below, STATS.tunings)
+        if prebuild == "1":   # a later value of the pre-built template's region (its guards: residues too)
+            (t,) = [t for kern in k._kernels.values() for t, *_ in kern._templates]
+            n = next(v for v in range(40, 64) if t.holds({"n": v}))
+            run(k, n)
+            assert (STATS.final_checks, STATS.template_checks_below, STATS.tunings) == before
+            assert k.specialize(n=n).derived_from == {"n": 32}
+        else:
+            run(k, 40)
+            assert STATS.final_checks > before[0] and STATS.tunings == before[2]
 
 
 def test_when_every_measured_candidate_fails_the_final_check_the_next_ones_are_tuned(
@@ -571,6 +614,7 @@ def test_a_new_templates_checks_run_at_cheaper_values_of_its_region(tmp_path: Pa
     from prism import api
     from prism.codegen.template import check_points
     monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PRISM_PREBUILD", "0")   # the template is first built at 120 here, not at 65 after tuning
     clear_memory_caches()
     reset_stats()
     g = prism.Graph("rms_linear_cheap_checks")
