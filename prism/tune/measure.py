@@ -37,6 +37,12 @@ ENOUGH_SAMPLES = 1000
 DECIDED_MARGIN = 0.85
 TIE_MARGIN = 1.03
 DECIDE_SAMPLES = 10
+# A candidate whose warm-up call took more than HOPELESS times the fastest one's, and more than HOPELESS_MIN_S, is
+# not measured further: its warm-up is its one sample. Contention slows a good candidate by 2-3x, not 8x. Measured
+# need: llama-1b bf16's LM head (32000 x 2048) tuned 4 candidates, three of 2.9-3.2 ms and a one-block one of 324 ms
+# per call, whose rounds took most of the tuning's 3.2 s of measuring (5.8 s of the model's start-up in one run).
+HOPELESS = 8.0
+HOPELESS_MIN_S = 5e-3
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,9 @@ def time_interleaved(fns: Sequence[Callable[[], object]], *, budget_s: float = 0
     microsecond kernels reach that in ~0.1 s (a tiny Llama's 25 tunings spent 10 s here at the full budget,
     4.6-4.9 s with the early stop); they also stop then when the outcome is settled (``_decided``: each other
     median within TIE_MARGIN of the fastest or at least 1 / DECIDED_MARGIN of it; DECIDE_SAMPLES samples
-    each). Kernels of more than ~0.1 ms within 3-15% of each other use the whole budget."""
+    each). Kernels of more than ~0.1 ms within 3-15% of each other use the whole budget. A candidate whose
+    warm-up took more than HOPELESS times the fastest's (and HOPELESS_MIN_S) is not called again: that warm-up
+    is its one sample."""
     samples: list[list[float]] = [[] for _ in fns]
     per_call = []
     for f in fns:
@@ -98,7 +106,10 @@ def time_interleaved(fns: Sequence[Callable[[], object]], *, budget_s: float = 0
             f()
         per_call.append((time.perf_counter() - t0) / max(1, warmup))
     calls = [max(1, int(block_s / max(t, 1e-7))) for t in per_call]
-    live = list(range(len(fns)))
+    fastest = min(per_call, default=0.0)
+    live = [i for i, t in enumerate(per_call) if not (t > HOPELESS * fastest and t > HOPELESS_MIN_S)]
+    for i in set(range(len(fns))) - set(live):   # hopeless: its warm-up is its sample
+        samples[i].append(per_call[i])
     start = time.perf_counter()
     end = min(start + budget_s, deadline)
     early = start + budget_s / 4
@@ -130,5 +141,5 @@ def time_interleaved(fns: Sequence[Callable[[], object]], *, budget_s: float = 0
 def _decided(samples: list[list[float]]) -> bool:
     """Whether the outcome is settled: every candidate is either tied with the fastest (within TIE_MARGIN:
     picking it would cost at most 3%) or clearly slower (the fastest at most DECIDED_MARGIN of it)."""
-    med = sorted(statistics.median(s) for s in samples)
+    med = sorted(statistics.median(s) for s in samples if s)
     return all(m <= TIE_MARGIN * med[0] or med[0] <= DECIDED_MARGIN * m for m in med[1:])

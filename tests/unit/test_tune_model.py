@@ -221,6 +221,31 @@ def test_measurement_stops_early_only_with_enough_samples_of_every_candidate(
     assert min(t.calls for t in fast_slow) >= measure.DECIDE_SAMPLES and fast_slow[1].calls < 500
 
 
+def test_a_hopeless_candidate_is_timed_by_its_warm_up_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate more than HOPELESS times slower than the fastest in its warm-up (and slower than
+    HOPELESS_MIN_S) is not called again: llama-1b's LM head had one of 324 ms per call beside three of ~3 ms."""
+    from prism.tune import measure
+    clock = _Clock()
+    monkeypatch.setattr(measure, "time", clock)
+    calls = [0, 0, 0]
+
+    def work(i: int, seconds: float) -> Callable[[], None]:
+        def f() -> None:
+            calls[i] += 1
+            clock.t += seconds
+        return f
+    t = measure.time_interleaved([work(0, 3e-3), work(1, 3.2e-3), work(2, 0.324)], budget_s=0.4, block_s=2e-3,
+                                 warmup=1)
+    assert calls[2] == 1 and t[2].calls == 1 and t[2].median_s == pytest.approx(0.324)
+    assert calls[0] > 10 and calls[1] > 10 and t[0].median_s < t[1].median_s < t[2].median_s
+    assert clock.t < 0.324 + 0.4 + 0.01          # its three rounds would have cost 1 s more
+    # 8x slower but under HOPELESS_MIN_S (a microsecond kernel): measured as before
+    calls[:] = [0, 0, 0]
+    clock.t = 0.0
+    measure.time_interleaved([work(0, 1e-5), work(1, 1e-5), work(2, 1e-4)], budget_s=0.4, block_s=1e-3, warmup=1)
+    assert calls[2] > 3
+
+
 def _blocks(sec: float, blocks: int) -> Instance:
     est = Estimate(sec, 0, 0, [OpCost("customized", sec, 0, 0, blocks)])
     return Instance(0, {"G": blocks}, prism.Graph(), {"G": blocks}, est)
