@@ -417,13 +417,11 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
             _nn_panels(w, nm, sup, p, kn, off(ap, sa1), sa0, sa1, off(bp, sb0), sb0, c, sc0, bt, cs, elems)
         elif path == "nt" and swap:  # C [M, 1] = (x^T @ A^T)^T: x = B's one column, A's rows the keys
             emit_nt(w, nm, sup, 1, M, kn, off(bp, 1), sb1, off(ap, 1), sa0, c, 1, bt, cs, elems[::-1],
-                    prefetch=mk.nt_prefetch(sup.isa, elems[::-1], whole_k, K)
-                    and (whole_k or mk.nt_chunk_prefetch(sa0, K, elems[0])),
+                    prefetch=mk.nt_prefetch(sup.isa, elems[::-1], whole_k, K, sa0),
                     single_keys=mk.nt_single_keys(sup.isa, elems[::-1], whole_k, K), first_prefetches=not whole_k)
         elif path == "nt":
             emit_nt(w, nm, sup, M, N, kn, off(ap, 1), sa0, off(bp, 1), sb1, c, sc0, bt, cs, elems,
-                    prefetch=mk.nt_prefetch(sup.isa, elems, whole_k, K)
-                    and (whole_k or mk.nt_chunk_prefetch(sb1, K, elems[1])),
+                    prefetch=mk.nt_prefetch(sup.isa, elems, whole_k, K, sb1),
                     single_keys=mk.nt_single_keys(sup.isa, elems, whole_k, K), first_prefetches=not whole_k)
         else:
             _generic(w, nm, M, N, K, ap, sa0, sa1, bp, sb0, sb1, c, sc0, bt, cs, elems)

@@ -547,7 +547,8 @@ def nt_row_stream(isa: ISA, elems: tuple[str, str], whole_k: bool, K: int | str)
             and K * ITEMSIZE[elems[0]] <= l1d_bytes() // 2)
 
 
-def nt_prefetch(isa: ISA, elems: tuple[str, str], whole_k: bool, K: int | str = 0) -> bool:
+def nt_prefetch(isa: ISA, elems: tuple[str, str], whole_k: bool, K: int | str = 0,
+                keys_stride: int | str | None = None) -> bool:
     """Whether the nt kernels of ``isa`` whose row and keys are stored as ``elems`` prefetch the keys PF_KEYS
     rows ahead into L2.
 
@@ -562,9 +563,10 @@ def nt_prefetch(isa: ISA, elems: tuple[str, str], whole_k: bool, K: int | str = 
     per 16-float step takes load slots: float32 113 -> 82 GB/s); a prefetch every second line, or of each row's
     first 512 bytes only, did not keep the gain without the loss. On the AVX2 Zen host (J = 8: two blocks ahead)
     the int8 prefetch cost 7 % from DRAM (docs/bench.md). So int8 keys on AVX-512 only, and the single-row
-    kernels of ``nt_single_keys`` (one key at a time: only with ``nt_row_stream``'s prefetch along the keys)."""
+    kernels of ``nt_single_keys`` (one key at a time: only with ``nt_row_stream``'s prefetch along the keys).
+    Calls over K chunks: ``nt_chunk_prefetch`` of the keys' row stride ``keys_stride`` (None: they prefetch)."""
     if not whole_k:
-        return True
+        return keys_stride is None or nt_chunk_prefetch(keys_stride, K, elems[1])
     if isa.name != "avx512":
         return False
     single = nt_single_keys(isa, elems, whole_k, K)
@@ -612,10 +614,10 @@ def nt_single_keys(isa: ISA, elems: tuple[str, str], whole_k: bool, K: int | str
 
 def nt_name(isa: ISA, r: int, j: int, elems: tuple[str, str] = F32, prefetch: bool = True) -> str:
     if r * j == 1:  # the single dot product prefetches along its own row (PF_AHEAD), only when asked
-        return (f"pr_nt_{isa.name}_1x1" + _suffix(elems) + ("_dp" if nt_dot(isa, elems) else "")
-                + ("_pfa" if prefetch and isa.vector else ""))
-    return (f"pr_nt_{isa.name}_{r}x{j}" + _suffix(elems) + ("_dp" if nt_dot(isa, elems) else "")
-            + ("" if prefetch or not isa.vector else "_npf"))
+        flag = "_pfa" if prefetch and isa.vector else ""
+    else:
+        flag = "" if prefetch or not isa.vector else "_npf"
+    return f"pr_nt_{isa.name}_{r}x{j}" + _suffix(elems) + ("_dp" if nt_dot(isa, elems) else "") + flag
 
 
 def nt_helpers(isa: ISA) -> tuple[str, str]:

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -250,13 +251,7 @@ class Limits:
             return nbytes / self._lib.prism_bench_read(TRIAD_REPS, self.threads)
         assert self._np_arrays is not None
         _, b, c, _ = self._np_arrays
-        best = float("inf")
-        for _ in range(TRIAD_REPS):
-            t0 = time.perf_counter()
-            b.sum()
-            c.sum()
-            best = min(best, time.perf_counter() - t0)
-        return nbytes / best
+        return nbytes / _best_seconds(lambda: (b.sum(), c.sum()))
 
     def triad_bandwidth(self) -> float:
         """DRAM bandwidth in bytes/s, STREAM convention: 3 arrays x 4 bytes per element (no write-allocate
@@ -267,13 +262,17 @@ class Limits:
             return nbytes / self._lib.prism_bench_triad(TRIAD_REPS, self.threads)
         assert self._np_arrays is not None
         a, b, c, tmp = self._np_arrays
-        best = float("inf")
-        for _ in range(TRIAD_REPS):
-            t0 = time.perf_counter()
-            np.multiply(c, np.float32(3.0), out=tmp)
-            np.add(b, tmp, out=a)
-            best = min(best, time.perf_counter() - t0)
-        return nbytes / best
+        return nbytes / _best_seconds(lambda: np.add(b, np.multiply(c, np.float32(3.0), out=tmp), out=a))
+
+
+def _best_seconds(fn: Callable[[], object], reps: int = TRIAD_REPS) -> float:
+    """The best of ``reps`` timed calls of ``fn`` (the NumPy fallbacks of the stream meters)."""
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def _numpy_matmul_flops(seconds: float) -> float:
