@@ -464,12 +464,15 @@ def to_dtype(a: np.ndarray, dtype: DType, out: np.ndarray | None = None) -> np.n
     elif out.shape != a.shape or out.dtype != want or not out.flags.c_contiguous:
         raise PrismError(f"to_dtype: out must be a C-contiguous {dtype} array of shape {a.shape}, "
                          f"got {out.dtype} {out.shape}")
-    if dtype.low_precision and dtype.kind == "float" and a.dtype == np.float64:
-        a = a.astype(np.float32)  # round as the kernels do: float32 first (exact for the draws here)
+    # round as the kernels do: float32 first (exact for the draws here), chunk by chunk on every core (the
+    # whole array's astype ran on one thread: 0.6 s of llama-1b's LM head tuning, 65M weights)
+    via32 = dtype.low_precision and dtype.kind == "float" and a.dtype == np.float64
     src, dst = np.ascontiguousarray(a).reshape(-1), out.reshape(-1)
-    tasks = [lambda lo=lo: np.copyto(dst[lo:lo + _CHUNK], src[lo:lo + _CHUNK], casting="unsafe")
-             for lo in range(0, src.size, _CHUNK)]
-    _run_chunks(tasks, src.size)
+
+    def chunk(lo: int) -> None:
+        part = src[lo:lo + _CHUNK]
+        np.copyto(dst[lo:lo + _CHUNK], part.astype(np.float32) if via32 else part, casting="unsafe")
+    _run_chunks([lambda lo=lo: chunk(lo) for lo in range(0, src.size, _CHUNK)], src.size)
     return out
 
 
