@@ -29,12 +29,21 @@ from prism.verify.numeric import reduction_length, rounding_allowance, to_dtype,
 # Samples per candidate after which a measurement may stop early (see time_interleaved). Not a measured
 # optimum: a round number far above the three rounds slow kernels get, reached in ~0.1 s by microsecond ones.
 ENOUGH_SAMPLES = 1000
-# A measurement may also stop at a quarter of its budget, each candidate having DECIDE_SAMPLES samples, when
+# A measurement may also stop early (DECIDED_AFTER_S below), each candidate having DECIDE_SAMPLES samples, when
 # its outcome is settled: every other median is either within TIE_MARGIN of the fastest (a tie: whichever
 # is picked costs at most 3%, less than this VM's bandwidth drifts between runs) or the fastest is at most
 # DECIDED_MARGIN of it (clearly slower). Measured need: llama-small's 28 tunings at start-up spent
 # 6.7 s measuring (of 37 s), most on 4 candidates of >0.1 ms within 0.3-3% of each other.
 DECIDED_MARGIN = 0.85
+# ... and the stop on ENOUGH_SAMPLES comes after ENOUGH_AFTER_S (at least ``min_rounds`` interleaved rounds) instead
+# of a quarter of the budget: microsecond kernels have their 1000 samples after the first rounds (~25 ms for
+# four candidates) and then waited until 0.1 s. Measured need: llama-1b bf16's start-up, 28 tunings, 22 of them
+# of microsecond pieces at 0.10-0.11 s of timing each.
+ENOUGH_AFTER_S = 0.025
+# ... and the stop on a settled outcome after DECIDED_AFTER_S instead of a quarter of the budget (0.1 s): the rounds
+# interleave the candidates, so a burst of load falls on all of them alike, and a measurement under contention is
+# marked as such (tuner.contended). Measured need: the same start-up, 11 tunings of 20-50 µs kernels at 0.10 s each.
+DECIDED_AFTER_S = 0.05
 TIE_MARGIN = 1.03
 DECIDE_SAMPLES = 10
 # A candidate whose warm-up call took more than HOPELESS times the fastest one's, and more than HOPELESS_MIN_S, is
@@ -91,9 +100,10 @@ def time_interleaved(fns: Sequence[Callable[[], object]], *, budget_s: float = 0
     ``block_s`` per round, the order rotating -- until ``budget_s`` has passed (at least ``min_rounds``), so
     every candidate's samples spread over the whole measurement and load from other processes falls on all
     of them alike. (No candidate is dropped early: under contention a good one can look slow for a while.)
-    Once a quarter of the budget has passed and every function has ``enough`` samples, the rounds stop:
-    microsecond kernels reach that in ~0.1 s (a tiny Llama's 25 tunings spent 10 s here at the full budget,
-    4.6-4.9 s with the early stop); they also stop then when the outcome is settled (``_decided``: each other
+    Once every function has ``enough`` samples (and ENOUGH_AFTER_S, or a quarter of a shorter budget, has
+    passed), the rounds stop: microsecond kernels reach that in a few rounds (a tiny Llama's 25 tunings spent
+    10 s here at the full budget, 4.6-4.9 s with the early stop); after DECIDED_AFTER_S (or a quarter of a shorter
+    budget) they also stop when the outcome is settled (``_decided``: each other
     median within TIE_MARGIN of the fastest or at least 1 / DECIDED_MARGIN of it; DECIDE_SAMPLES samples
     each). Kernels of more than ~0.1 ms within 3-15% of each other use the whole budget. A candidate whose
     warm-up took more than HOPELESS times the fastest's (and HOPELESS_MIN_S) is not called again: that warm-up
@@ -112,7 +122,8 @@ def time_interleaved(fns: Sequence[Callable[[], object]], *, budget_s: float = 0
         samples[i].append(per_call[i])
     start = time.perf_counter()
     end = min(start + budget_s, deadline)
-    early = start + budget_s / 4
+    early = start + min(budget_s / 4, DECIDED_AFTER_S)
+    early_enough = start + min(budget_s / 4, ENOUGH_AFTER_S)
     r = 0
     while live:
         order = live[r % len(live):] + live[:r % len(live)]
@@ -131,9 +142,9 @@ def time_interleaved(fns: Sequence[Callable[[], object]], *, budget_s: float = 0
             now = time.perf_counter()
             if now >= end:
                 break
-            if now >= early:
+            if now >= early_enough:
                 least = min(len(samples[i]) for i in live)
-                if least >= enough or (least >= DECIDE_SAMPLES and _decided(samples)):
+                if least >= enough or (now >= early and least >= DECIDE_SAMPLES and _decided(samples)):
                     break
     return [Timing(statistics.median(s), len(s)) for s in samples]
 

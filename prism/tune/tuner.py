@@ -46,6 +46,12 @@ TUNE_VERSION = "tune/10"
 # than the noise, and compiling and measuring them was a third of a model's tuning time. Where every
 # measured candidate fails the final check, the next ones are tuned (SuperKernel._tune).
 TOP_K = 4
+# A program whose favourite instance the model predicts under TINY_S is tuned with at most TINY_TOP_K candidates:
+# the measured time of such a kernel is mostly its call, and its candidates tie. Measured need: llama-1b bf16's
+# start-up, the 12 tunings predicted under 5 µs measured their 3-4 candidates within 0.2-2 % of each other
+# (7.8-15.5 µs each through the tuner's call), and compiled each (~0.07 s of gcc per candidate on 2 cores).
+TINY_S = 5e-6
+TINY_TOP_K = 2
 Progress = Callable[[str], None]
 
 
@@ -279,6 +285,8 @@ def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Ma
     if not pool:
         raise NoInstanceError(_no_instance_message(sgraphs, insts, env, m))
     STATS.tunings += 1
+    if min(x.estimate.seconds for x in pool) < TINY_S:
+        top_k = min(top_k, TINY_TOP_K)
     chosen = select(pool, top_k)
     while True:  # the IR builds the chosen ones; one it rejects is replaced by the next in the ranking
         bad = [x for x in chosen if not _builds(x)]

@@ -202,7 +202,8 @@ def test_measurement_stops_early_only_with_enough_samples_of_every_candidate(
     monkeypatch.setattr(measure, "time", clock)
     fast = measure.time_interleaved([clock.work(1e-6), clock.work(1e-6)], budget_s=2.0, block_s=1e-3, enough=50)
     assert min(t.calls for t in fast) >= 50
-    assert 0.5 <= clock.t < 0.5 + 0.01     # a quarter of the budget, then stopped: every candidate had enough
+    # every candidate had enough after 3 rounds: stopped at ENOUGH_AFTER_S, not at a quarter of the budget
+    assert measure.ENOUGH_AFTER_S <= clock.t < measure.ENOUGH_AFTER_S + 0.01
     clock.t = 0.0
     # 5 and 5.4 ms per call (8% apart) cannot reach 500 samples, and neither a winner nor a tie is settled:
     # the whole budget is used
@@ -210,14 +211,14 @@ def test_measurement_stops_early_only_with_enough_samples_of_every_candidate(
     assert clock.t >= 0.4
     assert max(t.calls for t in slow) < 500
     clock.t = 0.0
-    # a tie (5 and 5.1 ms: within TIE_MARGIN) stops at a quarter of the budget
+    # a tie (5 and 5.1 ms: within TIE_MARGIN) stops after DECIDED_AFTER_S
     measure.time_interleaved([clock.work(5e-3), clock.work(5.1e-3)], budget_s=0.4, block_s=1e-3, enough=500)
-    assert 0.1 <= clock.t < 0.2
+    assert measure.DECIDED_AFTER_S <= clock.t < measure.DECIDED_AFTER_S + 0.1
     clock.t = 0.0
-    # a decided winner (1 us against 5 ms) stops at a quarter of the budget once each has DECIDE_SAMPLES
+    # a decided winner (1 us against 5 ms) stops after DECIDED_AFTER_S once each has DECIDE_SAMPLES
     fast_slow = measure.time_interleaved([clock.work(1e-6), clock.work(5e-3)], budget_s=0.4, block_s=1e-3,
                                          enough=500)
-    assert 0.1 <= clock.t < 0.1 + 0.01 * measure.DECIDE_SAMPLES
+    assert measure.DECIDED_AFTER_S <= clock.t < measure.DECIDED_AFTER_S + 0.01 * measure.DECIDE_SAMPLES
     assert min(t.calls for t in fast_slow) >= measure.DECIDE_SAMPLES and fast_slow[1].calls < 500
 
 
