@@ -406,6 +406,29 @@ def first_token_in_new_process(name: str, dtype: str, system: str, prompt: int,
     return float(got["seconds"]), ""
 
 
+RECOMPILE_LIMIT = 8   # torch._dynamo.config.recompile_limit's default: graphs per code object
+
+
+def recompile_limit_hits() -> int:
+    """How many times Dynamo has refused to compile a frame again in this process (its recompile limit)."""
+    from torch._dynamo.utils import counters
+    return sum(n for k, n in counters["unimplemented"].items() if k.startswith("Dynamo recompile limit"))
+
+
+def fresh_dynamo_sizes() -> None:
+    """Forget which sizes Dynamo has seen change (its automatic-dynamic state), as a new process would: the
+    state is kept per code object, and every system's copy of the model runs the same ``forward``, so the system
+    compiled second started from the first one's: its first graph (the prefill) was dynamic in the prompt length
+    from the start, because the first system's decode had changed it (measured: Prism's start-up searched and
+    tuned a dynamic prefill graph and pre-built its next shape, 35.4 s, where alone it tunes the static one,
+    30.1 s). The graphs compiled so far stay; what a later size change does is Dynamo's as before."""
+    try:
+        from torch._dynamo import pgo
+    except ImportError:   # an older torch keeps this state in the frame: nothing shared to reset
+        return
+    pgo.reset_code_state()
+
+
 def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: int,
               log: Callable[[str], None], new_lengths: tuple[int, ...] = NEW_LENGTHS,
               dtype: str = "float32", fresh_tokens: int = FRESH_TOKENS, first_token: bool = False,
@@ -419,6 +442,11 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
     # eagerly, so a second model's compile and prism systems ran eager PyTorch (measured: mistral-small after
     # qwen3-small at batch 8, "start-up 0.6 s", no piece called). Their systems are not called again.
     torch._dynamo.reset()
+    # ... and the two compiled systems' graphs count against that one limit together: each gets the limit a
+    # process of its own would have (measured: with each system's start-up from a fresh automatic-dynamic state,
+    # fresh_dynamo_sizes, the three graphs each compiled left two for the new prompt lengths, and the second
+    # new length ran eagerly for both)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * RECOMPILE_LIMIT)
     base = build(spec, dtype=dtype)
     # exactly the tokens asked for, with no end-of-sequence token to stop at: ``min_new_tokens`` would do
     # it too, but its two logits processors mask the EOS id over the whole vocabulary at every step
@@ -433,6 +461,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
     calls: dict[str, Any] = {}
     ref = None
     run0 = dataclasses.asdict(STATS)
+    limit0 = recompile_limit_hits()
     for sysname in SYSTEMS:
         r = res.systems[sysname] = SystemResult()
         before = rss()
@@ -443,6 +472,8 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
             model.forward = torch.compile(model.forward, dynamic=dynamic)
         elif sysname == "prism":
             model.forward = torch.compile(model.forward, backend="prism", dynamic=dynamic)
+        if sysname != "eager":
+            fresh_dynamo_sizes()
         log(f"{name}: {sysname}: first generate() ...")
         stats0 = dataclasses.asdict(STATS)
         t0 = time.perf_counter()
@@ -563,6 +594,11 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
                 if why:
                     res.notes.append(f"{sysname}: first token in a new process {why}")
                 log(f"{name}: {sysname}: first token in a new process: {_f(secs, '{:.2f}')} s {why}")
+    hit = recompile_limit_hits() - limit0
+    if hit:   # a call past the limit runs eagerly: its time is PyTorch's, whatever system it was timed for
+        res.notes.append(f"Dynamo hit its recompile limit {hit} time(s) in this run: the calls it refused ran in "
+                         "eager PyTorch, so a time measured after it is not the compiled system's")
+        log(f"{name}: {res.notes[-1]}")
     if "prism" in calls:   # over the whole run: new lengths are served after start-up
         now = dataclasses.asdict(STATS)
         res.notes.append(f"prism over the whole run: {now['tune_derived'] - run0['tune_derived']} shapes derived "
