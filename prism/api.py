@@ -324,6 +324,7 @@ class SuperKernel:
         self._lock = threading.Lock()
         self._machine: Machine | None = None
         self._disk_anchors: list[tuple[dict[str, int], TuneResult]] | None = None
+        self._twins: dict[tuple[int, int], tuple[dict[str, int], TuneResult] | None] = {}   # (_twin_anchors)
         self._kernels: dict[tuple, Kernel] = {}   # (sGraph, params) -> kernel of every shape (_kernel)
         self._keys: tuple[str, list[str]] | None = None   # the program's and the sGraphs' keys (_cache_path)
 
@@ -427,7 +428,54 @@ class SuperKernel:
                     self._disk_anchors.append((env, TuneResult.from_json(p["result"])))
                 except (PrismError, KeyError, TypeError, ValueError):
                     continue  # an unreadable entry is not an anchor (its own lookup reports it)
-        return out + self._disk_anchors
+        return out + self._disk_anchors + self._twin_anchors()
+
+    def _twin_anchors(self) -> list[tuple[dict[str, int], TuneResult]]:
+        """Tunings of this process's fixed-shape kernels whose program is this one at some value of its dims:
+        (that value, the tuning with its rows renumbered to this kernel's sGraphs). A row whose sGraph is not one
+        of this kernel's, instantiated at that value, is left out, and a tuning whose winner is not is no anchor.
+        Measured need: under Dynamo's default, a model's first prompt length compiles a static prefill graph and
+        the first new length a dynamic one, whose pieces are these programs over a symbolic length; llama-1b
+        bf16's 13 were tuned again at 141 tokens (11.9 s of the 21 s that new length took) after their twins had
+        been tuned at 128."""
+        if not self.program.symbols():
+            return []
+        with _MEMO_LOCK:
+            kernels = [k for k in _KERNEL_MEMO.values() if k is not self and not k.program.symbols()]
+        out = []
+        for k in kernels:
+            for spec in list(k._specs.values()):
+                if spec.derived_from is not None:
+                    continue
+                key = (id(k), id(spec))
+                if key not in self._twins:
+                    self._twins[key] = self._twin(k, spec)
+                if self._twins[key] is not None:
+                    out.append(self._twins[key])
+        return out
+
+    def _twin(self, other: SuperKernel, spec: Specialization) -> tuple[dict[str, int], TuneResult] | None:
+        """(env, ``spec``'s tuning renumbered) when ``other``'s program is this program at ``env``, else None."""
+        if (other.input_names != self.input_names or other.options.top_k != self.options.top_k
+                or other.machine.fingerprint != self.machine.fingerprint):
+            return None
+        try:
+            env = self.program.bind({n: [int(d) for d in node.shape] for n, node in other.program.inputs.items()})
+            if self.program.instantiate(env).key != other.program.key:
+                return None
+            theirs = {impl.graph.key: j for j, impl in enumerate(other.implementations)}
+            index = {theirs[g]: i for i, impl in enumerate(self.implementations)
+                     if (g := impl.graph.instantiate(env).key) in theirs}
+        except PrismError:
+            return None
+        res = spec.tuning
+        if res.best.sgraph not in index:
+            return None
+        kept = [r for r in res.rows if r.sgraph in index]
+        rows = [dataclasses.replace(r, sgraph=index[r.sgraph]) for r in kept]
+        winner = next(i for i, r in enumerate(kept) if r is res.best)
+        return env, dataclasses.replace(res, rows=rows, winner=winner,
+                                        sgraph_keys=[i.graph.key for i in self.implementations])
 
     def _derive(self, env: dict[str, int], material: dict[str, Any]) -> Specialization | None:
         """The winner of the nearest tuned shape within a factor of 2 in every dim, compiled at ``env`` and
@@ -436,12 +484,14 @@ class SuperKernel:
         of which 1.5 s compiling 6 candidates); the choice is the neighbour's, not measured at ``env``."""
         best: tuple[float, dict[str, int], TuneResult, bool] | None = None
         far_ok = os.environ.get("PRISM_DERIVE_FAR", "1").strip() != "0"
+        twins = {id(res) for _, res in self._twin_anchors()}
         for aenv, res in self._anchors(material):
             if set(aenv) != set(env) or aenv == env or any(aenv[k] <= 0 for k in env):
                 continue
             ratios = [env[k] / aenv[k] for k in env]
             far = not all(1 / DERIVE_WINDOW <= r <= DERIVE_WINDOW for r in ratios)
-            if far and not far_ok:
+            # a far twin is no anchor: a prefill length is not derived from a decode step's GEMV (the twin at 1)
+            if far and (not far_ok or id(res) in twins):
                 continue
             dist = sum(abs(math.log(r)) for r in ratios)
             if best is None or dist < best[0]:

@@ -661,3 +661,40 @@ def test_a_new_templates_checks_run_at_cheaper_values_of_its_region(tmp_path: Pa
     tunings = STATS.tunings
     run(k2, 250)
     assert STATS.tunings == tunings + 1 and k2.specialize(L=250).derived_from is None
+
+
+def _norm(n: int | str) -> prism.Graph:
+    g = prism.Graph("rmsnorm_scale_twin")
+    X, W = g.input("X", (n, 256), "float32"), g.input("W", (1, 256), "float32")
+    g.output(g.mul(g.rms_norm(X), W), "Y")
+    return g
+
+
+def _run_norm(k: prism.SuperKernel, n: int) -> None:
+    rng = np.random.default_rng(n)
+    x = {"X": rng.standard_normal((n, 256), dtype=np.float32), "W": rng.standard_normal((1, 256), dtype=np.float32)}
+    ref = _norm(n).evaluate({a: v.astype(np.float64) for a, v in x.items()}, dtype=np.float64)["Y"]
+    y = k(**x)
+    assert np.max(np.abs(y - ref) / (np.abs(ref) + np.sqrt(np.mean(ref ** 2)))) <= 2e-4
+
+
+def test_a_symbolic_program_derives_from_its_fixed_shape_twins_tuning() -> None:
+    """Under Dynamo's default a prompt length compiles a static graph and the next length a dynamic one whose
+    pieces are the same programs over a symbolic length: the symbolic program at a value near a tuned twin's
+    takes that twin's winner (api.SuperKernel._twin_anchors: the tuning renumbered to its own sGraphs), compiled
+    and checked, not tuned again; a value more than DERIVE_WINDOW from every twin is tuned."""
+    clear_memory_caches()
+    reset_stats()
+    static = prism.superoptimize(_norm(48), limits=LIMITS, derive=True)
+    _run_norm(static, 48)
+    assert (STATS.tunings, STATS.tune_derived) == (1, 0)
+    sym = prism.superoptimize(_norm("n"), limits=LIMITS, derive=True)
+    assert sym is not static and sym.program.symbols() == {"n"}
+    (env, res), = sym._twin_anchors()
+    assert env == {"n": 48} and res.best.params == static.specialize().params
+    _run_norm(sym, 56)
+    s56 = sym.specialize(n=56)
+    assert s56.derived_from == {"n": 48} and s56.check.passed
+    assert (STATS.tunings, STATS.tune_derived) == (1, 1)
+    _run_norm(sym, 200)                     # > 2x from 48: its own tuning (a far twin is no anchor)
+    assert sym.specialize(n=200).derived_from is None and STATS.tunings == 2
