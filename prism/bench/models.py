@@ -435,8 +435,6 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
               batch: int = 1, dynamic: bool | None = None) -> ModelResult:
     import torch
 
-    from prism.frontend import clear_reports, reports
-    from prism.tune import STATS
     # Dynamo's graphs of the models before this one: transformers wraps every model's forward in the same
     # function, whose compiled variants count against Dynamo's recompile limit (8); past it every frame runs
     # eagerly, so a second model's compile and prism systems ran eager PyTorch (measured: mistral-small after
@@ -445,8 +443,19 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
     # ... and the two compiled systems' graphs count against that one limit together: each gets the limit a
     # process of its own would have (measured: with each system's start-up from a fresh automatic-dynamic state,
     # fresh_dynamo_sizes, the three graphs each compiled left two for the new prompt lengths, and the second
-    # new length ran eagerly for both)
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * RECOMPILE_LIMIT)
+    # new length ran eagerly for both); the process's own limit is back after the run
+    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 2 * RECOMPILE_LIMIT)):
+        return _run_model(name, spec, prompt, new_tokens, rounds, log, new_lengths, dtype, fresh_tokens, first_token,
+                          batch, dynamic)
+
+
+def _run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: int,
+               log: Callable[[str], None], new_lengths: tuple[int, ...], dtype: str, fresh_tokens: int,
+               first_token: bool, batch: int, dynamic: bool | None) -> ModelResult:
+    import torch
+
+    from prism.frontend import clear_reports, reports
+    from prism.tune import STATS
     base = build(spec, dtype=dtype)
     # exactly the tokens asked for, with no end-of-sequence token to stop at: ``min_new_tokens`` would do
     # it too, but its two logits processors mask the EOS id over the whole vocabulary at every step

@@ -82,15 +82,18 @@ def test_unknown_model_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown model" in capsys.readouterr().err
 
 
-def test_a_refused_recompile_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_refused_recompile_is_counted() -> None:
     """Past Dynamo's recompile limit a frame runs in eager PyTorch: the models bench counts those refusals
     (recompile_limit_hits) and says so in its notes, instead of reporting eager's time as a compiler's."""
     from prism.bench.models import recompile_limit_hits
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    before = recompile_limit_hits()
-    f = torch.compile(lambda x: x * 2, dynamic=False)
-    f(torch.ones(2))
-    assert recompile_limit_hits() == before   # the first graph: no refusal
-    f(torch.ones(3))
-    f(torch.ones(4))
-    assert recompile_limit_hits() > before
+    # config.patch, not monkeypatch: monkeypatch's undo left Dynamo's config without the key for later tests
+    limit = torch._dynamo.config.recompile_limit
+    with torch._dynamo.config.patch(recompile_limit=1):
+        before = recompile_limit_hits()
+        f = torch.compile(lambda x: x * 2, dynamic=False)
+        f(torch.ones(2))
+        assert recompile_limit_hits() == before   # the first graph: no refusal
+        f(torch.ones(3))
+        f(torch.ones(4))
+        assert recompile_limit_hits() > before
+    assert torch._dynamo.config.recompile_limit == limit
