@@ -142,6 +142,28 @@ def test_dynamic_true_folds_float_attributes_and_guards_them(caplog: pytest.LogC
         assert sum(p.runner.prism_calls for p in rep.pieces if p.by_prism) > calls
 
 
+def test_a_dynamic_recompile_under_dynamos_default_names_dynamic_true_once(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under Dynamo's default (static first) a changed size makes it compile a dynamic graph, whose pieces Prism
+    searches and tunes then: the backend says once that ``dynamic=True`` compiles that graph at the first call.
+    Compiled with ``dynamic=True`` from the start, nothing is said."""
+    import prism.frontend.dynamo as dyn
+    m = NormAttention()
+
+    def args(n: int) -> tuple[torch.Tensor, ...]:
+        g = torch.Generator().manual_seed(n)
+        return tuple(torch.randn(1, 4, n, 32, generator=g) for _ in range(3))
+    for dynamic, hinted in ((True, 0), (None, 1)):
+        monkeypatch.setattr(dyn, "_HINTED", False)
+        torch._dynamo.reset()
+        c = torch.compile(m, backend="prism", dynamic=dynamic, options=OPTS)
+        caplog.clear()
+        with torch.no_grad(), caplog.at_level(logging.WARNING, logger="prism"):
+            for n in (7, 12, 9):
+                _close(c(*args(n)), m(*args(n)))
+        assert sum("dynamic=True" in r.getMessage() for r in caplog.records) == hinted, dynamic
+
+
 def test_linear_weights_are_read_as_stored_no_copies() -> None:
     """Every Linear weight reaches its piece's kernel as the module stores it ([out, in], contiguous): no
     transposed copy is made, cached or kept (memory overhead), and the pieces' programs say so."""
