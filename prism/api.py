@@ -466,7 +466,8 @@ class SuperKernel:
             theirs = {impl.graph.key: j for j, impl in enumerate(other.implementations)}
             index = {theirs[g]: i for i, impl in enumerate(self.implementations)
                      if (g := impl.graph.instantiate(env).key) in theirs}
-        except PrismError:
+        except Exception as e:  # no twin (ranks, fixed sizes or constraints differ): tuned as before, never failed
+            LOG.debug("prism: %r is no twin of %r: %s", other.program.name, self.program.name, e)
             return None
         res = spec.tuning
         if res.best.sgraph not in index:
