@@ -49,7 +49,9 @@ TOP_K = 4
 # A program whose favourite instance the model predicts under TINY_S is tuned with at most TINY_TOP_K candidates:
 # the measured time of such a kernel is mostly its call, and its candidates tie. Measured need: llama-1b bf16's
 # start-up, the 12 tunings predicted under 5 µs measured their 3-4 candidates within 0.2-2 % of each other
-# (7.8-15.5 µs each through the tuner's call), and compiled each (~0.07 s of gcc per candidate on 2 cores).
+# (7.8-15.5 µs each through the tuner's call), and compiled each (~0.07 s of gcc per candidate on 2 cores). Over
+# 76 stored tunings of such programs (10 kinds of model piece, many shapes, 4 measured each), the better of the
+# model's first two was within 0.13 % of the best at the median, 1.6 % at p90, 9.3 % at worst.
 TINY_S = 5e-6
 TINY_TOP_K = 2
 Progress = Callable[[str], None]
