@@ -125,6 +125,9 @@ def _hint_dynamic(placeholders: list[Any]) -> None:
     global _HINTED
     if _HINTED or not torch._dynamo.config.assume_static_by_default:
         return
+    cid = torch._guards.CompileContext.current_compile_id()
+    if cid is None or not getattr(cid, "frame_compile_id", 0):
+        return   # the frame's first graph: dynamic because the user marked it so (mark_dynamic), not a recompile
     for n in placeholders:
         v = n.meta.get("example_value")
         if isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape):

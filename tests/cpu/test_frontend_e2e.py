@@ -146,7 +146,7 @@ def test_a_dynamic_recompile_under_dynamos_default_names_dynamic_true_once(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under Dynamo's default (static first) a changed size makes it compile a dynamic graph, whose pieces Prism
     searches and tunes then: the backend says once that ``dynamic=True`` compiles that graph at the first call.
-    Compiled with ``dynamic=True`` from the start, nothing is said."""
+    Compiled with ``dynamic=True`` from the start, or with sizes marked dynamic at the first call, nothing is said."""
     import prism.frontend.dynamo as dyn
     m = NormAttention()
 
@@ -162,6 +162,19 @@ def test_a_dynamic_recompile_under_dynamos_default_names_dynamic_true_once(
             for n in (7, 12, 9):
                 _close(c(*args(n)), m(*args(n)))
         assert sum("dynamic=True" in r.getMessage() for r in caplog.records) == hinted, dynamic
+    # a first graph made dynamic by torch._dynamo.mark_dynamic is no recompile: nothing said
+    monkeypatch.setattr(dyn, "_HINTED", False)
+    torch._dynamo.reset()
+    c = torch.compile(m, backend="prism", options=OPTS)
+    caplog.clear()
+    q, k, v = args(10)
+    torch._dynamo.mark_dynamic(q, 2)
+    torch._dynamo.mark_dynamic(k, 2)
+    torch._dynamo.mark_dynamic(v, 2)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="prism"):
+        _close(c(q, k, v), m(q, k, v))
+    assert any(p.by_prism for p in reports()[-1].pieces)   # the hint's check ran: a graph with Prism pieces
+    assert not any("dynamic=True" in r.getMessage() for r in caplog.records)
 
 
 def test_linear_weights_are_read_as_stored_no_copies() -> None:
