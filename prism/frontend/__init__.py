@@ -56,8 +56,13 @@ def _backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
 
 
 def _register_into(registry: Any) -> None:
-    if "prism" not in registry._COMPILER_FNS:
-        registry.register_backend(_backend, name="prism")
+    """Register ``prism`` in torch's backend registry unless it is there, or an installed entry point names it:
+    torch's lookup of that entry point imports prism (which landed here) and then registers what it names, so
+    registering here too made every ``torch.compile(..., backend="prism")`` of a user who had not imported prism
+    fail with "duplicate name: prism"."""
+    if "prism" in registry._COMPILER_FNS or getattr(registry, "_BACKENDS", {}).get("prism") is not None:
+        return
+    registry.register_backend(_backend, name="prism")
 
 
 class _RegisterOnLoad(importlib.abc.MetaPathFinder):

@@ -143,8 +143,8 @@ def register() -> None:
     """Register ``prism`` as a ``torch.compile`` backend name (idempotent)."""
     from torch._dynamo.backends import registry
 
-    if "prism" not in registry._COMPILER_FNS:
-        registry.register_backend(prism_backend, name="prism")
+    from prism.frontend import _register_into
+    _register_into(registry)
 
 
 register()

@@ -471,6 +471,15 @@ def test_import_prism_does_not_import_torch_and_the_backend_name_registers_eithe
     assert _run(f"import {mod} as m; print(callable(m.{fn}))") == "True"
     assert _run(f"import prism, torch, torch._dynamo; {reg}") == "True"        # torch imported after prism
     assert _run(f"import torch, torch._dynamo, prism; {reg}") == "True"        # torch imported before
+    # prism never imported by the user: torch's lookup loads the installed entry point (whose import of the
+    # module registered the name first, and the lookup's own registration then failed: "duplicate name")
+    from importlib.metadata import entry_points
+    if not any(e.name == "prism" for e in entry_points(group="torch_dynamo_backends")):
+        pytest.skip("the package's entry points are not installed (pip install -e .)")
+    lookup = "from torch._dynamo.backends.registry import lookup_backend; print(callable(lookup_backend('prism')))"
+    assert _run(f"import torch, torch._dynamo; {lookup}") == "True"
+    assert _run("import torch; f = torch.compile(lambda x: x.exp() * 2, backend='prism'); "
+                "print(float(f(torch.ones(3)).sum()) > 16)") == "True"
 
 
 def test_a_units_new_operators_include_an_interned_node_built_by_an_earlier_unit() -> None:
