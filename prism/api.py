@@ -428,7 +428,7 @@ class SuperKernel:
                     self._disk_anchors.append((env, TuneResult.from_json(p["result"])))
                 except (PrismError, KeyError, TypeError, ValueError):
                     continue  # an unreadable entry is not an anchor (its own lookup reports it)
-        return out + self._disk_anchors + self._twin_anchors()
+        return out + self._disk_anchors
 
     def _twin_anchors(self) -> list[tuple[dict[str, int], TuneResult]]:
         """Tunings of this process's fixed-shape kernels whose program is this one at some value of its dims:
@@ -485,14 +485,15 @@ class SuperKernel:
         of which 1.5 s compiling 6 candidates); the choice is the neighbour's, not measured at ``env``."""
         best: tuple[float, dict[str, int], TuneResult, bool] | None = None
         far_ok = os.environ.get("PRISM_DERIVE_FAR", "1").strip() != "0"
-        twins = {id(res) for _, res in self._twin_anchors()}
-        for aenv, res in self._anchors(material):
+        anchors = [(aenv, res, False) for aenv, res in self._anchors(material)]
+        anchors += [(aenv, res, True) for aenv, res in self._twin_anchors()]
+        for aenv, res, twin in anchors:
             if set(aenv) != set(env) or aenv == env or any(aenv[k] <= 0 for k in env):
                 continue
             ratios = [env[k] / aenv[k] for k in env]
             far = not all(1 / DERIVE_WINDOW <= r <= DERIVE_WINDOW for r in ratios)
             # a far twin is no anchor: a prefill length is not derived from a decode step's GEMV (the twin at 1)
-            if far and (not far_ok or id(res) in twins):
+            if far and (not far_ok or twin):
                 continue
             dist = sum(abs(math.log(r)) for r in ratios)
             if best is None or dist < best[0]:

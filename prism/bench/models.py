@@ -406,9 +406,6 @@ def first_token_in_new_process(name: str, dtype: str, system: str, prompt: int,
     return float(got["seconds"]), ""
 
 
-RECOMPILE_LIMIT = 8   # torch._dynamo.config.recompile_limit's default: graphs per code object
-
-
 def recompile_limit_hits() -> int:
     """How many times Dynamo has refused to compile a frame again in this process (its recompile limit)."""
     from torch._dynamo.utils import counters
@@ -444,7 +441,7 @@ def run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds: 
     # process of its own would have (measured: with each system's start-up from a fresh automatic-dynamic state,
     # fresh_dynamo_sizes, the three graphs each compiled left two for the new prompt lengths, and the second
     # new length ran eagerly for both); the process's own limit is back after the run
-    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, 2 * RECOMPILE_LIMIT)):
+    with torch._dynamo.config.patch(recompile_limit=2 * torch._dynamo.config.recompile_limit):
         return _run_model(name, spec, prompt, new_tokens, rounds, log, new_lengths, dtype, fresh_tokens, first_token,
                           batch, dynamic)
 
