@@ -342,12 +342,14 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     # nt into chunks of W * ACC_CHUNK (ACC_CHUNK products per vector lane), or, for few rows, one call
     # over the whole K that sums in levels itself; the generic loop sums in levels itself. Over an outer
     # loop every iteration adds its own calls.
-    tn = (path == "nt" and elems == ("bf16", "bf16") and mk.nt_dot(sup.isa, elems) and scratch is not None
-          and rowscale is None and (beta == "0" or outer is not None) and par is None and not vars_
-          and sa0 % 2 == 0 and K % 2 == 0 and K >= TN_MIN_K and N >= mk.TN_RN and M >= TN_MIN_ROWS)
+    tn_ok = path == "nt" and (
+        (elems == ("bf16", "bf16") and mk.nt_dot(sup.isa, elems) and sa0 % 2 == 0 and K % 2 == 0)
+        or (set(elems) <= {"f32", "f16"} and sup.isa.name == "avx512"))
+    tn = (tn_ok and scratch is not None and rowscale is None and (beta == "0" or outer is not None)
+          and par is None and not vars_ and K >= TN_MIN_K and N >= mk.TN_RN and M >= TN_MIN_ROWS)
     if tn:
         assert scratch is not None
-        emit_tn(w, nm, sup, M, N, K, ptr[1], sa0, ptr[2], sb1, ptr[0], sc0, scratch, beta)
+        emit_tn(w, nm, sup, M, N, K, ptr[1], sa0, ptr[2], sb1, ptr[0], sc0, scratch, beta, elems=elems)
         return
     p = plan_nn(sup.isa, M, N, K) if path == "nn" else None
     whole_k = swap = False
@@ -485,13 +487,22 @@ TR16_ADD_AVX512 = TR16_AVX512.replace("pr_tr16(", "pr_tr16_add(").replace(
     _TR16_STORE, "_mm512_storeu_ps(dst + i * ds, _mm512_add_ps(_mm512_loadu_ps(dst + i * ds), r[i]));")
 
 
+# pr_tr16 reading float16 (converted to float32 as it loads): a float16 operand of the tn path (emit_tn)
+_TR16_LOAD = "r[i] = _mm512_loadu_ps(src + i * ss);"
+assert _TR16_LOAD in TR16_AVX512
+TR16_F16_AVX512 = TR16_AVX512.replace("pr_tr16(const float*", "pr_tr16_f16(const _Float16*").replace(
+    _TR16_LOAD, "r[i] = pr_v16_f16(src + i * ss);")
+
+
 def _emit_transpose(w: CWriter, nm: Namer, sup: Support, src: str, ss: int, dst: str, ds: int, N: int, K: int,
-                    add: bool = False) -> None:
-    """dst[k * ds + n] = src[n * ss + k] (``add``: +=) for n < N, k < K (32-bit elements): 16 x 16 tiles in
-    registers, the edges by loops. The loops' bounds are only printed, never tested here: in a template
-    (codegen/template.py) the edge loops of every count are in the text (a zero-trip loop where the count has
-    no edge), so no residue of N or K modulo 16 is a guard of its own."""
-    fn = sup.need("pr_tr16_add", TR16_ADD_AVX512) if add else sup.need("pr_tr16", TR16_AVX512)
+                    add: bool = False, elem: str = "f32") -> None:
+    """dst[k * ds + n] = src[n * ss + k] (``add``: +=) for n < N, k < K (32-bit elements, or float16 ``src``
+    converted to float32): 16 x 16 tiles in registers, the edges by loops. The loops' bounds are only printed,
+    never tested here: in a template (codegen/template.py) the edge loops of every count are in the text (a
+    zero-trip loop where the count has no edge), so no residue of N or K modulo 16 is a guard of its own."""
+    assert elem == "f32" or not add
+    fn = (sup.need("pr_tr16_add", TR16_ADD_AVX512) if add else sup.need("pr_tr16", TR16_AVX512) if elem == "f32"
+          else sup.need("pr_tr16_f16", TR16_F16_AVX512))
     op = "+=" if add else "="
     n16, k16 = N // 16 * 16, K // 16 * 16
     n_, k_ = nm("n"), nm("k")
@@ -500,51 +511,86 @@ def _emit_transpose(w: CWriter, nm: Namer, sup: Support, src: str, ss: int, dst:
             w.line(f"{fn}({src} + {n_} * {ss} + {k_}, {ss}, {dst} + {k_} * {ds} + {n_}, {ds});")
         with w.block(f"for (long {k_} = {k16}; {k_} < {K}; {k_}++)"):
             with w.block("for (long i_ = 0; i_ < 16; i_++)"):
-                w.line(f"{dst}[{k_} * {ds} + {n_} + i_] {op} {src}[({n_} + i_) * {ss} + {k_}];")
+                w.line(f"{dst}[{k_} * {ds} + {n_} + i_] {op} {ld(elem, f'{src}[({n_} + i_) * {ss} + {k_}]')};")
     with w.block(f"for (long {n_} = {n16}; {n_} < {N}; {n_}++)"):
         with w.block(f"for (long {k_} = 0; {k_} < {K}; {k_}++)"):
-            w.line(f"{dst}[{k_} * {ds} + {n_}] {op} {src}[{n_} * {ss} + {k_}];")
+            w.line(f"{dst}[{k_} * {ds} + {n_}] {op} {ld(elem, f'{src}[{n_} * {ss} + {k_}]')};")
 
 
 def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str, sa0: int, bt: str, sbt: int,
-            c: str, sc0: int, scratch: Scratch, beta: str = "0") -> None:
-    """C[M x N] = A @ Bt^T for bfloat16 A and Bt (keys contiguous in K) with ``vdpbf16ps``, as the transposed
-    product C^T = Bt @ A^T: per group of ``mk.ACC_ROWS`` of K, A's rows are packed in k pairs (32-bit, a 16 x 16
-    register transpose, ``pr_tr16``) into the thread's scratch ``Xp [K / 2][ldm]``; every block of ``mk.TN_RN`` keys
-    broadcasts its k pairs against ``mk.TN_MV`` vectors of 16 packed rows (``mk.tn_kernel``), each lane one output,
-    into ``Ct [N][ldm]``; at the end Ct is transposed into C. The nt kernels end every tile with a transpose-and-add
-    of 16 accumulators and call per K chunk; this form has no reduction in the loop. Its packing (one 16 x 16
-    transpose per 16 rows x 16 pairs, each pair then used by every key) and the final transposition are estimated at
-    ~2 % of a Linear's prefill product (not measured apart). ldm rounds M up to the kernel's 16 * TN_MV rows: the
-    packed rows past M are stale, and so are the Ct columns they give, which are never read (each lane is its own
-    output). The summation order is the nt kernels': ACC_CHUNK products per lane from zero, ACC_GROUP chunks into a
-    group sum, groups into C (here Ct). ``beta`` (0, or the iteration's of a block's for-loop that accumulates the
-    product, with each iteration's part of K): C = Ct^T, or C += Ct^T where it is non-zero. Measured:
-    docs/codegen.md, "tn"."""
+            c: str, sc0: int, scratch: Scratch, beta: str = "0", elems: tuple[str, str] = ("bf16", "bf16")) -> None:
+    """C[M x N] = A @ Bt^T for A and Bt (keys contiguous in K) of storage ``elems``, as the transposed product
+    C^T = Bt @ A^T: per group of ``mk.ACC_ROWS`` of K, A's rows are packed (a 16 x 16 register transpose,
+    ``pr_tr16``) into the thread's scratch ``Xp``; every block of ``mk.TN_RN`` keys broadcasts its elements
+    against ``mk.TN_MV`` vectors of 16 packed rows, each lane one output, into ``Ct [N][ldm]``; at the end Ct is
+    transposed into C. bfloat16 (``vdpbf16ps``, :func:`mk.tn_kernel`): A packed in k pairs, ``Xp [K / 2][ldm]``,
+    the keys' pairs broadcast as they are. float32 and float16, in any pairing (FMA, :func:`mk.tn_kernel_f32`):
+    ``Xp [K][ldm]`` in float32 (float16 rows converted as they are transposed); a float16 weight's block of keys is
+    converted into a float32 panel of the scratch before its broadcasts. The nt kernels end every tile with a
+    transpose-and-add of 16 accumulators and call per K chunk; this form has no reduction in the loop, and float16's
+    nt kernel converted both operands at every use. The packing (one 16 x 16 transpose per 16 rows x 16 k) and the final
+    transposition are estimated at ~2 % of a Linear's prefill product (not measured apart). ldm rounds M up to the
+    kernel's 16 * TN_MV rows: the packed rows past M are stale, and so are the Ct columns they give, which are
+    never read (each lane is its own output). The summation order is the nt kernels': ACC_CHUNK products per lane
+    from zero, ACC_GROUP chunks into a group sum, groups into C (here Ct). ``beta`` (0, or the iteration's of a
+    block's for-loop that accumulates the product, with each iteration's part of K): C = Ct^T, or C += Ct^T where
+    it is non-zero. Measured: docs/codegen.md, "tn"."""
     RN, MV = mk.TN_RN, mk.TN_MV
     mt = 16 * MV
     ldm = (M + mt - 1) // mt * mt
     G = mk.ACC_ROWS
-    xp_n = min(K, G) // 2 * ldm
-    base = scratch(xp_n + N * ldm)
+    pairs = elems == ("bf16", "bf16")
+    xp_n = (min(K, G) // 2 if pairs else min(K, G)) * ldm
+    panel = RN * min(K, G) if elems[1] == "f16" else 0
+    base = scratch(xp_n + N * ldm + panel)
     xp, ct = nm("Xp"), nm("Ct")
     w.line(f"float* {xp} = {base};")
     w.line(f"float* {ct} = {base} + {xp_n};")
+    bf = ""
+    if panel:
+        bf = nm("Bf")
+        w.line(f"float* {bf} = {base} + {xp_n + N * ldm};")
     n_full = N // RN * RN
     rn_tail = N - n_full
-    kern = sup.need(mk.tn_name(RN, MV), mk.tn_kernel(RN, MV))
-    tail = sup.need(mk.tn_name(rn_tail, MV), mk.tn_kernel(rn_tail, MV)) if rn_tail else ""
+    esz = 4 if elems[1] == "f32" else 2
+    form = "bf16_dp" if pairs else f"f32_pf{esz}"
+
+    def kernel(rn: int) -> str:
+        return sup.need(mk.tn_name(rn, MV, form), mk.tn_kernel(rn, MV) if pairs else mk.tn_kernel_f32(rn, MV, esz))
+
+    kern = kernel(RN)
+    tail = kernel(rn_tail) if rn_tail else ""
+    if panel:
+        cvt = sup.need("pr_f16_panel", F16_PANEL)
+
+    def keys(fn: str, rn: int, n0: str, nxt: str, g0: str, gn: int, m0: str, mc: str, beta: str) -> None:
+        """The calls of the rn keys from ``n0`` for the packed rows [mc, mc + TN_MC), prefetching the keys from
+        ``nxt`` (the next block; the last block its own)."""
+        src = f"{bt} + {n0} * {sbt} + {g0}"
+        pf = f"(const char*)({bt} + {nxt} * {sbt} + {g0})"
+        if panel:   # the block's keys as float32 (rn rows of gn, row stride gn)
+            w.line(f"{cvt}({src}, {sbt}, {bf}, {rn}, {gn});")
+            src, sb = bf, gn
+        else:
+            sb = sbt
+        with w.block(f"for (long {m0} = {mc}; {m0} < pr_minl({ldm}, {mc} + {mk.TN_MC}); {m0} += {mt})"):
+            w.line(f"{fn}({gn}, {src}, {sb}, {pf}, {sbt * esz}, {xp} + {m0}, {ldm}, {ct} + {n0} * {ldm} + {m0}, "
+                   f"{ldm}, {beta});")
 
     def group(g0: str, gn: int, beta: str) -> None:
-        _emit_transpose(w, nm, sup, f"((const float*)({a} + {g0}))", sa0 // 2, xp, ldm, M, gn // 2)
-        n0, m0 = nm("n"), nm("m")
-        with w.block(f"for (long {m0} = 0; {m0} < {ldm}; {m0} += {mt})"):
+        if pairs:
+            _emit_transpose(w, nm, sup, f"((const float*)({a} + {g0}))", sa0 // 2, xp, ldm, M, gn // 2)
+        else:
+            _emit_transpose(w, nm, sup, f"({a} + {g0})", sa0, xp, ldm, M, gn, elem=elems[0])
+        # packed rows in chunks of TN_MC, every block of keys against a chunk's row vectors: a key block is read
+        # from memory once per chunk (the chunk's packed rows stay in L2), prefetched one block ahead
+        n0, m0, mc = nm("n"), nm("m"), nm("mc")
+        with w.block(f"for (long {mc} = 0; {mc} < {ldm}; {mc} += {mk.TN_MC})"):
             with w.block(f"for (long {n0} = 0; {n0} < {n_full}; {n0} += {RN})"):
-                w.line(f"{kern}({gn}, {bt} + {n0} * {sbt} + {g0}, {sbt}, {xp} + {m0}, {ldm}, {ct} + {n0} * {ldm} + "
-                       f"{m0}, {ldm}, {beta});")
+                nxt = f"({n0} + {RN} < {n_full} ? {n0} + {RN} : {n0})" if not rn_tail else f"({n0} + {RN})"
+                keys(kern, RN, n0, nxt, g0, gn, m0, mc, beta)
             if rn_tail:
-                w.line(f"{tail}({gn}, {bt} + {n_full} * {sbt} + {g0}, {sbt}, {xp} + {m0}, {ldm}, {ct} + {n_full} * "
-                       f"{ldm} + {m0}, {ldm}, {beta});")
+                keys(tail, rn_tail, str(n_full), str(n_full), g0, gn, m0, mc, beta)
 
     full, rem = K // G, K % G
     if full:
@@ -560,6 +606,18 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         _emit_transpose(w, nm, sup, ct, ldm, c, sc0, N, M, add=True)
     with w.block("else"):
         _emit_transpose(w, nm, sup, ct, ldm, c, sc0, N, M)
+
+
+# dst[r * n + k] = src[r * ss + k] for r < rows, k < n: a block of float16 keys as a float32 panel (emit_tn)
+F16_PANEL = """PR_INLINE void pr_f16_panel(const _Float16* restrict src, long ss, float* restrict dst, long rows,
+                                long n) {
+  for (long r = 0; r < rows; r++) {
+    long k = 0;
+    for (; k + 16 <= n; k += 16) _mm512_storeu_ps(dst + r * n + k, pr_v16_f16(src + r * ss + k));
+    for (; k < n; k++) dst[r * n + k] = pr_ld_f16(src[r * ss + k]);
+  }
+}
+"""
 
 
 NT_ALL_RUNS = 8   # in a template, from this many rows every row-group shape has its loop (nt_row_runs)
