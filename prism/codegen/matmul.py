@@ -490,7 +490,7 @@ TR16_ADD_AVX512 = TR16_AVX512.replace("pr_tr16(", "pr_tr16_add(").replace(
 # pr_tr16 reading float16 (converted to float32 as it loads): a float16 operand of the tn path (emit_tn)
 _TR16_LOAD = "r[i] = _mm512_loadu_ps(src + i * ss);"
 assert _TR16_LOAD in TR16_AVX512
-TR16_F16_AVX512 = TR16_AVX512.replace("pr_tr16(const float*", "pr_tr16_f16(const _Float16*").replace(
+TR16_F16_AVX512 = TR16_AVX512.replace("pr_tr16(const float*", "pr_tr16_f16(const uint16_t*").replace(
     _TR16_LOAD, "r[i] = pr_v16_f16(src + i * ss);")
 
 
@@ -609,7 +609,7 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
 
 
 # dst[r * n + k] = src[r * ss + k] for r < rows, k < n: a block of float16 keys as a float32 panel (emit_tn)
-F16_PANEL = """PR_INLINE void pr_f16_panel(const _Float16* restrict src, long ss, float* restrict dst, long rows,
+F16_PANEL = """PR_INLINE void pr_f16_panel(const uint16_t* restrict src, long ss, float* restrict dst, long rows,
                                 long n) {
   for (long r = 0; r < rows; r++) {
     long k = 0;

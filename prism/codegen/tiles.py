@@ -28,7 +28,7 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 # Storage element types of views: the dtype of the memory a view reads or writes. Values are float32 in
 # registers and scratch whatever the storage (prism.ir.dtypes: the mixed-precision rule); a load converts
 # (exactly) and a store rounds. C types and the prelude's scalar converters (pr_ld_*, pr_st_*):
-ELEMS = {"f32": "float", "bf16": "uint16_t", "f16": "_Float16", "i8": "int8_t"}
+ELEMS = {"f32": "float", "bf16": "uint16_t", "f16": "uint16_t", "i8": "int8_t"}
 _ELEM_OF = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8": "i8"}
 
 

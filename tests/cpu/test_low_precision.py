@@ -108,6 +108,40 @@ def test_bfloat16_store_matches_ml_dtypes_bit_for_bit() -> None:
         assert np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan]), isa
 
 
+def test_float16_loads_and_stores_match_numpy_bit_for_bit() -> None:
+    """The generated float16 conversions (prelude: bit operations on uint16_t, so that gcc vectorizes them; the
+    `_Float16` casts they replaced stayed scalar) against NumPy: every one of the 65536 float16 bit patterns
+    widened to float32, and float32 -> float16 (round to nearest even) on random bits and every class: zeros,
+    float16 subnormals and their ties, the smallest normal, ties to even, 65504, the overflow boundary 65520,
+    float32 subnormals, infinities and NaN (its position; payloads are not compared). A one-element-per-row
+    program whose loops run the vector body and its tail."""
+    every = np.arange(2 ** 16, dtype=np.uint32).astype(np.uint16).view(np.float16).reshape(1, -1)
+    g = prism.Graph()
+    g.output(g.cast(g.input("h", every.shape, "float16"), "float32"))
+    rng = np.random.default_rng(2)
+    bits = np.concatenate([rng.integers(0, 2 ** 32, 40000, dtype=np.uint64).astype(np.uint32),
+                           np.array([0, 0x80000000, 0x00000001, 0x007fffff, 0x33000000, 0x33000001, 0x33800000,
+                                     0x337fffff, 0x33c00000, 0x34400000, 0x387fc000, 0x387fe000, 0x38800000,
+                                     0x3f801000, 0x3f803000, 0x3f800fff, 0x477fe000, 0x477fefff, 0x477ff000,
+                                     0x47800000, 0x7f7fffff, 0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001,
+                                     0xffc00001, 0xc77ff000, 0xb3000001], dtype=np.uint32)])
+    x = bits.view(np.float32).reshape(1, -1)
+    g2 = prism.Graph()
+    g2.output(g2.cast(g2.input("x", x.shape, "float32"), "float16"))
+    for isa in supported_isas():
+        got = compile_graph(g, isa=isa)(h=every)
+        want = every.astype(np.float32)
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan), isa
+        assert np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan]), isa
+        got = compile_graph(g2, isa=isa)(x=x)
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = x.astype(np.float16)
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan), isa
+        assert np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan]), isa
+
+
 # --- the verifier's tolerance per dtype -----------------------------------------------------------------
 
 def _bf16_accumulating(graph: prism.Graph, inputs: dict, params: dict) -> dict:
