@@ -97,6 +97,9 @@ DERIVE_WINDOW = 2.0   # a shape within this factor (each dim) of a tuned one is 
 #                       (PRISM_DERIVE_FAR=0: tuned on first use instead)
 DERIVE_SLACK = 1.10   # a derived shape may take a tuning's other candidate measured this close to its winner
 NEAR = 4              # ... or its winner's sGraph with sizes at most this factor from the winner's (api._derived)
+NEAR_ESTIMATE = 1.25  # ... or farther, where the model estimates those sizes within this factor of its best for the
+#                       sGraph at the new shape (a row-wise piece one row per block at a prime length; not the MLP
+#                       one row per block, whose weights it reads per row)
 TEMPLATE_CHECKS = 3   # served shapes of a template checked numerically before its other shapes reuse the checks
 SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
 BUDGET_TOP_K = 2      # candidates tuned when the call's time budget is already spent
@@ -550,10 +553,11 @@ class SuperKernel:
             spec = self._from_cached(env, res, params, template=True, row=row)
             if spec is not None:
                 return spec
-        near = self._nearest_params(env, win)
-        if near is not None and near != win.params and all(
+        found = self._nearest_params(env, win)
+        near, over_best = found if found is not None else (None, math.inf)
+        if near is not None and near != win.params and (over_best <= NEAR_ESTIMATE or all(
                 max(int(v), int(win.params[k])) <= NEAR * min(int(v), int(win.params[k]))
-                for k, v in near.items() if isinstance(v, int) and isinstance(win.params.get(k), int)):
+                for k, v in near.items() if isinstance(v, int) and isinstance(win.params.get(k), int))):
             # a nearest size equal to the new dim (a prime length's only split but 1) follows it: one template
             follow = _following(near, env, anchor)
             for params in ([follow] if follow is not None else []) + [near]:
@@ -567,13 +571,14 @@ class SuperKernel:
                     return spec
         return None
 
-    def _nearest_params(self, env: dict[str, int], row: Row) -> dict[str, Any] | None:
+    def _nearest_params(self, env: dict[str, int], row: Row) -> tuple[dict[str, Any], float] | None:
         """The values of ``row``'s sGraph's symbols valid at ``env`` nearest to ``row.params`` (the same map
         choices; grid sizes and loop ranges nearest in log scale, ties to the model's estimate), from the
         tuner's own instantiation of the sGraph at ``env`` (every constraint holds, the machine filters
-        applied); None when there is none. Measured need: a new prompt length adopted the neighbouring
-        length's winner only where its grid sizes divided the new length, so 5 of the 11 pieces of a
-        2048-wide Llama's prefill were tuned again at a prime length (7 of the 12.9 s it added)."""
+        applied), with the model's estimate of them over its best estimate of the sGraph there; None when there
+        is none. Measured need: a new prompt length adopted the neighbouring length's winner only where its
+        grid sizes divided the new length, so 5 of the 11 pieces of a 2048-wide Llama's prefill were tuned
+        again at a prime length (7 of the 12.9 s it added)."""
         from prism.tune.candidates import instantiate, sgraph_symbols
         from prism.tune.tuner import expected_shapes
         if not 0 <= row.sgraph < len(self.implementations):
@@ -584,15 +589,18 @@ class SuperKernel:
         except PrismError:
             return None
         size, maps = sgraph_symbols(g)
-        best: tuple[float, int, dict[str, Any]] | None = None
+        best: tuple[float, int, dict[str, Any], float] | None = None
         for rank, i in enumerate(inst.kept):
             if any(i.params.get(k) != row.params.get(k) for k in maps):
                 continue
             dist = sum(abs(math.log(max(1, int(i.params[k])) / max(1, int(row.params[k]))))
                        for k in size if k in i.params and isinstance(row.params.get(k), int))
             if best is None or (dist, rank) < best[:2]:
-                best = (dist, rank, dict(i.params))
-        return best[2] if best is not None else None
+                best = (dist, rank, dict(i.params), i.estimate.seconds)
+        if best is None:
+            return None
+        top = inst.kept[0].estimate.seconds   # (kept is sorted by the estimate)
+        return best[2], best[3] / top if top > 0 else math.inf
 
     def _from_store(self, env: dict[str, int], path: Any, material: dict[str, Any]) -> Specialization | None:
         """The cached tuning of this shape, its winner compiled and checked again; None when there is none
