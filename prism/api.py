@@ -97,9 +97,9 @@ DERIVE_WINDOW = 2.0   # a shape within this factor (each dim) of a tuned one is 
 #                       (PRISM_DERIVE_FAR=0: tuned on first use instead)
 DERIVE_SLACK = 1.10   # a derived shape may take a tuning's other candidate measured this close to its winner
 NEAR = 4              # ... or its winner's sGraph with sizes at most this factor from the winner's (api._derived)
-NEAR_ESTIMATE = 1.25  # ... or farther, where the model estimates those sizes within this factor of its best for the
-#                       sGraph at the new shape (a row-wise piece one row per block at a prime length; not the MLP
-#                       one row per block, whose weights it reads per row)
+NEAR_ESTIMATE = 2.0   # ... or farther, where the model's seconds per flop of those sizes at the new shape are within
+#                       this factor of the winner's at its own (a row-wise piece one row per block at a prime length;
+#                       not the MLP one row per block, whose weights it reads per row)
 TEMPLATE_CHECKS = 3   # served shapes of a template checked numerically before its other shapes reuse the checks
 SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
 BUDGET_TOP_K = 2      # candidates tuned when the call's time budget is already spent
@@ -553,7 +553,7 @@ class SuperKernel:
             spec = self._from_cached(env, res, params, template=True, row=row)
             if spec is not None:
                 return spec
-        found = self._nearest_params(env, win)
+        found = self._nearest_params(env, win, anchor)
         near, over_best = found if found is not None else (None, math.inf)
         if near is not None and near != win.params and (over_best <= NEAR_ESTIMATE or all(
                 max(int(v), int(win.params[k])) <= NEAR * min(int(v), int(win.params[k]))
@@ -571,15 +571,20 @@ class SuperKernel:
                     return spec
         return None
 
-    def _nearest_params(self, env: dict[str, int], row: Row) -> tuple[dict[str, Any], float] | None:
+    def _nearest_params(self, env: dict[str, int], row: Row,
+                        anchor: dict[str, int]) -> tuple[dict[str, Any], float] | None:
         """The values of ``row``'s sGraph's symbols valid at ``env`` nearest to ``row.params`` (the same map
         choices; grid sizes and loop ranges nearest in log scale, ties to the model's estimate), from the
         tuner's own instantiation of the sGraph at ``env`` (every constraint holds, the machine filters
-        applied), with the model's estimate of them over its best estimate of the sGraph there; None when there
-        is none. Measured need: a new prompt length adopted the neighbouring length's winner only where its
-        grid sizes divided the new length, so 5 of the 11 pieces of a 2048-wide Llama's prefill were tuned
-        again at a prime length (7 of the 12.9 s it added)."""
+        applied), with the model's seconds per flop of them at ``env`` over its seconds per flop of ``row`` at
+        ``anchor`` (inf where either has no flops); None when there is none. Measured need: a new prompt length
+        adopted the neighbouring length's winner only where its grid sizes divided the new length, so 5 of the
+        11 pieces of a 2048-wide Llama's prefill were tuned again at a prime length (7 of the 12.9 s it added).
+        Why against the winner at the anchor and not the sGraph's best at ``env``: at a prime length every valid
+        instance of the fused MLP's row-tiled sGraph is one row per block (the weights read per row), so its best
+        there is no better, and the ratio was 1.0 for a prefill 2.3x slower (llama-1b bf16, 157 tokens)."""
         from prism.tune.candidates import instantiate, sgraph_symbols
+        from prism.tune.cost import estimate
         from prism.tune.tuner import expected_shapes
         if not 0 <= row.sgraph < len(self.implementations):
             return None
@@ -599,8 +604,16 @@ class SuperKernel:
                 best = (dist, rank, dict(i.params), i.estimate.seconds)
         if best is None:
             return None
-        top = inst.kept[0].estimate.seconds   # (kept is sorted by the estimate)
-        return best[2], best[3] / top if top > 0 else math.inf
+        near = next(i for i in inst.kept if i.params == best[2]).estimate
+        try:
+            at = D.resolve_params(dict(row.params), anchor)
+            gm = g.instantiate({k: at[k] for k in maps if k in at}) if maps else g
+            was = estimate(gm, self.machine, {**anchor, **at})
+        except (PrismError, KeyError, ValueError, ZeroDivisionError):
+            return best[2], math.inf
+        if not (near.flops > 0 and was.flops > 0 and was.seconds > 0):
+            return best[2], math.inf
+        return best[2], (near.seconds / near.flops) / (was.seconds / was.flops)
 
     def _from_store(self, env: dict[str, int], path: Any, material: dict[str, Any]) -> Specialization | None:
         """The cached tuning of this shape, its winner compiled and checked again; None when there is none

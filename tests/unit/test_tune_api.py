@@ -149,31 +149,31 @@ def test_a_derived_shape_tries_the_winner_close_candidates_and_near_sizes(monkey
         calls.append((r.sgraph, p))
         return None if env["d0"] % int(resolve_params(p, env).get("g1", 1)) else ("spec", r.sgraph, p)
     monkeypatch.setattr(sk, "_from_cached", from_cached)
-    # the model estimates one row per block 6x slower than the sGraph's best there: neither near in size nor in time
-    monkeypatch.setattr(sk, "_nearest_params", lambda env, r: ({"g0": 2, "g1": env["d0"]}, 6.0))
+    # the model's seconds per flop of one row per block 6x the winner's: neither near in size nor in time
+    monkeypatch.setattr(sk, "_nearest_params", lambda env, r, a: ({"g0": 2, "g1": env["d0"]}, 6.0))
     assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 0, {"g0": 22})
     assert calls == [(1, {"g0": 2, "g1": 3}), (1, {"g0": 4, "g1": 3}), (0, {"g0": 22})]
-    # far in size (3 -> 157) but estimated within NEAR_ESTIMATE of the sGraph's best there (a row-wise piece, no
-    # weights re-read per block): taken before the slower candidates, following the length
+    # far in size (3 -> 157) but at a model's seconds per flop within NEAR_ESTIMATE of the winner's at the anchor (a
+    # row-wise piece, no weights re-read per block): taken before the slower candidates, following the length
     from prism.api import NEAR_ESTIMATE
     from prism.ir.dims import Follows
-    monkeypatch.setattr(sk, "_nearest_params", lambda env, r: ({"g0": 2, "g1": env["d0"]}, NEAR_ESTIMATE))
+    monkeypatch.setattr(sk, "_nearest_params", lambda env, r, a: ({"g0": 2, "g1": env["d0"]}, NEAR_ESTIMATE))
     calls.clear()
     assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 1, {"g0": 2, "g1": Follows("d0")})
     assert calls == [(1, {"g0": 2, "g1": 3}), (1, {"g0": 4, "g1": 3}), (1, {"g0": 2, "g1": Follows("d0")})]
-    monkeypatch.setattr(sk, "_nearest_params", lambda env, r: ({"g0": 2, "g1": env["d0"]}, 6.0))
+    monkeypatch.setattr(sk, "_nearest_params", lambda env, r, a: ({"g0": 2, "g1": env["d0"]}, 6.0))
     rows[2].measured_s = 4.49e-3   # within the slack (and faster than the second): tried right after the winner
     calls.clear()
     assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 0, {"g0": 22})
     assert calls == [(1, {"g0": 2, "g1": 3}), (0, {"g0": 22})]
-    monkeypatch.setattr(sk, "_nearest_params", lambda env, r: ({"g0": 2, "g1": 4}, 6.0))   # near: before slow ones
+    monkeypatch.setattr(sk, "_nearest_params", lambda env, r, a: ({"g0": 2, "g1": 4}, 6.0))   # near: before slow ones
     rows[2].measured_s = 9e-3
     calls.clear()
     assert sk._derived({"d0": 148}, {"d0": 141}, res) == ("spec", 1, {"g0": 2, "g1": 4})
     assert calls == [(1, {"g0": 2, "g1": 3}), (1, {"g0": 4, "g1": 3}), (1, {"g0": 2, "g1": 4})]
     # nearest sizes equal to the new length (3 rows per block at 141 -> one per row at the prime 157) follow it
     rows[0].params, rows[1].params = {"g0": 2, "g1": 47}, {"g0": 2, "g1": 141}   # the second: one row per block
-    monkeypatch.setattr(sk, "_nearest_params", lambda env, r: ({"g0": 2, "g1": env["d0"]}, 6.0))
+    monkeypatch.setattr(sk, "_nearest_params", lambda env, r, a: ({"g0": 2, "g1": env["d0"]}, 6.0))
     calls.clear()
     assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 1, {"g0": 2, "g1": Follows("d0")})
     assert calls == [(1, {"g0": 2, "g1": 47}), (1, {"g0": 2, "g1": Follows("d0")})]   # 141 followed first
