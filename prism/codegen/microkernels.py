@@ -813,36 +813,12 @@ def tn_kernel_f32(rn: int, mv: int, pf_bytes: int = 4) -> str:
     """The tn kernel's float32 form (float32 and float16 products, matmul.emit_tn): Ct[r * sct + m] (beta)
     sum_k Bt[r * sb0 + k] * A[m, k] for r < rn, m < 16 * mv, over K <= ACC_ROWS, with ``Xp`` A's rows transposed
     to float32, row k of A's columns at ``Xp[k * ldm + m]``, and Bt float32 keys (a float16 weight's keys
-    converted by the caller, a panel at a time). The summation order of :func:`tn_kernel`: chunks of ACC_CHUNK
-    products per lane from zero, added into the group sum, stored (beta 0) or added (beta 1) into Ct."""
-    cells = [(r, v) for r in range(rn) for v in range(mv)]
-    L = [f"PR_INLINE void {tn_name(rn, mv, f'f32_pf{pf_bytes}')}(long K, const float* restrict Bt, long sb0, "
-         "const char* pf, long spf, const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta) {",
-         f"  __m512 g[{rn * mv}];",
-         f"  for (long c0 = 0; c0 < K; c0 += {ACC_CHUNK}) {{",
-         f"    const long c1 = pr_minl(K, c0 + {ACC_CHUNK});",
-         "    " + " ".join(f"__m512 a{r}_{v} = _mm512_setzero_ps();" for r, v in cells),
-         "    for (long k = c0; k < c1; k++) {",
-         "      const float* xp = Xp + k * ldm;",
-         _tn_prefetch(rn, 1, pf_bytes)]
-    for v in range(mv):
-        L.append(f"      const __m512 x{v} = _mm512_loadu_ps(xp + {16 * v});")
-    for r in range(rn):
-        L.append(f"      {{ const __m512 b = _mm512_set1_ps(Bt[{r} * sb0 + k]);")
-        L.extend(f"        a{r}_{v} = _mm512_fmadd_ps(b, x{v}, a{r}_{v});" for v in range(mv))
-        L.append("      }")
-    L.append("    }")
-    L.append("    if (c0 == 0) {")
-    L.extend(f"      g[{i}] = a{r}_{v};" for i, (r, v) in enumerate(cells))
-    L.append("    } else {")
-    L.extend(f"      g[{i}] = _mm512_add_ps(g[{i}], a{r}_{v});" for i, (r, v) in enumerate(cells))
-    L.append("    }")
-    L.append("  }")
-    for i, (r, v) in enumerate(cells):
-        p = f"Ct + {r} * sct + {16 * v}"
-        L.append(f"  _mm512_storeu_ps({p}, beta ? _mm512_add_ps(_mm512_loadu_ps({p}), g[{i}]) : g[{i}]);")
-    L.append("}")
-    return "\n".join(L) + "\n"
+    converted by the caller, a panel at a time; ``pf_bytes``: the element size of the keys it prefetches). The
+    summation order of :func:`tn_kernel`."""
+    keys = [f"      {{ const __m512 b = _mm512_set1_ps(Bt[{r} * sb0 + k]);\n"
+            + "\n".join(f"        a{r}_{v} = _mm512_fmadd_ps(b, x{v}, a{r}_{v});" for v in range(mv)) + "\n      }"
+            for r in range(rn)]
+    return _tn_text(tn_name(rn, mv, f"f32_pf{pf_bytes}"), "float", rn, mv, 1, pf_bytes, "k * ldm", "__m512", keys)
 
 
 def tn_kernel(rn: int, mv: int) -> str:
@@ -851,24 +827,33 @@ def tn_kernel(rn: int, mv: int) -> str:
     the even k in the low half, as ``vdpbf16ps`` pairs them). K even. Chunks of ACC_CHUNK products per lane
     (32 steps of two) start from zero in registers; their sums are added into the group sum (on the stack);
     the group sum is stored (beta 0) or added (beta 1) into Ct."""
+    keys = [f"      {{ int32_t p; memcpy(&p, Bt + {r} * sb0 + k, 4);\n"
+            "        const __m512bh b = (__m512bh)_mm512_set1_epi32(p);\n"
+            + "\n".join(f"        a{r}_{v} = _mm512_dpbf16_ps(a{r}_{v}, b, x{v});" for v in range(mv)) + "\n      }"
+            for r in range(rn)]
+    return _tn_text(tn_name(rn, mv), "uint16_t", rn, mv, 2, 2, "(k >> 1) * ldm", "__m512bh", keys)
+
+
+def _tn_text(name: str, bt: str, rn: int, mv: int, kstep: int, pf_bytes: int, xrow: str, xtype: str,
+             keys: list[str]) -> str:
+    """The tn kernels' common text: chunks of ACC_CHUNK products per lane start from zero in registers, in steps of
+    ``kstep`` k (``keys``: per key, its broadcast and products against the ``mv`` row vectors at ``Xp + xrow``);
+    the chunk sums are added into the group sum (on the stack), which is stored (beta 0) or added (beta 1) into
+    Ct."""
     cells = [(r, v) for r in range(rn) for v in range(mv)]
-    steps = ACC_CHUNK // 2
-    L = [f"PR_INLINE void {tn_name(rn, mv)}(long K, const uint16_t* restrict Bt, long sb0, const char* pf, long spf, "
+    cast = "" if xtype == "__m512" else f"({xtype})"
+    inc = "k++" if kstep == 1 else f"k += {kstep}"
+    L = [f"PR_INLINE void {name}(long K, const {bt}* restrict Bt, long sb0, const char* pf, long spf, "
          "const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta) {",
          f"  __m512 g[{rn * mv}];",
-         f"  for (long c0 = 0; c0 < K; c0 += {2 * steps}) {{",
-         f"    const long c1 = pr_minl(K, c0 + {2 * steps});",
+         f"  for (long c0 = 0; c0 < K; c0 += {ACC_CHUNK}) {{",
+         f"    const long c1 = pr_minl(K, c0 + {ACC_CHUNK});",
          "    " + " ".join(f"__m512 a{r}_{v} = _mm512_setzero_ps();" for r, v in cells),
-         "    for (long k = c0; k < c1; k += 2) {",
-         "      const float* xp = Xp + (k >> 1) * ldm;",
-         _tn_prefetch(rn, 2, 2)]
-    for v in range(mv):
-        L.append(f"      const __m512bh x{v} = (__m512bh)_mm512_loadu_ps(xp + {16 * v});")
-    for r in range(rn):
-        L.append(f"      {{ int32_t p; memcpy(&p, Bt + {r} * sb0 + k, 4);")
-        L.append("        const __m512bh b = (__m512bh)_mm512_set1_epi32(p);")
-        L.extend(f"        a{r}_{v} = _mm512_dpbf16_ps(a{r}_{v}, b, x{v});" for v in range(mv))
-        L.append("      }")
+         f"    for (long k = c0; k < c1; {inc}) {{",
+         f"      const float* xp = Xp + {xrow};",
+         _tn_prefetch(rn, kstep, pf_bytes)]
+    L.extend(f"      const {xtype} x{v} = {cast}_mm512_loadu_ps(xp + {16 * v});" for v in range(mv))
+    L.extend(keys)
     L.append("    }")
     L.append("    if (c0 == 0) {")
     L.extend(f"      g[{i}] = a{r}_{v};" for i, (r, v) in enumerate(cells))
