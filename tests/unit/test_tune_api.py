@@ -181,3 +181,43 @@ def test_a_derived_shape_tries_the_winner_close_candidates_and_near_sizes(monkey
     calls.clear()
     assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 1, {"g0": 2, "g1": Follows("d0")})
     assert calls == [(1, {"g0": 2, "g1": 47}), (1, {"g0": 2, "g1": Follows("d0")})]
+
+
+def _row_blocks(K: int, weight: int | None) -> prism.Graph:
+    """An sGraph over a symbolic row count m with its rows split g0 ways: exp(X) per row, or (``weight``) X @ W^T
+    with W [weight, K] read whole by every block."""
+    from prism.ir.block import BlockBuilder
+    g = prism.Graph("rows")
+    x = g.input("X", ("m", K))
+    ins = [x] + ([g.input("W", (weight, K))] if weight else [])
+    bb = BlockBuilder(grid=("g0",), forloop=1, inputs=ins)
+    xi = bb.iter(0, imap=(0,))
+    y = bb.matmul(xi, bb.transpose(bb.iter(1, imap=(None,)), 0, 1)) if weight else bb.exp(xi)
+    bb.save(y, omap=(0,))
+    (out,) = g.customized(bb.build(), ins)
+    g.output(out, "Y")
+    return g
+
+
+@pytest.mark.parametrize("weight", [None, 4096])
+def test_nearest_sizes_far_from_the_winner_pass_on_the_models_cost_per_flop(weight: int | None) -> None:
+    """SuperKernel._nearest_params on real estimates (api.NEAR_ESTIMATE): tuned at 16 row blocks of 128 rows, asked
+    at the prime 131, the nearest valid split is one row per block (131 blocks; one block is below the thread
+    count). A row-wise piece costs about as much per flop that way and passes; a product whose every block reads
+    the whole weight (16 MB here) reads it once per row and is refused."""
+    from prism.api import NEAR_ESTIMATE
+    from prism.tune.machine import detect
+    from prism.tune.tuner import Row
+    g = _row_blocks(1024, weight)
+    sk = SuperKernel.__new__(SuperKernel)
+    sk.program, sk.implementations, sk._machine = g, [Implementation(0, g, "test", "", "")], detect(False)
+    if sk.machine.threads < 2:
+        pytest.skip("one thread: a single block passes the machine filters, so it is the nearest split")
+    found = sk._nearest_params({"m": 131}, Row(0, {"g0": 16}, 1e-3, 0, "ok", 1e-3), {"m": 128})
+    assert found is not None
+    near, ratio = found
+    assert near == {"g0": 131}
+    if weight is None:
+        assert ratio <= NEAR_ESTIMATE, ratio
+    else:
+        assert ratio > NEAR_ESTIMATE, ratio
