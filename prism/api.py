@@ -436,7 +436,9 @@ class SuperKernel:
     def _twin_anchors(self) -> list[tuple[dict[str, int], TuneResult]]:
         """Tunings of this process's fixed-shape kernels whose program is this one at some value of its dims:
         (that value, the tuning with its rows renumbered to this kernel's sGraphs). A row whose sGraph is not one
-        of this kernel's, instantiated at that value, is left out, and a tuning whose winner is not is no anchor.
+        of this kernel's, instantiated at that value -- the same key, or the same structure once this kernel's
+        for-loop runs once (:func:`_one_trip`; the row then takes range 1) --, is left out; a tuning whose winner is
+        left out takes its fastest kept candidate within DERIVE_SLACK of it, or is no anchor.
         Measured need: under Dynamo's default, a model's first prompt length compiles a static prefill graph and
         the first new length a dynamic one, whose pieces are these programs over a symbolic length; llama-1b
         bf16's 13 were tuned again at 141 tokens (11.9 s of the 21 s that new length took) after their twins had
@@ -466,18 +468,38 @@ class SuperKernel:
             env = self.program.bind({n: [int(d) for d in node.shape] for n, node in other.program.inputs.items()})
             if self.program.instantiate(env).key != other.program.key:
                 return None
+            mine = [impl.graph.instantiate(env) for impl in self.implementations]
             theirs = {impl.graph.key: j for j, impl in enumerate(other.implementations)}
-            index = {theirs[g]: i for i, impl in enumerate(self.implementations)
-                     if (g := impl.graph.instantiate(env).key) in theirs}
+            index = {theirs[g.key]: i for i, g in enumerate(mine) if g.key in theirs}
+            extra: dict[int, dict[str, int]] = {}   # their sGraph -> the loop ranges set to 1 in mine
+            if len(index) < len(theirs):
+                once = {}
+                for i, g in enumerate(mine):
+                    if i not in index.values() and (k := _one_trip(g)) is not None:
+                        once.setdefault(k[0], (i, k[1]))
+                for j, impl in enumerate(other.implementations):
+                    k = _one_trip(impl.graph)
+                    if j not in index and k is not None and not k[1] and k[0] in once:
+                        index[j], loops = once[k[0]]
+                        extra[j] = dict.fromkeys(loops, 1)
         except Exception as e:  # no twin (ranks, fixed sizes or constraints differ): tuned as before, never failed
             LOG.debug("prism: %r is no twin of %r: %s", other.program.name, self.program.name, e)
             return None
         res = spec.tuning
-        if res.best.sgraph not in index:
-            return None
         kept = [r for r in res.rows if r.sgraph in index]
-        rows = [dataclasses.replace(r, sgraph=index[r.sgraph]) for r in kept]
-        winner = next(i for i, r in enumerate(kept) if r is res.best)
+        best = res.best
+        if best.sgraph not in index:
+            # the winner's sGraph is not one of this kernel's: its fastest kept candidate stands in for it if it was
+            # measured within DERIVE_SLACK of it (llama-1b's Q projection at 128 rows: a row-tiled sGraph only the
+            # static search keeps, 1.319 ms, then a column grid both have, 1.320 ms)
+            ok = [r for r in kept if r.status == "ok" and math.isfinite(r.measured_s)
+                  and r.measured_s <= best.measured_s * DERIVE_SLACK]
+            if not ok:
+                return None
+            best = min(ok, key=lambda r: r.measured_s)
+        rows = [dataclasses.replace(r, sgraph=index[r.sgraph], params={**r.params, **extra.get(r.sgraph, {})})
+                for r in kept]
+        winner = next(i for i, r in enumerate(kept) if r is best)
         return env, dataclasses.replace(res, rows=rows, winner=winner,
                                         sgraph_keys=[i.graph.key for i in self.implementations])
 
@@ -954,6 +976,35 @@ class SuperKernel:
     def __repr__(self) -> str:
         return (f"<prism.SuperKernel {self.program.name!r} inputs={list(self.input_names)} "
                 f"sgraphs={len(self.implementations)} shapes tuned={len(self._specs)}>")
+
+
+def _one_trip(g: Graph) -> tuple[tuple, tuple[str, ...]] | None:
+    """(a key, the for-loop range symbols) of sGraph ``g`` with every customized operator's for-loop run once
+    (:meth:`prism.ir.block.BlockGraph.one_trip_key`); None where a loop has a constant range above 1. Measured need:
+    the static search at a model's first prompt length keeps grid sGraphs without a loop, the symbolic search of
+    the same program their twins with a loop over K of a symbolic range, so the fixed-shape twins' tunings (below)
+    mapped none of llama-1b's plain Linears and both were tuned again at the first new prompt length."""
+    memo: dict[Any, tuple] = {}
+    loops: set[str] = set()
+
+    def sig(n: Any) -> tuple:
+        if n not in memo:
+            if n.op == "customized":
+                k = n.arg[0].one_trip_key()
+                if k is None:
+                    raise ValueError("a loop of constant range")
+                loops.update(k[1])
+                head: tuple = ("customized", k[0])
+            else:
+                head = (n.op, n.arg, tuple(n.shape), str(n.dtype))
+            memo[n] = (*head, tuple(sig(x) for x in n.src))
+        return memo[n]
+
+    try:
+        key = tuple(sig(n) for n in g.nodes if n.op == "output")
+    except ValueError:
+        return None
+    return key, tuple(sorted(loops))
 
 
 def _following(params: Mapping[str, Any], anchor: Mapping[str, int], env: Mapping[str, int]) -> dict[str, Any] | None:

@@ -174,6 +174,30 @@ class BlockGraph:
                 out |= D.symbols(d)
         return out
 
+    def one_trip_key(self) -> tuple[tuple, tuple[str, ...]] | None:
+        """(a key, the for-loop's range symbols): the structure this block graph has with its for-loop run once
+        -- iterators and saves without their loop maps, a ``sum`` accumulator its operand, no phases or tile
+        shapes --, equal for a graph written without a loop and one whose loop range is a symbol set to 1; None
+        where the range is a constant above 1. Two graphs with one such key compute the same values once the
+        symbols are set to 1 (a heuristic match for choosing parameters: prism.api.SuperKernel._twin; whoever
+        runs the result still verifies it)."""
+        if isinstance(self.forloop, int) and self.forloop != 1:
+            return None
+        memo: dict[Node, tuple] = {}
+
+        def sig(n: Node) -> tuple:
+            if n not in memo:
+                if n.op == "acc" and n.arg[0] == "sum":
+                    memo[n] = sig(n.src[0])
+                else:
+                    arg = n.arg[:2] if n.op in ("iter", "save") else n.arg
+                    memo[n] = (n.op, arg, str(n.dtype), tuple(sig(x) for x in n.src))
+            return memo[n]
+
+        key = (tuple(_skey(g) for g in self.grid), tuple(s.dtype for s in self.inputs),
+               tuple(sig(o) for o in self.outputs), tuple(sorted(self.splits)))
+        return key, tuple(sorted(D.symbols(self.forloop)))
+
     def map_symbols(self) -> set[str]:
         return {e.name for n in self.nodes if n.op in ("iter", "save") for e in (*n.arg[1], n.arg[2])
                 if isinstance(e, MapVar)}

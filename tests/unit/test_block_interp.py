@@ -330,3 +330,36 @@ def test_float32_simulation_matches_float64_reference(rng) -> None:
     X64 = X.astype(np.float64)
     ref = (X64 / np.sqrt((X64 * X64).mean(-1, keepdims=True) + 1e-6)) @ W.astype(np.float64)
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
+
+
+def _product(forloop: object, exp: bool = False) -> Graph:
+    """Y[n, 64] = X[n, 256] @ W[64, 256]^T over a grid of W's rows: without a loop (forloop 1), or with the loop
+    walking K (a sum accumulator over its iterations)."""
+    g = Graph("product")
+    x, w = g.input("X", (16, 256)), g.input("W", (64, 256))
+    bb = BlockBuilder(grid=("g0",), forloop=forloop, inputs=[x, w])
+    fm = None if forloop == 1 else 1
+    xi, wi = bb.iter(0, imap=(None,), fmap=fm), bb.iter(1, imap=(0,), fmap=fm)
+    t = bb.matmul(xi, bb.transpose(wi, 0, 1))
+    if exp:
+        t = bb.exp(t)
+    bb.save(t if forloop == 1 else bb.accumulate("sum", t), omap=(1,))
+    (y,) = g.customized(bb.build(), [x, w])
+    g.output(y, "Y")
+    return g
+
+
+def test_one_trip_key_equates_a_loop_of_range_one_with_no_loop() -> None:
+    """BlockGraph.one_trip_key (api._one_trip): a for-loop over K of symbolic range F, run once, has the structure
+    of the same product written without a loop (the sum over one iteration is its operand; loop maps, phases and
+    tile shapes left out), with F the range to set to 1; a constant range above 1 has no such key; another
+    operator changes the key."""
+    from prism.api import _one_trip
+    plain, looped, two = _product(1), _product("F"), _product(2)
+    assert plain.key != looped.key
+    (kp, lp), (kl, ll) = _one_trip(plain), _one_trip(looped)
+    assert kp == kl and lp == () and ll == ("F",)
+    assert _one_trip(two) is None
+    other = _one_trip(_product("F", exp=False).instantiate({"F": 4}))   # F = 4 written in: a loop of four trips
+    assert other is None
+    assert _one_trip(_product(1, exp=True))[0] != kp
