@@ -576,8 +576,8 @@ class SuperKernel:
             if spec is not None:
                 return spec
         found = self._nearest_params(env, win, anchor)
-        near, over_best = found if found is not None else (None, math.inf)
-        if near is not None and near != win.params and (over_best <= NEAR_ESTIMATE or all(
+        near, per_flop = found if found is not None else (None, math.inf)
+        if near is not None and near != win.params and (per_flop <= NEAR_ESTIMATE or all(
                 max(int(v), int(win.params[k])) <= NEAR * min(int(v), int(win.params[k]))
                 for k, v in near.items() if isinstance(v, int) and isinstance(win.params.get(k), int))):
             # a nearest size equal to the new dim (a prime length's only split but 1) follows it: one template
@@ -616,26 +616,26 @@ class SuperKernel:
         except PrismError:
             return None
         size, maps = sgraph_symbols(g)
-        best: tuple[float, int, dict[str, Any], float] | None = None
+        best: tuple[float, int, Any] | None = None
         for rank, i in enumerate(inst.kept):
             if any(i.params.get(k) != row.params.get(k) for k in maps):
                 continue
             dist = sum(abs(math.log(max(1, int(i.params[k])) / max(1, int(row.params[k]))))
                        for k in size if k in i.params and isinstance(row.params.get(k), int))
             if best is None or (dist, rank) < best[:2]:
-                best = (dist, rank, dict(i.params), i.estimate.seconds)
+                best = (dist, rank, i)
         if best is None:
             return None
-        near = next(i for i in inst.kept if i.params == best[2]).estimate
+        params, near = dict(best[2].params), best[2].estimate
         try:
             at = D.resolve_params(dict(row.params), anchor)
             gm = g.instantiate({k: at[k] for k in maps if k in at}) if maps else g
             was = estimate(gm, self.machine, {**anchor, **at})
         except (PrismError, KeyError, ValueError, ZeroDivisionError):
-            return best[2], math.inf
+            return params, math.inf
         if not (near.flops > 0 and was.flops > 0 and was.seconds > 0):
-            return best[2], math.inf
-        return best[2], (near.seconds / near.flops) / (was.seconds / was.flops)
+            return params, math.inf
+        return params, (near.seconds / near.flops) / (was.seconds / was.flops)
 
     def _from_store(self, env: dict[str, int], path: Any, material: dict[str, Any]) -> Specialization | None:
         """The cached tuning of this shape, its winner compiled and checked again; None when there is none
