@@ -478,8 +478,10 @@ class SuperKernel:
                     if i not in index.values() and (k := _one_trip(g)) is not None:
                         once.setdefault(k[0], (i, k[1]))
                 for j, impl in enumerate(other.implementations):
+                    if j in index:
+                        continue
                     k = _one_trip(impl.graph)
-                    if j not in index and k is not None and not k[1] and k[0] in once:
+                    if k is not None and not k[1] and k[0] in once:
                         index[j], loops = once[k[0]]
                         extra[j] = dict.fromkeys(loops, 1)
         except Exception as e:  # no twin (ranks, fixed sizes or constraints differ): tuned as before, never failed

@@ -564,8 +564,8 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         cvt = sup.need("pr_f16_panel", F16_PANEL)
 
     def keys(fn: str, rn: int, n0: str, nxt: str, g0: str, gn: int, m0: str, mc: str, beta: str) -> None:
-        """The calls of the rn keys from ``n0`` for the packed rows [mc, mc + TN_MC), prefetching the keys from
-        ``nxt`` (the next block; the last block its own)."""
+        """The calls of the rn keys from ``n0`` for the packed rows [mc, mc + TN_MC), prefetching rn keys from
+        ``nxt`` (every one of them a key of B)."""
         src = f"{bt} + {n0} * {sbt} + {g0}"
         pf = f"(const char*)({bt} + {nxt} * {sbt} + {g0})"
         if panel:   # the block's keys as float32 (rn rows of gn, row stride gn)
@@ -587,8 +587,9 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         n0, m0, mc = nm("n"), nm("m"), nm("mc")
         with w.block(f"for (long {mc} = 0; {mc} < {ldm}; {mc} += {mk.TN_MC})"):
             with w.block(f"for (long {n0} = 0; {n0} < {n_full}; {n0} += {RN})"):
-                nxt = f"({n0} + {RN} < {n_full} ? {n0} + {RN} : {n0})" if not rn_tail else f"({n0} + {RN})"
-                keys(kern, RN, n0, nxt, g0, gn, m0, mc, beta)
+                # the next block's keys, the last RN keys of B at most: a full block ahead of the tail keys (or of
+                # nothing) would prefetch past B's last key
+                keys(kern, RN, n0, f"pr_minl({n0} + {RN}, {N - RN})", g0, gn, m0, mc, beta)
             if rn_tail:
                 keys(tail, rn_tail, str(n_full), str(n_full), g0, gn, m0, mc, beta)
 
