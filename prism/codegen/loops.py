@@ -19,7 +19,7 @@ from prism.codegen.tiles import Expr, Operand, View, ctype, ld, leaves, render, 
 from prism.ir.reductions import MONOIDS, Monoid
 
 PAR_MIN = 1 << 15      # elements below which a kernel-level loop runs on one thread (a fork costs ~µs)
-CHUNK = 4096           # a 1-D parallel loop is split into chunks of this many elements
+CHUNK = 4096           # a 1-D parallel loop runs in chunks of this many elements (the last one cut short)
 # A transposing copy (an operand read with a large stride along the nest's innermost dim and contiguously along
 # another) runs over TILE x TILE tiles of those two dims from TILE_MIN elements: each tile reads TILE lines of the
 # source and writes TILE rows of the target, instead of one source line per element of a whole target row.
@@ -90,13 +90,30 @@ def _unique_leaves(x: Operand) -> list[View]:
     return list(seen.values())
 
 
-def _split_1d(nest: Nest, par: str | None) -> None:
-    """Give a long 1-D nest an outer chunk loop so that it can be parallelized."""
-    if par and len(nest.sizes) == 1 and nest.sizes[0] >= PAR_MIN and nest.sizes[0] % CHUNK == 0:
-        n = nest.sizes[0]
-        nest.sizes[:] = [n // CHUNK, CHUNK]
-        for s in nest.strides:
-            s[:] = [s[0] * CHUNK, s[0]]
+def _assign_chunks(w: CWriter, nm: Namer, target: View, lvs: list[View], src: Operand, nest: Nest, op: str,
+                   par: str) -> None:
+    """A long 1-D element-wise loop over chunks of CHUNK elements, parallel over the chunks; the last chunk is
+    cut short. Whether the length divides CHUNK is no decision of the code: a template over a dim (codegen/
+    template.py) serves every value. Measured need: with a divided length only, llama-1b's prefill attention had
+    one template for even prompt lengths and one for odd ones (the output's 2048 x L elements), 0.55 s for the first
+    odd length after an even one; and an odd length ran that loop on one thread."""
+    n = nest.sizes[0]
+    c, i, end = nm("c"), nm("i"), nm("end")
+    access = {id(v): v.at(offset([i], s)) for v, s in zip(lvs, nest.strides[1:])}
+    t = f"{target.ptr}[{offset([i], nest.strides[0])}]"
+    e = render(src, access)
+    w.line(f"#pragma omp parallel for num_threads({par}) schedule(static)")
+    w.line(f"for (long {c} = 0; {c} < {(n + CHUNK - 1) // CHUNK}; {c}++) {{")
+    w.level += 1
+    w.line(f"const long {end} = pr_minl({n}, ({c} + 1) * {CHUNK});")
+    w.line("#pragma omp simd")
+    w.line(f"for (long {i} = {c} * {CHUNK}; {i} < {end}; {i}++) {{")
+    w.level += 1
+    w.line(store(target.elem, t, op, e))
+    w.level -= 1
+    w.line("}")
+    w.level -= 1
+    w.line("}")
 
 
 def assign(w: CWriter, nm: Namer, target: View, src: Operand, op: str = "=", par: str | None = None) -> None:
@@ -106,7 +123,9 @@ def assign(w: CWriter, nm: Namer, target: View, src: Operand, op: str = "=", par
     nest = make_nest(shape, [list(target.strides)] + [list(v.bstrides(shape)) for v in lvs])
     if not nest.sizes:
         nest = Nest([1], [[0] for _ in nest.strides])
-    _split_1d(nest, par)
+    if par and len(nest.sizes) == 1 and nest.sizes[0] >= PAR_MIN:
+        _assign_chunks(w, nm, target, lvs, src, nest, op, par)
+        return
     d = _transposed_dim(nest)
     if d is not None:
         _assign_tiled(w, nm, target, src, lvs, nest, d, op, par)
