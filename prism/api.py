@@ -74,6 +74,7 @@ class Specialization:
     #                                   this shape when the shape was tuned (the tuning entry): not repeated on load
     cached_from: str = "tuning"       # where that record is: "tuning" (the tuning entry) or "template" (the
     #                                   compiled template's check record, api._record_check)
+    split: tuple[tuple[int, str], ...] | None = None   # served as calls on ranges of rows: (rows, kernel) each
 
     @property
     def source(self) -> str:
@@ -101,6 +102,7 @@ NEAR_ESTIMATE = 2.0   # ... or farther, where the model's seconds per flop of th
 #                       this factor of the winner's at its own (a row-wise piece one row per block at a prime length;
 #                       not the MLP one row per block, whose weights it reads per row)
 TEMPLATE_CHECKS = 3   # served shapes of a template checked numerically before its other shapes reuse the checks
+SPLIT_CHECKS = 1      # splits with the same parts checked numerically before the others reuse the check (api._split)
 SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
 BUDGET_TOP_K = 2      # candidates tuned when the call's time budget is already spent
 RETUNE_ROUNDS = 2     # further tunings of a shape whose measured candidates all failed the final check
@@ -328,6 +330,8 @@ class SuperKernel:
         self._machine: Machine | None = None
         self._disk_anchors: list[tuple[dict[str, int], TuneResult]] | None = None
         self._twins: dict[tuple[int, int], tuple[dict[str, int], TuneResult] | None] = {}   # (_twin_anchors)
+        self._twin_specs: dict[int, Specialization] = {}   # id of a twin anchor's tuning -> the twin's spec (_split)
+        self._split_checks: dict[tuple, int] = {}   # a split's distinct parts -> its composites checked (_split)
         self._kernels: dict[tuple, Kernel] = {}   # (sGraph, params) -> kernel of every shape (_kernel)
         self._keys: tuple[str, list[str]] | None = None   # the program's and the sGraphs' keys (_cache_path)
 
@@ -455,6 +459,8 @@ class SuperKernel:
                 key = (id(k), id(spec))
                 if key not in self._twins:
                     self._twins[key] = self._twin(k, spec)
+                    if self._twins[key] is not None:
+                        self._twin_specs[id(self._twins[key][1])] = spec
                 if self._twins[key] is not None:
                     out.append(self._twins[key])
         return out
@@ -561,10 +567,12 @@ class SuperKernel:
         (:func:`_following`); (2) the winner; (3) another candidate of the tuning, measured within
         DERIVE_SLACK of the winner, with its own params (following, then as they are; valid at ``env``: e.g.
         a grid over the weight's columns where the winner's split the rows into 3 and the new length is
-        prime); (4) the winner's sGraph with the valid sizes nearest to its own, if each is within NEAR of it
-        (a size equal to the new dim following it); (5) the other measured candidates, fastest first.
+        prime); (4) a split (:meth:`_split`: the tuned kernel on the runs of rows it divides, the winner's sGraph
+        with one block along the rows on the rows left); (5) the winner's sGraph with the valid sizes nearest to
+        its own, if each is within NEAR of it or the model's cost per flop there is within NEAR_ESTIMATE (a size
+        equal to the new dim following it); (6) the other measured candidates, fastest first.
         Measured need: at a prime prompt length only 1 and the length divide it,
-        and (4) made llama-small's MLP piece one row per block (its weights read once per row): prompts 229
+        and (5) made llama-small's MLP piece one row per block (its weights read once per row): prompts 229
         and 271 prefilled in 131-162 ms where 250 took 72-77 ms."""
         ok = sorted((r for r in res.rows if r.status == "ok" and math.isfinite(r.measured_s)),
                     key=lambda r: r.measured_s)
@@ -577,12 +585,18 @@ class SuperKernel:
             spec = self._from_cached(env, res, params, template=True, row=row)
             if spec is not None:
                 return spec
+        # the winner's own grid on the rows it divides and a remainder: the same two kernels serve every length,
+        # where the nearest sizes are a template per divisor class of the lengths (or one row per block)
+        spec = self._split(env, anchor, res)
+        if spec is not None:
+            return spec
         found = self._nearest_params(env, win, anchor)
         near, per_flop = found if found is not None else (None, math.inf)
         if near is not None and near != win.params and (per_flop <= NEAR_ESTIMATE or all(
                 max(int(v), int(win.params[k])) <= NEAR * min(int(v), int(win.params[k]))
                 for k, v in near.items() if isinstance(v, int) and isinstance(win.params.get(k), int))):
             # a nearest size equal to the new dim (a prime length's only split but 1) follows it: one template
+            # serves every length
             follow = _following(near, env, anchor)
             for params in ([follow] if follow is not None else []) + [near]:
                 spec = self._from_cached(env, res, params, template=True)
@@ -594,6 +608,112 @@ class SuperKernel:
                 if spec is not None:
                     return spec
         return None
+
+    def _split(self, env: dict[str, int], anchor: dict[str, int], res: TuneResult) -> Specialization | None:
+        """``env`` served as calls on ranges of rows (prism/runtime/split.py): the kernel tuned at ``anchor`` on
+        each whole run of its length, then the winner's sGraph with its tuned tile (fewer blocks along the rows)
+        and with one block on the rows left: a grid with a remainder block, where a prime length has no other
+        grid than one row per block. Only where the winner's sGraph proves the program row-separable along the
+        dim that moved (prism/ir/rows.py); every part is a kernel compiled and checked at its own length, and the
+        composite is checked at ``env`` like a template's shapes (its first SPLIT_CHECKS with the same parts).
+        None when any of that does not hold.
+        Measured need: see prism/runtime/split.py (the fused MLP of llama-1b tuned again at 157 tokens)."""
+        from prism.ir.rows import NotRowSeparable, row_axes, row_witness
+        from prism.runtime.split import SplitKernel, compose
+        moved = [d for d in env if env[d] != anchor.get(d)]
+        win = res.best
+        if len(moved) != 1 or not 0 <= win.sgraph < len(self.implementations):
+            return None
+        (dim,), impl = moved, self.implementations[win.sgraph]
+        n, a = env[dim], anchor[dim]
+        try:
+            grid = row_witness(impl.graph, self.program, dim, win.params, env)
+            tiles = D.resolve_params(win.params, anchor).get(grid)
+            if isinstance(win.params.get(grid), D.Follows) or type(tiles) is not int or tiles < 1 or a % tiles:
+                return None
+            tile = a // tiles
+            q, r = divmod(n, a)
+            # the rows left: blocks of the tuned tile, then one block of the last rows -- one kernel (one block
+            # along the rows) at two lengths, whatever the length
+            runs: list[int | None] = [None] * q + [tile] * (r // tile) + ([r % tile] if r % tile else [])
+            if len(runs) < 2:
+                return None
+            row_witness(impl.graph, self.program, dim, win.params, env, [n, a] + [x for x in runs if x])
+            ins, outs = row_axes(self.program, dim)
+        except NotRowSeparable as e:
+            LOG.debug("prism: %r at %s is not split: %s", self.program.name, env, e)
+            return None
+        # the byte offset of one row of each operand and output: its row axis must follow only axes of size 1
+        shapes = {k: [int(D.evaluate(d, env)) for d in node.shape] for k, node in self.program.inputs.items()}
+        dtypes = {k: node.dtype for k, node in self.program.inputs.items()}
+        for o in self.program.outputs:
+            shapes[o.arg[0]] = [int(D.evaluate(d, env)) for d in o.shape]
+            dtypes[o.arg[0]] = o.dtype
+        row_bytes: dict[str, int] = {}
+        for k, ax in [*ins.items(), *outs.items()]:
+            if ax is None:
+                continue
+            if any(x != 1 for x in shapes[k][:ax]):
+                return None
+            row_bytes[k] = math.prod(shapes[k][ax + 1:]) * dtypes[k].itemsize
+        main = self._anchor_variant(anchor, res) if q else None
+        if q and main is None:
+            return None
+        calls, parts, start, built = [], [], 0, {}
+        for x in runs:
+            if x is None:
+                v, x = main, a
+            elif x in built:
+                v = built[x]
+            else:
+                penv = {**env, dim: x}
+                part = self._from_cached(penv, res, {**win.params, grid: 1}, template=True, row=win)
+                if part is None:
+                    return None
+                v = built[x] = part.kernel.specialize(**penv)
+            calls.append((v, {k: start * b for k, b in row_bytes.items()}))
+            parts.append((x, "tuned" if v is main else f"{grid}=1"))
+            start += x
+        names = (*self.program.inputs, *self.output_names)
+        try:
+            variant = compose(names, len(self.program.inputs), [tuple(shapes[o]) for o in self.output_names],
+                              calls, env)
+        except PrismError as e:
+            LOG.debug("prism: %r at %s is not split: %s", self.program.name, env, e)
+            return None
+        kernel = SplitKernel(self.program, env, variant)
+        # the composite's checks: like a template's, its first SPLIT_CHECKS shapes with the same parts (each part
+        # is checked at its own length; what the composite adds is the shim and the offsets)
+        key = tuple(dict.fromkeys(id(v.template) if v.template is not None else id(v) for v, _ in calls))
+        params = {**D.resolve_params(win.params, env), grid: n}   # the witness instance: one row per block
+        from prism.verify.numeric import NumericResult
+        if self._split_checks.get(key, 0) >= SPLIT_CHECKS:
+            check = NumericResult(True, (), ({**env, **params},), 0.0)
+        else:
+            check = self._check(impl, env, params, kernel, kinds=("normal",))
+            if not check.passed:
+                LOG.warning("prism: %r at %s: the split kernel failed its check (not used): %s", self.program.name,
+                            env, str(check).splitlines()[-1])
+                return None
+            self._split_checks[key] = self._split_checks.get(key, 0) + 1
+        STATS.tune_split += 1
+        return Specialization(env, impl, params, kernel, res, check, True, split=tuple(parts))
+
+    def _anchor_variant(self, anchor: dict[str, int], res: TuneResult) -> Any:
+        """The compiled kernel of the tuning ``res`` at ``anchor``: this kernel's (tuned, or from the tuning cache)
+        or its fixed-shape twin's; None when there is none."""
+        key = tuple(sorted(anchor.items()))
+        spec = self._specs.get(key)
+        if spec is None or spec.derived_from is not None:
+            twin = self._twin_specs.get(id(res))
+            if twin is not None:
+                return twin.kernel.specialize()
+            path, material = self._cache_path(anchor)
+            spec = self._from_store(anchor, path, material)
+            if spec is None:
+                return None
+            self._specs[key] = spec
+        return spec.kernel.specialize(**anchor)
 
     def _nearest_params(self, env: dict[str, int], row: Row,
                         anchor: dict[str, int]) -> tuple[dict[str, Any], float] | None:
@@ -967,8 +1087,11 @@ class SuperKernel:
             shape = ", ".join(f"{k}={v}" for k, v in sorted(s.env.items())) or "fixed shape"
             params = ", ".join(f"{k}={v}" for k, v in sorted(s.params.items())) or "none"
             lines += ["", f"=== shape {shape}: sGraph {s.implementation.index} with {params}"
-                      f"{' (tuning from cache)' if s.from_cache else ''}",
-                      str(s.implementation.graph), "",
+                      f"{' (tuning from cache)' if s.from_cache else ''}"]
+            if s.split is not None:
+                lines.append("served as calls on ranges of rows (a split; the params above are its proof's instance, "
+                             "one row per block): " + " + ".join(f"{x} rows ({how})" for x, how in s.split))
+            lines += [str(s.implementation.graph), "",
                       f"proof: {s.implementation.how}: {s.implementation.proof}",
                       _check_line(s), "",
                       f"machine: {s.tuning.machine.get('describe', '')}", "tuning table:", s.tuning.table(), "",

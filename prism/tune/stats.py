@@ -16,6 +16,7 @@ class TuneStats:
     tune_memory_hits: int = 0    # shapes already tuned by this kernel object
     tune_derived: int = 0        # new shapes given a nearby shape's tuned winner, compiled and checked (derive)
     tune_derived_far: int = 0    # ... of them, from a tuning more than api.DERIVE_WINDOW away (recorded as pending)
+    tune_split: int = 0          # ... of them, served as calls on ranges of rows (api.SuperKernel._split)
     template_served: int = 0     # derived shapes served by a template already checked at TEMPLATE_CHECKS shapes
     template_checks_recorded: int = 0   # template checks adopted from an earlier process's record (api.py)
     template_checks_below: int = 0   # template checks run at a cheaper value of its region than the served one

@@ -130,7 +130,7 @@ def test_a_derived_shape_tries_the_winner_close_candidates_and_near_sizes(monkey
     """api.SuperKernel._derived's order at a new prompt length (llama-small's MLP piece tuned at 141, asked at
     the prime 157, where only 1 and 157 divide): the winner, the candidates measured within DERIVE_SLACK of it
     (a grid over the weight's columns is valid at every length), the winner's sGraph with sizes within NEAR of
-    its own (never 3 -> 157: one row per block), then the slower candidates."""
+    its own (never 3 -> 157: one row per block), then the slower candidates; a split before the nearest sizes."""
     from prism.api import DERIVE_SLACK
     from prism.tune.tuner import Row, TuneResult
 
@@ -149,6 +149,7 @@ def test_a_derived_shape_tries_the_winner_close_candidates_and_near_sizes(monkey
         calls.append((r.sgraph, p))
         return None if env["d0"] % int(resolve_params(p, env).get("g1", 1)) else ("spec", r.sgraph, p)
     monkeypatch.setattr(sk, "_from_cached", from_cached)
+    monkeypatch.setattr(sk, "_split", lambda env, anchor, res: None)   # no split (its order: the end of the test)
     # the model's seconds per flop of one row per block 6x the winner's: neither near in size nor in time
     monkeypatch.setattr(sk, "_nearest_params", lambda env, r, a: ({"g0": 2, "g1": env["d0"]}, 6.0))
     assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 0, {"g0": 22})
@@ -181,6 +182,12 @@ def test_a_derived_shape_tries_the_winner_close_candidates_and_near_sizes(monkey
     calls.clear()
     assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 1, {"g0": 2, "g1": Follows("d0")})
     assert calls == [(1, {"g0": 2, "g1": 47}), (1, {"g0": 2, "g1": Follows("d0")})]
+    # a split (the tuned kernel on the rows it divides, a remainder) comes after the winner and its close candidates,
+    # before the nearest sizes
+    monkeypatch.setattr(sk, "_split", lambda env, anchor, res: calls.append(("split", env["d0"])) or ("split",))
+    calls.clear()
+    assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("split",)
+    assert calls == [(1, {"g0": 2, "g1": 47}), ("split", 157)]
 
 
 def _row_blocks(K: int, weight: int | None) -> prism.Graph:

@@ -1,0 +1,134 @@
+"""Splits: a length no tuned grid divides served as calls of checked kernels on ranges of rows (api._split,
+prism/runtime/split.py), against float64, through both call paths; a wrong composite is never returned."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import prism
+from prism import api
+from prism.api import Implementation, Options, SuperKernel, clear_memory_caches
+from prism.ir.block import BlockBuilder
+from prism.runtime import split as split_mod
+from prism.tune import STATS, reset_stats
+from prism.tune.tuner import Row, TuneResult
+
+pytestmark = pytest.mark.cpu
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    clear_memory_caches()
+    reset_stats()
+    yield
+    clear_memory_caches()
+
+
+def _program(dtype: str) -> prism.Graph:
+    g = prism.Graph("rows_linear")
+    x, w = g.input("X", (1, "L", 64), dtype), g.input("W", (48, 64), dtype)
+    g.output(g.matmul(g.rms_norm(x), g.permute(w, (1, 0))), "Y")
+    return g
+
+
+def _row_tiled(dtype: str) -> prism.Graph:
+    """The program's sGraph with W's rows split by g0 and X's rows by g1 (written here as the search's would be:
+    this test is about serving a tuning, not about finding it)."""
+    g = prism.Graph("rows_linear")
+    x, w = g.input("X", (1, "L", 64), dtype), g.input("W", (48, 64), dtype)
+    bb = BlockBuilder(grid=("g0", "g1"), forloop=1, inputs=[x, w])
+    t = bb.matmul(bb.rms_norm(bb.iter(0, imap=(None, 1))), bb.transpose(bb.iter(1, imap=(0, None)), 0, 1))
+    bb.save(t, omap=(2, 1))
+    (y,) = g.customized(bb.build(), [x, w])
+    g.output(y, "Y")
+    return g
+
+
+def _kernel(dtype: str) -> tuple[SuperKernel, TuneResult]:
+    """A SuperKernel whose tuning at L=64 chose 4 row blocks of 16 (and 2 column blocks), its kernel at 64 built."""
+    ns = types.SimpleNamespace
+    search = ns(stop_reason=ns(value="test"), stats=ns(states=0), candidates=[], cached=False)
+    k = SuperKernel(_program(dtype), search, [Implementation(0, _row_tiled(dtype), "test", "", "")],
+                    Options(derive=True))
+    res = TuneResult("p", {"L": 64}, {}, {}, [], [Row(0, {"g0": 2, "g1": 4}, 1e-5, 0, "ok", 1e-5)], 0, 1)
+    spec = k._from_cached({"L": 64}, res, None)
+    assert spec is not None and spec.check.passed
+    k._specs[(("L", 64),)] = spec
+    return k, res
+
+
+def _close(y: np.ndarray, x: np.ndarray, w: np.ndarray, dtype: str) -> None:
+    ref = _program("float32").evaluate({"X": x, "W": w}, dtype=np.float64)["Y"]
+    tol = 2e-2 if dtype == "bfloat16" else 1e-5   # bfloat16: the output's own rounding
+    assert y.shape == ref.shape and np.max(np.abs(y - ref)) <= tol * np.max(np.abs(ref))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_length_no_tuned_grid_divides_is_served_as_a_split_of_checked_kernels(dtype: str) -> None:
+    """Primes above and below the tuned length, several runs of it, runs of its tile: each served by the kernel
+    tuned at 64 on every whole run of 64 rows, then the sGraph with one block along the rows on each run of the
+    tuned tile (16) and on the rows left; numerics against float64 through Kernel.call and the frontend's launcher;
+    explain() says so. Never tuned again."""
+    k, res = _kernel(dtype)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((48, 64)).astype(np.float32)
+    tw = torch.from_numpy(w).to(getattr(torch, dtype))
+    for n, runs in ((67, [64, 3]), (97, [64, 16, 16, 1]), (131, [64, 64, 3]), (30, [16, 14])):
+        spec = k._derived({"L": n}, {"L": 64}, res)
+        assert spec is not None and spec.split is not None and spec.check.passed, n
+        assert [x for x, _ in spec.split] == runs
+        x = rng.standard_normal((1, n, 64)).astype(np.float32)
+        tx = torch.from_numpy(x).to(getattr(torch, dtype))
+        xr, wr = tx.double().numpy(), tw.double().numpy()   # the rounded inputs
+        _close(spec.kernel.call({"X": tx, "W": tw}).double().numpy(), xr, wr, dtype)
+        (y,) = spec.kernel.call_tensors([tx, tw])
+        _close(y.double().numpy(), xr, wr, dtype)
+    assert STATS.tune_split == 4 and STATS.tunings == 0
+    k._specs[(("L", 67),)] = k._derived({"L": 67}, {"L": 64}, res)
+    text = k.explain(L=67)
+    assert "served as calls on ranges of rows" in text and "64 rows (tuned) + 3 rows (g1=1)" in text
+
+
+def test_a_split_whose_composite_is_wrong_fails_its_check_and_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The composite's numeric check can fail: with the tail's output offset lost (it overwrites the first rows),
+    _split returns None and the warning says why; no wrong kernel is served."""
+    real = split_mod.compose
+
+    def broken(names, n_inputs, output_shapes, calls, env):  # type: ignore[no-untyped-def]
+        calls = [(v, {k: o for k, o in off.items() if k != "Y"}) for v, off in calls]
+        return real(names, n_inputs, output_shapes, calls, env)
+    monkeypatch.setattr(split_mod, "compose", broken)
+    k, res = _kernel("float32")
+    assert k._split({"L": 67}, {"L": 64}, res) is None
+    monkeypatch.setattr(split_mod, "compose", real)
+    assert k._split({"L": 67}, {"L": 64}, res) is not None
+
+
+def test_a_program_that_is_not_row_separable_is_never_split() -> None:
+    """Softmax over the rows (each output row depends on every input row): its sGraph with a grid over the rows
+    does not exist, and the program's own sGraph (no grid over the rows) proves nothing: no split."""
+    g = prism.Graph("col_softmax")
+    x = g.input("X", (1, "L", 64))
+    g.output(g.softmax(x, 1), "Y")
+    k = SuperKernel(g, None, [Implementation(0, g, "test", "", "")], Options(derive=True))
+    res = TuneResult("p", {"L": 64}, {}, {}, [], [Row(0, {}, 1e-5, 0, "ok", 1e-5)], 0, 1)
+    assert k._split({"L": 67}, {"L": 64}, res) is None
+
+
+def test_splits_with_the_same_parts_reuse_the_composites_check() -> None:
+    """SPLIT_CHECKS composites with the same parts are checked; the next ones with those parts are not (each part
+    is still a kernel checked at its own length, as a template's values are)."""
+    k, res = _kernel("float32")
+    checks = STATS.final_checks
+    a = k._split({"L": 67}, {"L": 64}, res)
+    b = k._split({"L": 131}, {"L": 64}, res)   # the same two kernels: the tuned one, the sGraph at 3 rows
+    assert a is not None and b is not None
+    assert STATS.final_checks - checks >= api.SPLIT_CHECKS
+    assert len(k._split_checks) >= 1 and all(v <= api.SPLIT_CHECKS for v in k._split_checks.values())
