@@ -102,7 +102,7 @@ NEAR_ESTIMATE = 2.0   # ... or farther, where the model's seconds per flop of th
 #                       this factor of the winner's at its own (a row-wise piece one row per block at a prime length;
 #                       not the MLP one row per block, whose weights it reads per row)
 TEMPLATE_CHECKS = 3   # served shapes of a template checked numerically before its other shapes reuse the checks
-SPLIT_CHECKS = 1      # splits with the same parts checked numerically before the others reuse the check (api._split)
+SPLIT_CHECKS = 1      # splits of a program checked numerically before the others reuse the check (api._split)
 SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
 BUDGET_TOP_K = 2      # candidates tuned when the call's time budget is already spent
 RETUNE_ROUNDS = 2     # further tunings of a shape whose measured candidates all failed the final check
@@ -615,7 +615,7 @@ class SuperKernel:
         and with one block on the rows left: a grid with a remainder block, where a prime length has no other
         grid than one row per block. Only where the winner's sGraph proves the program row-separable along the
         dim that moved (prism/ir/rows.py); every part is a kernel compiled and checked at its own length, and the
-        composite is checked at ``env`` like a template's shapes (its first SPLIT_CHECKS with the same parts).
+        composite is checked at ``env`` the first SPLIT_CHECKS times it passes its parts the same pointers (below).
         None when any of that does not hold.
         Measured need: see prism/runtime/split.py (the fused MLP of llama-1b tuned again at 157 tokens)."""
         from prism.ir.rows import NotRowSeparable, row_axes, row_witness
@@ -682,9 +682,12 @@ class SuperKernel:
             LOG.debug("prism: %r at %s is not split: %s", self.program.name, env, e)
             return None
         kernel = SplitKernel(self.program, env, variant)
-        # the composite's checks: like a template's, its first SPLIT_CHECKS shapes with the same parts (each part
-        # is checked at its own length; what the composite adds is the shim and the offsets)
-        key = tuple(dict.fromkeys(id(v.template) if v.template is not None else id(v) for v, _ in calls))
+        # the composite's checks: each part is a kernel checked at its own length; what the composite adds is the
+        # shim (fixed C) and the pointers it passes each part -- its io in the part's order, advanced by the rows
+        # before it times the bytes per row. Those are the same for every length of the program but for the rows
+        # before each part: the first SPLIT_CHECKS composites with the same io orders and row sizes are checked
+        key = (tuple(dict.fromkeys(tuple(v.gen.input_names) + tuple(v.gen.output_names) for v, _ in calls)),
+               tuple(sorted(row_bytes.items())))
         params = {**D.resolve_params(win.params, env), grid: n}   # the witness instance: one row per block
         from prism.verify.numeric import NumericResult
         if self._split_checks.get(key, 0) >= SPLIT_CHECKS:
