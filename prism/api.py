@@ -333,6 +333,7 @@ class SuperKernel:
         self._twin_specs: dict[int, Specialization] = {}   # id of a twin anchor's tuning -> the twin's spec (_split)
         self._split_checks: dict[tuple, int] = {}   # a split's distinct parts -> its composites checked (_split)
         self._kernels: dict[tuple, Kernel] = {}   # (sGraph, params) -> kernel of every shape (_kernel)
+        self._by_shapes: dict[tuple, Kernel] = {}   # input shapes called before -> their kernel (call)
         self._keys: tuple[str, list[str]] | None = None   # the program's and the sGraphs' keys (_cache_path)
 
     @property
@@ -350,6 +351,16 @@ class SuperKernel:
         return self.call(inputs)
 
     def call(self, inputs: Mapping[str, Any], out: Any = None) -> Any:
+        # shapes seen before go straight to their kernel, which checks every buffer again: binding the dims and
+        # looking up the specialization cost ~6 of the ~15 µs this call took from Python on a kernel of ~2 µs
+        try:
+            key = tuple([inputs[n].shape for n in self.input_names])
+            kernel = self._by_shapes.get(key) if len(inputs) == len(self.input_names) else None
+        except (KeyError, AttributeError, TypeError):
+            kernel = None
+        if kernel is not None:
+            STATS.tune_memory_hits += 1
+            return kernel.call(inputs, out)
         if not isinstance(inputs, Mapping):
             raise InputError(f"call: inputs must be a mapping name -> array, got {type(inputs).__name__}")
         shapes = {}
@@ -358,7 +369,10 @@ class SuperKernel:
                 raise InputError(f"input {k!r}: expected a numpy.ndarray or a torch.Tensor, got {type(v).__name__}")
             shapes[k] = tuple(int(s) for s in v.shape)
         env = self.program.bind(shapes)  # names, ranks, fixed dims: clear errors before anything runs
-        return self.specialize(**env).kernel.call(inputs, out)
+        kernel = self.specialize(**env).kernel
+        result = kernel.call(inputs, out)
+        self._by_shapes[tuple(shapes[n] for n in self.input_names)] = kernel
+        return result
 
     # --- per-shape work --------------------------------------------------------------------------
     def specialize(self, **dims: int) -> Specialization:

@@ -698,3 +698,30 @@ def test_a_symbolic_program_derives_from_its_fixed_shape_twins_tuning() -> None:
     assert (STATS.tunings, STATS.tune_derived) == (1, 1)
     _run_norm(sym, 200)                     # > 2x from 48: its own tuning (a far twin is no anchor)
     assert sym.specialize(n=200).derived_from is None and STATS.tunings == 2
+
+
+def test_a_shape_called_before_skips_binding_and_keeps_every_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SuperKernel.call: input shapes seen before go straight to their kernel (no Graph.bind, no specialize: ~6 of
+    the ~15 µs a small kernel's call cost from Python), and that kernel still checks every buffer: a wrong dtype or
+    a non-contiguous array at the same shape is an InputError naming the fix; a new shape binds again."""
+    from prism.errors import InputError
+    k = prism.superoptimize(_program(), limits=LIMITS)
+    x = _inputs(8)
+    _check(k(**x), x)
+    binds = []
+    real = prism.Graph.bind
+    monkeypatch.setattr(prism.Graph, "bind",
+                        lambda self, shapes: (binds.append(1) if self is k.program else None) or real(self, shapes))
+    x2 = _inputs(8, seed=1)
+    _check(k(**x2), x2)
+    assert binds == []
+    with pytest.raises(InputError, match="dtype"):
+        k(X=x2["X"].astype(np.float64), W=x2["W"])
+    with pytest.raises(InputError, match="contiguous"):
+        k(X=np.asfortranarray(x2["X"]), W=x2["W"])
+    assert binds == []
+    with pytest.raises(InputError, match="missing"):
+        k.call({"X": x2["X"]})
+    x3 = _inputs(6)
+    _check(k(**x3), x3)
+    assert binds
