@@ -130,6 +130,7 @@ class PieceProgram:
     output: Any                      # the FX node whose value the piece produces
     out_slots: tuple[int | None, ...] | None = None  # a tuple-valued node: which slots Prism computes
     transposed_inputs: int = 0       # inputs read through a permute inside the program (hoist False)
+    example: dict[str, int] = field(default_factory=dict)   # the program's symbolic dims at the example inputs
 
 
 class _Dims:
@@ -226,7 +227,13 @@ def _build_piece(cap: Captured, piece: Piece, hoist: bool) -> PieceProgram:
         for a in m.all_input_nodes:
             if a not in members:
                 arg(a)
-    return PieceProgram(g, units, args, specs, shapes, out_unit.node, slots, len(transposed))
+    example = {}
+    for expr, sym in dims.map.items():   # PyTorch's size expression -> the piece's symbol: its example value
+        try:
+            example[next(iter(D.symbols(sym)))] = int(D.evaluate(expr, cap.symbols.hints))
+        except (PrismError, KeyError, TypeError, ValueError, StopIteration):
+            continue
+    return PieceProgram(g, units, args, specs, shapes, out_unit.node, slots, len(transposed), example)
 
 
 def _squeeze_dims(src: tuple, dst: tuple) -> dict[int, int] | None:
@@ -358,7 +365,7 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
             opts.progress("search", done, total, pr.label)
         wide = piece.ops > opts.budget.max_ops and len(piece.members) > 1
         kernel = _superoptimize(prog.graph, opts, pr, last=not prog.transposed_inputs and not wide,
-                                ops=piece.ops)
+                                ops=piece.ops, example=prog.example)
         if kernel is None and prog.transposed_inputs:
             # the search found nothing with the transposes inside the program: search the program whose
             # transposed inputs the runner passes transposed (a copy per call; module state: one cached copy)
@@ -368,7 +375,7 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
             prog = build_piece(cap, piece, hoist=True)
             fallback = _fallback_module(cap, prog)
             pr.inputs, pr.program_key = prog.input_shapes, prog.graph.key
-            kernel = _superoptimize(prog.graph, opts, pr, last=not wide, ops=piece.ops)
+            kernel = _superoptimize(prog.graph, opts, pr, last=not wide, ops=piece.ops, example=prog.example)
         if kernel is None and wide:
             # more operators than a piece with a contraction may have, and no kernel: its operators planned
             # again within that bound, each part searched like any other piece
@@ -646,21 +653,39 @@ def _build(cap: Captured, report: GraphReport, k: int, piece: Piece
 WIDE_SEARCH_S = 20.0
 
 
-def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = True, ops: int = 0) -> Any:
+def search_dims(graph: Graph, example: dict[str, int]) -> dict[str, int] | None:
+    """The values the search ranks a piece's symbolic dims at: each dim's example value (the size Dynamo
+    compiled the graph at) rounded to a power of two, at least api.SEARCH_DIM; None where none is known.
+    Rounded so that the search cache serves other first lengths of the same order. Measured need: ranked at
+    SEARCH_DIM (8) for every dim, the prefill attention's symbolic search kept three sGraphs that materialize
+    the L x L scores (at 8 rows they cost least) and dropped the online-softmax ones it had found: under
+    ``dynamic=True`` a 1024-token prompt of llama-1b bf16 spent 40.8 ms per layer in attention, and its prefill
+    was 0.88x inductor's."""
+    from prism.api import SEARCH_DIM
+    out = {k: max(SEARCH_DIM, 1 << max(0, round(math.log2(v)))) for k, v in example.items()
+           if k in graph.symbols() and v > 0}
+    return out or None
+
+
+def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = True, ops: int = 0,
+                   example: dict[str, int] | None = None) -> Any:
     """The piece's kernel, or None with ``pr`` marked failed (logged as a warning when ``last``, the last
     attempt for this piece). ``ops``: the piece's Prism operators; a piece of more than the search's block
     limit (a wide piece without a contraction, ``Budget.max_ops_no_matmul``) is searched with that limit
-    raised to its size and for at most ``WIDE_SEARCH_S``, unless the caller gave ``limits``."""
+    raised to its size and for at most ``WIDE_SEARCH_S``, unless the caller gave ``limits``. ``example``: the
+    program's symbolic dims at the example inputs (:func:`search_dims`)."""
     from prism.api import NoVerifiedKernelError, superoptimize
     t0 = time.perf_counter()
     limits = opts.search_limits()
+    sdims = search_dims(graph, example or {})
     if opts.limits is None and ops > limits.max_block_ops:
         # at most WIDE_SEARCH_S of it: should the wide piece find nothing, its parts are searched after it
         limits = dataclasses.replace(limits, max_block_ops=ops, time_limit=min(limits.time_limit, WIDE_SEARCH_S))
     try:
         try:
             k = superoptimize(graph, limits=limits, top_k=opts.top_k, tune_budget_s=opts.tune_budget_s,
-                              verbose=opts.verbose, measure_machine=opts.measure_machine, derive=opts.derive)
+                              verbose=opts.verbose, measure_machine=opts.measure_machine, derive=opts.derive,
+                              search_dims=sdims)
         except NoVerifiedKernelError:
             if opts.limits is not None or limits.max_kernel_ops != 1:
                 raise
@@ -668,7 +693,7 @@ def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = Tr
             # means, then their mean): search again with two kernels before leaving it to PyTorch
             k = superoptimize(graph, limits=dataclasses.replace(limits, max_kernel_ops=2), top_k=opts.top_k,
                               tune_budget_s=opts.tune_budget_s, verbose=opts.verbose,
-                              measure_machine=opts.measure_machine, derive=opts.derive)
+                              measure_machine=opts.measure_machine, derive=opts.derive, search_dims=sdims)
     except Exception as e:  # any failure leaves the piece to PyTorch, loudly
         msg = str(e).splitlines()[0] if str(e) else ""
         pr.status, pr.reason = "failed", f"prism.superoptimize raised {type(e).__name__}: {msg}"

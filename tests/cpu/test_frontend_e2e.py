@@ -692,3 +692,24 @@ def test_layout_calls_with_an_augmented_assignment_are_not_shared() -> None:
     x = torch.randn(4)
     a_sum, m_sum = gm(x.clone())       # both views see the update of c's memory
     assert torch.allclose(a_sum, x.sum() + 4.0) and torch.allclose(m_sum, x.sum() + 4.0)
+
+
+def test_a_symbolic_piece_is_searched_ranked_at_its_example_size() -> None:
+    """The search ranks a piece's symbolic dims at the size Dynamo compiled the graph at, rounded to a power of
+    two (at least api.SEARCH_DIM), not at SEARCH_DIM for every dim: ranked at 8 rows the prefill attention's
+    symbolic search kept only sGraphs that materialize the L x L scores (compiler.search_dims)."""
+    from prism import api
+    from prism.frontend.compiler import search_dims
+    g = prism.Graph("p")
+    g.output(g.exp(g.input("X", ("d0", "d1"))), "Y")
+    assert search_dims(g, {"d0": 141, "d1": 3, "d9": 50}) == {"d0": 128, "d1": api.SEARCH_DIM}
+    assert search_dims(g, {"d0": 1500}) == {"d0": 2048} and search_dims(g, {}) is None   # nearest in log scale
+    before = set(map(id, api._KERNEL_MEMO.values()))
+    m = MLP()
+    c = torch.compile(m, backend="prism", options=OPTS)
+    x = _x(100, seed=1)
+    torch._dynamo.mark_dynamic(x, 0)
+    with torch.no_grad():
+        _close(c(x), m(x))
+    envs = [k.search_result.env for k in api._KERNEL_MEMO.values() if k.program.symbols() and id(k) not in before]
+    assert envs and all(e and set(e.values()) == {128} for e in envs), envs
