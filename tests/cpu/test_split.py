@@ -139,3 +139,19 @@ def test_a_programs_splits_reuse_the_first_composites_check(monkeypatch: pytest.
     for n in (67, 131, 97, 30):
         assert k._split({"L": n}, {"L": 64}, res) is not None
     assert api.SPLIT_CHECKS == 1 and seen == [67]
+
+
+def test_the_shape_one_past_a_tuning_is_split_and_the_tail_kernel_built_at_half_a_tile() -> None:
+    """_prebuild after a tuning at 64 (4 row blocks of 16): 65 is served as a split (64 + a one-row tail, a
+    template of its own), and the tail kernel is also built at 9 rows (half a tile and one), the template the
+    other remainders use: 64 + 13 then compiles nothing new."""
+    from prism.runtime import cache
+    k, res = _kernel("float32")
+    k._prebuild({"L": 64}, k._specs[(("L", 64),)])
+    s65 = k._specs[(("L", 65),)]
+    assert s65.split is not None and [x for x, _ in s65.split] == [64, 1] and s65.split_tile == ("L", "g1", 16)
+    (tail,) = [kern for key, kern in k._kernels.items() if dict(key[1]).get("g1") == "1"]
+    assert (("L", 9),) in tail._variants and tail._templates
+    misses = cache.STATS.misses
+    s77 = k._derived({"L": 77}, {"L": 64}, res)
+    assert s77 is not None and s77.split is not None and cache.STATS.misses == misses
