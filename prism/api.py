@@ -417,14 +417,17 @@ class SuperKernel:
             return
         STATS.template_prebuilt += 1
         self._specs[key] = dataclasses.replace(built, derived_from=dict(env))
-        if built.split_tile is not None and built.split_tile[2] > 2:
+        if built.split_tile is not None:
             # a split one past the tuned shape has a tail of one row, a template of its own (a dim of 1 is
-            # dropped): the tail kernel at half a tile builds the template other remainders use. Measured
-            # need: llama-1b bf16 under dynamic=True, the fused MLP's 13-row tail at 141 after 128: 0.86 s
+            # dropped): the tail kernel at 2 rows and at half a tile builds the templates other remainders use
+            # (the code of a short and of a long tail differ: llama-1b's fused MLP below and above 32 rows).
+            # Measured need: llama-1b bf16 under dynamic=True, the MLP's 13-row tail at 141 after 128: 0.86 s
             dim, grid, tile = built.split_tile
             win = spec.tuning.best
-            self._from_cached({**env, dim: tile // 2 + 1}, spec.tuning, {**win.params, grid: 1}, template=True,
-                              row=win)
+            for rows in sorted({2, tile // 2 + 1} - {1, tile}):
+                if rows < tile:
+                    self._from_cached({**env, dim: rows}, spec.tuning, {**win.params, grid: 1}, template=True,
+                                      row=win)
 
     def _cache_path(self, env: Mapping[str, int]) -> tuple[Any, dict[str, Any]]:
         m = self.machine
