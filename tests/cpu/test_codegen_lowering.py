@@ -820,3 +820,26 @@ def test_attention_streams_are_prefetched_by_distance_in_bytes() -> None:
     src = compile_kernel(w.hand_written(s).instantiate({**w.params(s)}), isa="avx512").specialize(b=s["b"]).source
     assert "pr_nt_avx512_4x4_npf(" in src and "pr_nt_avx512_4x4(" not in src
     assert f"const long pfo = {mk.nn_prefetch_rows('sb0 * 4')} * sb0;" in src and "Bk + pfo + 0" in src
+
+
+@pytest.mark.parametrize("n", [4096 * 9, 4096 * 9 + 1, 33 * 1001])
+def test_a_long_element_wise_loop_runs_in_chunks_with_a_short_last_one(n: int) -> None:
+    """A 1-D element-wise loop of at least loops.PAR_MIN elements is parallel over chunks of loops.CHUNK, the last
+    one cut short: lengths that 4096 does not divide are chunked too (one template for every length; before, only
+    a divided length was, and an odd one ran on one thread). Every element against float64, through every ISA path
+    the machine runs, with a different thread count than the chunks (PRISM_NUM_THREADS=3)."""
+    from prism.codegen.loops import CHUNK, PAR_MIN
+    assert n >= PAR_MIN
+    g = prism.Graph("chunks")
+    x = g.input("X", (n,))
+    g.output(g.add(g.exp(x), x), "Y")
+    rng = np.random.default_rng(n)
+    for isa in supported_isas():
+        k = prism.compile(g, isa=isa)
+        assert "pr_minl" in k.source and f"* {CHUNK}" in k.source
+        xv = rng.standard_normal(n).astype(np.float32)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PRISM_NUM_THREADS", "3")
+            y = k(X=xv)
+        ref = np.exp(xv.astype(np.float64)) + xv
+        assert np.all(np.abs(y - ref) <= 1e-6 * np.maximum(1.0, np.abs(ref))), isa
