@@ -638,9 +638,9 @@ class SuperKernel:
 
     def _split(self, env: dict[str, int], anchor: dict[str, int], res: TuneResult) -> Specialization | None:
         """``env`` served as calls on ranges of rows (prism/runtime/split.py): the kernel tuned at ``anchor`` on
-        each whole run of its length, then the winner's sGraph with its tuned tile (fewer blocks along the rows)
-        and with one block on the rows left: a grid with a remainder block, where a prime length has no other
-        grid than one row per block. Only where the winner's sGraph proves the program row-separable along the
+        each whole run of its length, then the winner's sGraph with one block along the rows on each run of its
+        tuned tile and on the rows left: a grid with a remainder block, where a prime length has no other grid
+        than one row per block. Only where the winner's sGraph proves the program row-separable along the
         dim that moved (prism/ir/rows.py); every part is a kernel compiled and checked at its own length, and the
         composite is checked at ``env`` the first SPLIT_CHECKS times it passes its parts the same pointers (below).
         None when any of that does not hold.
