@@ -424,7 +424,7 @@ class SuperKernel:
             # Measured need: llama-1b bf16 under dynamic=True, the MLP's 13-row tail at 141 after 128: 0.86 s
             dim, grid, tile = built.split_tile
             win = spec.tuning.best
-            for rows in sorted({2, tile // 2 + 1} - {1, tile}):
+            for rows in sorted({2, tile // 2 + 1}):
                 if rows < tile:
                     self._from_cached({**env, dim: rows}, spec.tuning, {**win.params, grid: 1}, template=True,
                                       row=win)
@@ -645,7 +645,7 @@ class SuperKernel:
         composite is checked at ``env`` the first SPLIT_CHECKS times it passes its parts the same pointers (below).
         None when any of that does not hold.
         Measured need: see prism/runtime/split.py (the fused MLP of llama-1b tuned again at 157 tokens)."""
-        from prism.ir.rows import NotRowSeparable, row_axes, row_witness
+        from prism.ir.rows import NotRowSeparable, check_one_row, row_grid
         from prism.runtime.split import SplitKernel, compose
         moved = [d for d in env if env[d] != anchor.get(d)]
         win = res.best
@@ -654,7 +654,8 @@ class SuperKernel:
         (dim,), impl = moved, self.implementations[win.sgraph]
         n, a = env[dim], anchor[dim]
         try:
-            grid = row_witness(impl.graph, self.program, dim, win.params, env)
+            rows = row_grid(impl.graph, self.program, dim, win.params)
+            grid, ins, outs = rows.param, rows.inputs, rows.outputs
             tiles = D.resolve_params(win.params, anchor).get(grid)
             if isinstance(win.params.get(grid), D.Follows) or type(tiles) is not int or tiles < 1 or a % tiles:
                 return None
@@ -665,8 +666,7 @@ class SuperKernel:
             runs: list[int | None] = [None] * q + [tile] * (r // tile) + ([r % tile] if r % tile else [])
             if len(runs) < 2:
                 return None
-            row_witness(impl.graph, self.program, dim, win.params, env, [n, a] + [x for x in runs if x])
-            ins, outs = row_axes(self.program, dim)
+            check_one_row(impl.graph, dim, rows, win.params, env, [n, a] + [x for x in runs if x])
         except NotRowSeparable as e:
             LOG.debug("prism: %r at %s is not split: %s", self.program.name, env, e)
             return None

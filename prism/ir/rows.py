@@ -20,6 +20,7 @@ grid divides as calls at lengths that are divided (prism/runtime/split.py).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from prism.errors import PrismError
 from prism.ir import dims as D
@@ -50,12 +51,19 @@ def row_axes(program: Graph, dim: str) -> tuple[dict[str, int | None], dict[str,
     return ins, outs
 
 
-def row_witness(sgraph: Graph, program: Graph, dim: str, params: Mapping[str, object], env: Mapping[str, int],
-                values: Iterable[int] = ()) -> str:
-    """The parameter of ``sgraph``'s grid dim over the rows when ``sgraph`` (a verified sGraph of ``program``,
-    with the other ``params`` of its instance) proves ``program`` row-separable along ``dim`` at every value in
-    ``values`` and at 1 (the other dims as in ``env``; see the module docstring). Raises :class:`NotRowSeparable`
-    saying why not: any structure it does not recognize is a reason, never a guess."""
+class RowGrid(NamedTuple):
+    """An sGraph's grid dim over the rows: its parameter and index, and the program's row axes (:func:`row_axes`)."""
+
+    param: str
+    index: int
+    inputs: dict[str, int | None]
+    outputs: dict[str, int]
+
+
+def row_grid(sgraph: Graph, program: Graph, dim: str, params: Mapping[str, object]) -> RowGrid:
+    """The structure half of :func:`row_witness`: ``sgraph`` is one graph-defined kernel on ``program``'s inputs
+    whose grid dim of free size splits the ``dim`` axis of every operand and output that has one (its map symbols
+    as in ``params``). Raises :class:`NotRowSeparable` saying why not."""
     ins, outs = row_axes(program, dim)
     nodes = sgraph.nodes
     custom = [n for n in nodes if n.op == "customized"]
@@ -79,31 +87,48 @@ def row_witness(sgraph: Graph, program: Graph, dim: str, params: Mapping[str, ob
     except PrismError as e:
         raise NotRowSeparable(f"its maps do not instantiate: {e}") from None
     iters = [n for n in bg.nodes if n.op == "iter"]
-    grid, gi = None, -1
     for i, g in enumerate(bg.grid):
         names_g = D.symbols(g)
         if len(names_g) != 1 or not D.structurally_equal(g, D.sym(next(iter(names_g)))):
             continue
         if all(n.arg[1][i] == src_axes[n.arg[0]] for n in iters) and all(
                 s.arg[1][i] == out_axes.get(s.arg[0]) for s in bg.outputs):
-            grid, gi = next(iter(names_g)), i
+            grid = next(iter(names_g))
+            if grid != dim and grid in params:
+                return RowGrid(grid, i, ins, outs)
             break
-    if grid is None or grid == dim or grid not in params:
-        raise NotRowSeparable(f"no grid dim of the kernel splits the {dim} axis of every operand and output that "
-                              "has one")
+    raise NotRowSeparable(f"no grid dim of the kernel splits the {dim} axis of every operand and output that has one")
+
+
+def check_one_row(sgraph: Graph, dim: str, rows: RowGrid, params: Mapping[str, object], env: Mapping[str, int],
+                  values: Iterable[int] = ()) -> None:
+    """The instance half of :func:`row_witness`: one row per block (``rows.param`` = ``dim``) is a valid instance of
+    ``sgraph`` at 1 and at every value in ``values`` (the other dims as in ``env``), with one block program.
+    Raises :class:`NotRowSeparable` saying why not."""
     body = None
     for x in [1, *sorted(set(values))]:
         at = {**env, dim: x}
         try:
-            inst = sgraph.instantiate({**at, **D.resolve_params({k: v for k, v in params.items() if k != grid}, at),
-                                       grid: x})
+            inst = sgraph.instantiate({**at, **D.resolve_params({k: v for k, v in params.items() if k != rows.param},
+                                                                at), rows.param: x})
         except PrismError as e:
             raise NotRowSeparable(f"one row per block is not a valid instance at {dim}={x}: {e}") from None
         (ci,) = [n for n in inst.nodes if n.op == "customized"]
         b = ci.arg[0]
-        outs_x = (b.forloop, tuple(g for k, g in enumerate(b.grid) if k != gi), b.outputs)
+        outs_x = (b.forloop, tuple(g for k, g in enumerate(b.grid) if k != rows.index), b.outputs)
         if body is None:
             body = outs_x
         elif outs_x != body:
             raise NotRowSeparable(f"the block program at one row per block differs between {dim}=1 and {dim}={x}")
-    return grid
+
+
+def row_witness(sgraph: Graph, program: Graph, dim: str, params: Mapping[str, object], env: Mapping[str, int],
+                values: Iterable[int] = ()) -> str:
+    """The parameter of ``sgraph``'s grid dim over the rows when ``sgraph`` (a verified sGraph of ``program``,
+    with the other ``params`` of its instance) proves ``program`` row-separable along ``dim`` at every value in
+    ``values`` and at 1 (the other dims as in ``env``; see the module docstring): :func:`row_grid`, then
+    :func:`check_one_row`. Raises :class:`NotRowSeparable` saying why not: any structure it does not recognize is a
+    reason, never a guess."""
+    rows = row_grid(sgraph, program, dim, params)
+    check_one_row(sgraph, dim, rows, params, env, values)
+    return rows.param

@@ -2,8 +2,8 @@
 
 A row-separable program (prism/ir/rows.py) at a length ``n`` that no tuned grid divides -- a prime prompt
 length -- is computed as calls of kernels at lengths that are divided: the tuned kernel on each of the first
-``q`` runs of its own length, then a kernel of the same sGraph on the rows left (with fewer blocks along the
-rows: the tuned tile, then one block for the last rows). Each call gets its operands' and outputs' pointers
+``q`` runs of its own length, then the same sGraph with one block along the rows on each run of the tuned tile
+and on the rows left. Each call gets its operands' and outputs' pointers
 advanced to its first row; inputs without the row axis are passed whole. That is a grid with a remainder
 block, made from kernels that are each compiled and checked at their own size.
 
@@ -86,7 +86,7 @@ def compose(names: Sequence[str], n_inputs: int, output_shapes: Sequence[tuple[i
     words: list[int] = [len(calls)]
     for v, offsets in calls:
         own = tuple(v.gen.input_names) + tuple(v.gen.output_names)
-        if sorted(own) != sorted(names) or len(own) != len(names):
+        if sorted(own) != sorted(names):
             raise PrismError(f"a split part has io {own}, the split {names}")
         if len(v.words) > MAX_WORDS:
             raise PrismError(f"a split part passes {len(v.words)} words; at most {MAX_WORDS}")
