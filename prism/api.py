@@ -72,8 +72,9 @@ class Specialization:
     derived_from: dict[str, int] | None = None   # the tuned shape whose winner this is (Options.derive)
     check_cached: str | None = None   # the recorded check this very kernel (same C, flags, compiler) passed at
     #                                   this shape when the shape was tuned (the tuning entry): not repeated on load
-    cached_from: str = "tuning"       # where that record is: "tuning" (the tuning entry) or "template" (the
-    #                                   compiled template's check record, api._record_check)
+    cached_from: str = "tuning"       # where that record is: "tuning" (the tuning entry), "template" (the
+    #                                   compiled template's check record, api._record_check) or "record" (a derived
+    #                                   kernel's own check record, api._record)
     split: tuple[tuple[int, str], ...] | None = None   # served as calls on ranges of rows: (rows, kernel) each
     split_tile: tuple[str, str, int] | None = None      # ... the dim, the grid parameter over it and the tuned tile
 
@@ -107,6 +108,11 @@ SPLIT_CHECKS = 1      # splits of a program checked numerically before the other
 SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
 BUDGET_TOP_K = 2      # candidates tuned when the call's time budget is already spent
 RETUNE_ROUNDS = 2     # further tunings of a shape whose measured candidates all failed the final check
+
+
+def _plain_ints(inst: Mapping[str, Any]) -> dict[str, int]:
+    """A checked instantiation as its check record holds it: the integer values."""
+    return {k: int(v) for k, v in inst.items() if isinstance(v, int)}
 
 
 def _log_slow(what: str, seconds: float, parts: Mapping[str, float], limit: float | None) -> None:
@@ -390,10 +396,16 @@ class SuperKernel:
             if spec is not None:
                 STATS.tune_memory_hits += 1
                 return spec
-            spec = self._build(dict(dims))
-            self._specs[key] = spec
-            if spec.derived_from is None and dims:
-                self._prebuild(dict(dims), spec)
+            from prism.verify.numeric import shared_draws
+            # a new shape's checks (a split's parts and composite, templates at several rows, the prebuilt next
+            # shape) all read the program's fixed-shape inputs, its weights: drawn and converted once here.
+            # Measured need: llama-1b bf16, a new process's first prefill spent 0.64 s of its 1.16 s of checks
+            # drawing the same weights again
+            with shared_draws():
+                spec = self._build(dict(dims))
+                self._specs[key] = spec
+                if spec.derived_from is None and dims:
+                    self._prebuild(dict(dims), spec)
             return spec
 
     def _prebuild(self, env: dict[str, int], spec: Specialization) -> None:
@@ -717,8 +729,15 @@ class SuperKernel:
                tuple(sorted(row_bytes.items())))
         params = {**D.resolve_params(win.params, env), grid: n}   # the witness instance: one row per block
         from prism.verify.numeric import NumericResult
+        # a composite checked by an earlier process is recorded under its C (the shim and, by their content-named
+        # libraries, its parts at this length with their offsets), as a template's checks are
+        record, inst = cache.cache_key(variant.gen.source), {**env, **params}
         if self._split_checks.get(key, 0) >= SPLIT_CHECKS:
-            check = NumericResult(True, (), ({**env, **params},), 0.0)
+            check = NumericResult(True, (), (inst,), 0.0)
+        elif _plain_ints(inst) in self._recorded(record):
+            check = NumericResult(True, (), (inst,), 0.0)
+            STATS.checks_cached += 1
+            self._split_checks[key] = self._split_checks.get(key, 0) + 1
         else:
             check = self._check(impl, env, params, kernel, kinds=("normal",))
             if not check.passed:
@@ -726,6 +745,7 @@ class SuperKernel:
                             env, str(check).splitlines()[-1])
                 return None
             self._split_checks[key] = self._split_checks.get(key, 0) + 1
+            self._record(record, inst)
         STATS.tune_split += 1
         return Specialization(env, impl, params, kernel, res, check, True, split=tuple(parts),
                               split_tile=(dim, grid, tile))
@@ -975,6 +995,14 @@ class SuperKernel:
                 STATS.checks_cached += 1
                 return Specialization(env, impl, params, kernel, cached, NumericResult(True, (), (inst,), 0.0), True,
                                       check_cached="numeric check passed", cached_from="template")
+        plain = None   # a kernel that is no template: its check is recorded under its own kernel-cache key
+        if t is None:
+            plain, inst = cache.cache_key(kernel.source_at(env)), {**env, **params}
+            if _plain_ints(inst) in self._recorded(plain):
+                from prism.verify.numeric import NumericResult
+                STATS.checks_cached += 1
+                return Specialization(env, impl, params, kernel, cached, NumericResult(True, (), (inst,), 0.0), True,
+                                      check_cached="numeric check passed", cached_from="record")
         if t is not None and len(t.checks) < TEMPLATE_CHECKS and not self._checked_below(t, impl, kparams, kernel, env):
             return None
         if t is not None and len(t.checks) >= TEMPLATE_CHECKS:
@@ -998,6 +1026,8 @@ class SuperKernel:
         if t is not None:
             t.checks.append(check)
             self._record_check(t, {**env, **params})
+        elif plain is not None:
+            self._record(plain, {**env, **params})
         return Specialization(env, impl, params, kernel, cached, check, True)
 
     def _checked_below(self, t: Any, impl: Implementation, kparams: Mapping[str, Any], kernel: Kernel,
@@ -1074,18 +1104,28 @@ class SuperKernel:
         return data if isinstance(data, dict) else {}
 
     def _record_check(self, t: Any, inst: dict[str, Any]) -> None:
-        if t.record_key is None:   # _recorded_checks, called before any check of t, names the record
-            return
-        path = self._checks_path(t.record_key)
+        if t.record_key is not None:   # _recorded_checks, called before any check of t, names the record
+            self._record(t.record_key, inst)
+
+    def _recorded(self, record_key: str) -> list[dict[str, Any]]:
+        """The shapes of this program recorded as checked under ``record_key`` (a kernel's cache key)."""
+        envs = self._read_checks(self._checks_path(record_key)).get(self._graph_keys()[0])
+        return [e for e in envs if isinstance(e, dict)] if isinstance(envs, list) else []
+
+    def _record(self, record_key: str, inst: dict[str, Any]) -> None:
+        """Record that the kernel of ``record_key`` passed its numeric check at ``inst`` for this program."""
+        path = self._checks_path(record_key)
         data, key = self._read_checks(path), self._graph_keys()[0]
         envs = data[key] = data[key] if isinstance(data.get(key), list) else []
-        if inst not in envs:
-            envs.append({k: int(v) for k, v in inst.items() if isinstance(v, int)})
+        inst = _plain_ints(inst)
+        if inst in envs:
+            return
+        envs.append(inst)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             cache.atomic_write(path, json.dumps(data, sort_keys=True).encode())
         except (OSError, PrismError) as e:  # a record saves time later; never fail the call for it
-            LOG.debug("prism: template check record not written: %s", e)
+            LOG.debug("prism: check record not written: %s", e)
 
     def _kernel(self, impl: Implementation, params: Mapping[str, Any]) -> Kernel:
         """The kernel of ``impl`` with ``params`` for every shape (one per pair, kept): a new shape is compiled
@@ -1184,8 +1224,9 @@ def _check_record(s: Specialization) -> dict[str, str]:
 
 def _check_line(s: Specialization) -> str:
     """The explain() line of a shape's final check: its own, or its template's (runtime/kernel.py)."""
-    if s.check_cached is not None and s.cached_from == "template":
-        return (f"compiled check at this shape: {s.check_cached} -- recorded when this very template (same C, "
+    if s.check_cached is not None and s.cached_from in ("template", "record"):
+        what = "template" if s.cached_from == "template" else "kernel"
+        return (f"compiled check at this shape: {s.check_cached} -- recorded when this very {what} (same C, "
                 "compiler, flags, machine) was checked at this shape, by this process or an earlier one")
     if s.check_cached is not None:
         return (f"compiled check at this shape: {s.check_cached} -- recorded when this very kernel (same C, "

@@ -155,3 +155,36 @@ def test_the_shape_one_past_a_tuning_is_split_and_the_tail_kernel_built_at_half_
     misses = cache.STATS.misses
     s77 = k._derived({"L": 77}, {"L": 64}, res)
     assert s77 is not None and s77.split is not None and cache.STATS.misses == misses
+
+
+def test_a_later_process_takes_the_composite_and_plain_tail_checks_from_their_records(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A split's composite check and the check of a plain (not template) part -- the one-row tail, a dim of 1 -- are
+    recorded under their kernels' C (kernel-cache keys): a new kernel object of the same program (a new process)
+    serves the same length with no check of its own, and explain() says where the check is recorded. The record
+    counts as the program's composite check (SPLIT_CHECKS): another length's composite is not checked either, its
+    new tail part is."""
+    from prism.runtime.split import SplitKernel
+    k, res = _kernel("float32")
+    first = k._split({"L": 65}, {"L": 64}, res)   # 64 + a one-row tail
+    assert first is not None and [x for x, _ in first.split] == [64, 1]
+    clear_memory_caches()
+    k2, res2 = _kernel("float32")
+    seen: list[tuple[str, int]] = []
+    real = k2._check
+
+    def check(impl, env, params, kernel, tuned=None, kinds=None):  # type: ignore[no-untyped-def]
+        seen.append(("composite" if isinstance(kernel, SplitKernel) else "part", env["L"]))
+        return real(impl, env, params, kernel, tuned, kinds)
+    monkeypatch.setattr(k2, "_check", check)
+    cached = STATS.checks_cached
+    again = k2._split({"L": 65}, {"L": 64}, res2)
+    assert again is not None and seen == [] and STATS.checks_cached == cached + 2
+    assert again.check.passed and again.kernel.specialize(L=65).gen.source == first.kernel.specialize(L=65).gen.source
+    tail = k2._from_cached({"L": 1}, res2, {"g0": 2, "g1": 1}, template=True)
+    assert tail is not None and tail.cached_from == "record" and "by this process or an earlier one" in \
+        api._check_line(tail)
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((1, 65, 64)).astype(np.float32), rng.standard_normal((48, 64)).astype(np.float32)
+    _close(np.asarray(again.kernel.call({"X": x, "W": w})), x, w, "float32")
+    assert k2._split({"L": 66}, {"L": 64}, res2) is not None and seen == [("part", 2)]

@@ -146,6 +146,10 @@ def test_shared_draws_draw_an_unchanged_input_once_across_checks(monkeypatch: py
         return real(x, dtype, out)  # type: ignore[arg-type]
     monkeypatch.setattr(NU, "to_dtype", counting)
     with NU.shared_draws():
+        outer = NU._shared()
+        with NU.shared_draws():   # nested (a template's checks inside a new shape's derivation): the same scope
+            assert NU._shared() is outer
+        assert NU._shared() is outer
         r1 = numeric_check(g, g, instantiations=[{"n": 5}], runners=[compiled_runner(
             lambda gg, p: prism.compile(gg))], kinds=("normal",))
         first = list(converted)
@@ -157,7 +161,22 @@ def test_shared_draws_draw_an_unchanged_input_once_across_checks(monkeypatch: py
     assert c["B"] is d["B"] and c["A"].shape == (5, 64) and d["A"].shape == (9, 64)
     later = converted[len(first):]
     assert (64, 48) in first and (64, 48) not in later and (9, 64) in later   # B converted by the first check only
-    assert not NU._SHARED
+    assert NU._shared() is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_draws_are_standard_normal_exact_in_the_input_dtype_and_seeded(dtype: str) -> None:
+    """A float input's draw is standard normal, each value exactly its input's dtype (the float64 reference sees
+    what the kernel is given), the same for the same seed and shapes and different for another seed."""
+    from prism.ir.dtypes import SUPPORTED, round_to
+    g = prism.Graph("draw")
+    g.output(g.exp(g.input("X", (1000, 1100), dtype)), "Y")
+    a = standard_normal_inputs(g, {}, seed=0)["X"]
+    assert a.dtype == np.float64 and a.shape == (1000, 1100)
+    assert np.array_equal(a, round_to(a, SUPPORTED[dtype])) and np.array_equal(a, a.astype(np.float32))
+    assert abs(a.mean()) < 0.01 and abs(a.std() - 1) < 0.01 and np.abs(a).max() > 4
+    assert np.array_equal(a, standard_normal_inputs(g, {}, seed=0)["X"])
+    assert not np.array_equal(a, standard_normal_inputs(g, {}, seed=1)["X"])
 
 
 def test_numeric_check_starts_from_given_draws_and_converts_shared_inputs_once() -> None:
