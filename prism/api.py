@@ -22,7 +22,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,9 +105,37 @@ NEAR_ESTIMATE = 2.0   # ... or farther, where the model's seconds per flop of th
 #                       not the MLP one row per block, whose weights it reads per row)
 TEMPLATE_CHECKS = 3   # served shapes of a template checked numerically before its other shapes reuse the checks
 SPLIT_CHECKS = 1      # splits of a program checked numerically before the others reuse the check (api._split)
+SPLIT_FIRST_RUNS = 3  # a split of at most this many calls comes before a derived kernel with no compiled code yet
 SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
 BUDGET_TOP_K = 2      # candidates tuned when the call's time budget is already spent
 RETUNE_ROUNDS = 2     # further tunings of a shape whose measured candidates all failed the final check
+
+
+def _tail_runs(r: int, covered: Callable[[int], bool], most: int = 3) -> list[int] | None:
+    """``r`` rows as at most ``most`` runs, largest first, of lengths ``covered`` says a split's tail kernel has
+    compiled code for (a variant, or a template whose guards hold: api.SuperKernel._covers); [] for no rows, None
+    when there is no such cut. Measured need: llama-1b bf16 under dynamic=True after 128, the prompt 200 (128 + a
+    whole tile of 64 + 8) compiled and checked two new templates of the tail kernel per split piece (4.2 s), where
+    the templates the pre-build checked (2 rows; 33, whose region holds 32-63) cut 72 rows as 36 + 36."""
+    if r == 0:
+        return []
+    if covered(r):
+        return [r]
+    cov = [x for x in range(r - 1, 0, -1) if covered(x)]
+    have = set(cov)
+
+    def cut(rest: int, parts: int, top: int) -> list[int] | None:
+        if rest in have and rest <= top:
+            return [rest]
+        if parts == 1:
+            return None
+        for x in cov:
+            if x <= top and x < rest:
+                more = cut(rest - x, parts - 1, x)
+                if more is not None:
+                    return [x, *more]
+        return None
+    return next((c for k in range(2, most + 1) if (c := cut(r, k, r)) is not None), None)   # fewest runs
 
 
 def _plain_ints(inst: Mapping[str, Any]) -> dict[str, int]:
@@ -434,12 +462,22 @@ class SuperKernel:
             # dropped): the tail kernel at 2 rows and at half a tile builds the templates other remainders use
             # (the code of a short and of a long tail differ: llama-1b's fused MLP below and above 32 rows).
             # Measured need: llama-1b bf16 under dynamic=True, the MLP's 13-row tail at 141 after 128: 0.86 s
+            # These tail templates are also checked at all their TEMPLATE_CHECKS values (below a tile) now: the
+            # checks read the weights this specialization has drawn already (specialize's shared draws), where a
+            # new length drew them again for its first check of the template (llama-1b bf16, dynamic=True: 0.33 s
+            # of the fused MLP's 0.39 s check at 141 after 128). A whole tile's run (a length past the tuned one by
+            # a tile or more) is left to its first length: checking it here cost every start-up 0.4 s and a gcc run.
             dim, grid, tile = built.split_tile
             win = spec.tuning.best
+            params = {**win.params, grid: 1}
             for rows in sorted({2, tile // 2 + 1}):
-                if rows < tile:
-                    self._from_cached({**env, dim: rows}, spec.tuning, {**win.params, grid: 1}, template=True,
-                                      row=win)
+                if rows >= tile:
+                    continue
+                part = self._from_cached({**env, dim: rows}, spec.tuning, params, template=True, row=win)
+                t = part.kernel.specialize(**part.env).template if part is not None else None
+                if t is not None and len(t.checks) < TEMPLATE_CHECKS:
+                    self._checked_below(t, part.implementation, params, part.kernel, {**env, dim: tile},
+                                        always=True)
 
     def _cache_path(self, env: Mapping[str, int]) -> tuple[Any, dict[str, Any]]:
         m = self.machine
@@ -607,7 +645,8 @@ class SuperKernel:
         DERIVE_SLACK of the winner, with its own params (following, then as they are; valid at ``env``: e.g.
         a grid over the weight's columns where the winner's split the rows into 3 and the new length is
         prime); (4) a split (:meth:`_split`: the tuned kernel on the runs of rows it divides, the winner's sGraph
-        with one block along the rows on the rows left); (5) the winner's sGraph with the valid sizes nearest to
+        with one block along the rows on the rows left) -- tried first when none of (1)-(3) has compiled code for
+        ``env`` (:meth:`_covers`); (5) the winner's sGraph with the valid sizes nearest to
         its own, if each is within NEAR of it or the model's cost per flop there is within NEAR_ESTIMATE (a size
         equal to the new dim following it); (6) the other measured candidates, fastest first.
         Measured need: at a prime prompt length only 1 and the length divide it,
@@ -620,13 +659,23 @@ class SuperKernel:
         for row in [win] + [r for r in ok if r is not win and r.measured_s <= win.measured_s * DERIVE_SLACK]:
             follow = _following(row.params, anchor, env)
             tries += [(row, follow), (row, None)] if follow is not None else [(row, None)]
+        # where none of those has compiled code for env yet (each a new template: a gcc run and its checks at
+        # values of its region), a split comes first: its parts are the tuned kernel and the tail templates the
+        # pre-build compiled and checked. Measured need: llama-1b bf16 under dynamic=True, prompt 190 after 128
+        # and 141 (tuned grids of 2 row blocks fit 190): 44 pieces derived, 30 checks, new templates, +7.1 s
+        # -- where it is at most SPLIT_FIRST_RUNS calls (each reads the weights once: a 1024-token prompt after 128
+        # as 8 runs of the tuned kernel streams the fused MLP's weights 8 times)
+        fresh = not any(self._covers(row, params, env) for row, params in tries)
+        split_first = self._split(env, anchor, res, most_runs=SPLIT_FIRST_RUNS) if fresh else None
+        if split_first is not None:
+            return split_first
         for row, params in tries:
             spec = self._from_cached(env, res, params, template=True, row=row)
             if spec is not None:
                 return spec
         # the winner's own grid on the rows it divides and a remainder: the same two kernels serve every length,
         # where the nearest sizes are a template per divisor class of the lengths (or one row per block)
-        spec = self._split(env, anchor, res)
+        spec = self._split(env, anchor, res)   # (again where the first try was over SPLIT_FIRST_RUNS)
         if spec is not None:
             return spec
         found = self._nearest_params(env, win, anchor)
@@ -648,14 +697,15 @@ class SuperKernel:
                     return spec
         return None
 
-    def _split(self, env: dict[str, int], anchor: dict[str, int], res: TuneResult) -> Specialization | None:
+    def _split(self, env: dict[str, int], anchor: dict[str, int], res: TuneResult,
+               most_runs: int | None = None) -> Specialization | None:
         """``env`` served as calls on ranges of rows (prism/runtime/split.py): the kernel tuned at ``anchor`` on
         each whole run of its length, then the winner's sGraph with one block along the rows on each run of its
         tuned tile and on the rows left: a grid with a remainder block, where a prime length has no other grid
         than one row per block. Only where the winner's sGraph proves the program row-separable along the
         dim that moved (prism/ir/rows.py); every part is a kernel compiled and checked at its own length, and the
         composite is checked at ``env`` the first SPLIT_CHECKS times it passes its parts the same pointers (below).
-        None when any of that does not hold.
+        None when any of that does not hold, or (``most_runs``) when it would take more calls than that.
         Measured need: see prism/runtime/split.py (the fused MLP of llama-1b tuned again at 157 tokens)."""
         from prism.ir.rows import NotRowSeparable, check_one_row, row_grid
         from prism.runtime.split import SplitKernel, compose
@@ -674,9 +724,15 @@ class SuperKernel:
             tile = a // tiles
             q, r = divmod(n, a)
             # the rows left: blocks of the tuned tile, then one block of the last rows -- one kernel (one block
-            # along the rows) at two lengths, whatever the length
-            runs: list[int | None] = [None] * q + [tile] * (r // tile) + ([r % tile] if r % tile else [])
-            if len(runs) < 2:
+            # along the rows) at two lengths -- or that kernel on runs of lengths it has compiled code for
+            # (_tail_runs), where that is at most one run more (each run reads the weights once more)
+            rest = [tile] * (r // tile) + ([r % tile] if r % tile else [])
+            tail = {**win.params, grid: 1}
+            cut = _tail_runs(r, lambda x: self._covers(win, tail, {**env, dim: x}))
+            if cut is not None and q + len(cut) >= 2 and len(cut) <= len(rest) + 1:
+                rest = cut
+            runs: list[int | None] = [None] * q + rest
+            if len(runs) < 2 or (most_runs is not None and len(runs) > most_runs):
                 return None
             check_one_row(impl.graph, dim, rows, win.params, env, [n, a] + [x for x in runs if x])
         except NotRowSeparable as e:
@@ -1031,13 +1087,14 @@ class SuperKernel:
         return Specialization(env, impl, params, kernel, cached, check, True)
 
     def _checked_below(self, t: Any, impl: Implementation, kparams: Mapping[str, Any], kernel: Kernel,
-                       env: Mapping[str, int]) -> bool:
+                       env: Mapping[str, int], always: bool = False) -> bool:
         """Run template ``t``'s missing checks at cheap values of its region below the served ``env``
         (``template.check_points``: the region's smallest value, then from a quarter and a half of ``env``) rather
         than at this and the next served shapes, where that costs less: a check's float64 reference grows with the
         dim, and the first check runs every input kind. The first with every kind, the others the normal draw.
         False when one fails (the template is not used); True otherwise, also when no value is cheaper (the
-        served shapes are checked instead). Measured need: llama-1b bf16, a 1000-token prompt after 600: 16.5 s,
+        served shapes are checked instead). ``always``: at the values below ``env`` whatever they cost (_prebuild).
+        Measured need: llama-1b bf16, a 1000-token prompt after 600: 16.5 s,
         11.3 s of it in the 13 pieces' checks at 1000 rows (8.4 s in float64 reference runs)."""
         from prism.codegen.template import check_points
         from prism.verify.numeric import KINDS
@@ -1050,7 +1107,8 @@ class SuperKernel:
         # the check's cost grows with the dim's value: these points against this shape's check and the next ones'
         (d,) = dims
         first = len(KINDS) if not t.checks else 1
-        if sum(p[d] * (first if i == 0 else 1) for i, p in enumerate(points)) >= dims[d] * (first + need - 1):
+        if not always and sum(p[d] * (first if i == 0 else 1) for i, p in enumerate(points)) >= dims[d] * (
+                first + need - 1):
             return True
         from prism.verify.numeric import shared_draws
         with shared_draws():   # the checks change the rows, not the weights: drawn and converted once
@@ -1126,6 +1184,12 @@ class SuperKernel:
             cache.atomic_write(path, json.dumps(data, sort_keys=True).encode())
         except (OSError, PrismError) as e:  # a record saves time later; never fail the call for it
             LOG.debug("prism: check record not written: %s", e)
+
+    def _covers(self, row: Row, params: Mapping[str, Any] | None, env: Mapping[str, int]) -> bool:
+        """Whether ``row`` of a tuning (``params`` instead of its own where given) has compiled code for ``env``."""
+        kparams = dict(row.params if params is None else params)
+        k = getattr(self, "_kernels", {}).get((row.sgraph, tuple(sorted((k, repr(v)) for k, v in kparams.items()))))
+        return k is not None and k.covers(**env)
 
     def _kernel(self, impl: Implementation, params: Mapping[str, Any]) -> Kernel:
         """The kernel of ``impl`` with ``params`` for every shape (one per pair, kept): a new shape is compiled

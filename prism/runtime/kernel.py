@@ -304,6 +304,19 @@ class Kernel:
         self._variants[key] = v
         return v
 
+    def covers(self, **dims: int) -> bool:
+        """Whether a call at ``dims`` runs compiled code already: a variant of these values, or a compiled template
+        whose guards hold there (no trace, no compile)."""
+        if tuple(sorted(dims.items())) in self._variants:
+            return True
+        if not self.templates or not self._templates:
+            return False
+        try:
+            params = self.params(dict(dims)) if callable(self.params) else dict(self.params or {})
+        except PrismError:
+            return False
+        return any(tparams == params and t.holds(dims) for t, tparams, *_ in self._templates)
+
     def _from_template(self, dims: dict[str, int], params: dict[str, object]) -> Variant | None:
         """The variant at ``dims`` from a compiled template whose guards hold there (tracing, validating and
         compiling one when none does); None when the graph's code cannot be a template here (then it is

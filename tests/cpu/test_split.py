@@ -155,6 +155,15 @@ def test_the_shape_one_past_a_tuning_is_split_and_the_tail_kernel_built_at_half_
     misses = cache.STATS.misses
     s77 = k._derived({"L": 77}, {"L": 64}, res)
     assert s77 is not None and s77.split is not None and cache.STATS.misses == misses
+    # a remainder outside the built regions is cut into runs of lengths the tail kernel has code for: no compile
+    covered = [r for r in range(1, 64) if tail.covers(L=r)]
+    r = next(r for r in range(2, 64) if r not in covered and any(r - x in covered for x in covered))
+    s = k._derived({"L": 64 + r}, {"L": 64}, res)
+    assert s is not None and s.split is not None and cache.STATS.misses == misses
+    assert len(s.split) == 3 and s.split[0] == (64, "tuned") and all(x in covered for x, _ in s.split[1:])
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((1, 64 + r, 64)).astype(np.float32), rng.standard_normal((48, 64)).astype(np.float32)
+    _close(np.asarray(s.kernel.call({"X": x, "W": w})), x, w, "float32")
 
 
 def test_a_later_process_takes_the_composite_and_plain_tail_checks_from_their_records(
@@ -162,8 +171,7 @@ def test_a_later_process_takes_the_composite_and_plain_tail_checks_from_their_re
     """A split's composite check and the check of a plain (not template) part -- the one-row tail, a dim of 1 -- are
     recorded under their kernels' C (kernel-cache keys): a new kernel object of the same program (a new process)
     serves the same length with no check of its own, and explain() says where the check is recorded. The record
-    counts as the program's composite check (SPLIT_CHECKS): another length's composite is not checked either, its
-    new tail part is."""
+    counts as the program's composite check (SPLIT_CHECKS): another length's composite is not checked either."""
     from prism.runtime.split import SplitKernel
     k, res = _kernel("float32")
     first = k._split({"L": 65}, {"L": 64}, res)   # 64 + a one-row tail
@@ -187,4 +195,5 @@ def test_a_later_process_takes_the_composite_and_plain_tail_checks_from_their_re
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((1, 65, 64)).astype(np.float32), rng.standard_normal((48, 64)).astype(np.float32)
     _close(np.asarray(again.kernel.call({"X": x, "W": w})), x, w, "float32")
-    assert k2._split({"L": 66}, {"L": 64}, res2) is not None and seen == [("part", 2)]
+    s66 = k2._split({"L": 66}, {"L": 64}, res2)
+    assert s66 is not None and s66.split is not None and not any(c == "composite" for c, _ in seen)

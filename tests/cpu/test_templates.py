@@ -238,3 +238,22 @@ def test_a_grid_that_follows_a_dim_is_one_template_for_every_value() -> None:
     assert len(used) == 1
     with pytest.raises(prism.PrismError, match="follow dims the graph does not have"):
         prism.compile(g, {"g0": Follows("n")})
+
+
+def test_covers_says_whether_a_value_runs_compiled_code_without_compiling() -> None:
+    """Kernel.covers: True at a value compiled before or inside a compiled template's guard region, False where a
+    call would trace and compile a new template (api.SuperKernel._derived then prefers a split); asking compiles
+    nothing."""
+    g = decode_attention()
+    k = prism.compile(g, {"g": 2, "F": 1}, templates=True)
+    assert not k.covers(n=101)
+    k.specialize(n=101)
+    misses = cache.STATS.misses
+    inside = [n for n in range(2, 300) if k._templates[0][0].holds({"n": n})]
+    outside = [n for n in range(2, 300) if not any(t.holds({"n": n}) for t, *_ in k._templates)]
+    assert 101 in inside and outside
+    assert k.covers(n=101) and all(k.covers(n=n) for n in inside) and not any(k.covers(n=n) for n in outside)
+    assert cache.STATS.misses == misses and len(k._templates) == 1
+    plain = prism.compile(g, {"g": 2, "F": 1})
+    plain.specialize(n=40)
+    assert plain.covers(n=40) and not plain.covers(n=41)

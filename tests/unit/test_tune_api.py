@@ -149,7 +149,8 @@ def test_a_derived_shape_tries_the_winner_close_candidates_and_near_sizes(monkey
         calls.append((r.sgraph, p))
         return None if env["d0"] % int(resolve_params(p, env).get("g1", 1)) else ("spec", r.sgraph, p)
     monkeypatch.setattr(sk, "_from_cached", from_cached)
-    monkeypatch.setattr(sk, "_split", lambda env, anchor, res: None)   # no split (its order: the end of the test)
+    monkeypatch.setattr(sk, "_split", lambda env, anchor, res, **kw: None)   # no split (its order: the end of the test)
+    monkeypatch.setattr(sk, "_covers", lambda row, params, env: True)   # the winner has code there (see the end)
     # the model's seconds per flop of one row per block 6x the winner's: neither near in size nor in time
     monkeypatch.setattr(sk, "_nearest_params", lambda env, r, a: ({"g0": 2, "g1": env["d0"]}, 6.0))
     assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("spec", 0, {"g0": 22})
@@ -184,10 +185,16 @@ def test_a_derived_shape_tries_the_winner_close_candidates_and_near_sizes(monkey
     assert calls == [(1, {"g0": 2, "g1": 47}), (1, {"g0": 2, "g1": Follows("d0")})]
     # a split (the tuned kernel on the rows it divides, a remainder) comes after the winner and its close candidates,
     # before the nearest sizes
-    monkeypatch.setattr(sk, "_split", lambda env, anchor, res: calls.append(("split", env["d0"])) or ("split",))
+    monkeypatch.setattr(sk, "_split", lambda env, anchor, res, **kw: calls.append(("split", env["d0"])) or ("split",))
     calls.clear()
     assert sk._derived({"d0": 157}, {"d0": 141}, res) == ("split",)
     assert calls == [(1, {"g0": 2, "g1": 47}), ("split", 157)]
+    # ... and first when neither the winner nor a close candidate has compiled code at the new length (each would
+    # be a new template: a gcc run and its checks), where the split's parts are already built
+    monkeypatch.setattr(sk, "_covers", lambda row, params, env: False)
+    calls.clear()
+    assert sk._derived({"d0": 188}, {"d0": 141}, res) == ("split",)
+    assert calls == [("split", 188)]
 
 
 def _row_blocks(K: int, weight: int | None) -> prism.Graph:
@@ -280,3 +287,18 @@ def _row_split() -> prism.Graph:
     (y,) = g.customized(bb.build(), [x, w])
     g.output(y, "Y")
     return g
+
+
+def test_a_splits_tail_is_cut_into_the_fewest_runs_of_lengths_with_compiled_code() -> None:
+    """api._tail_runs: the rows left after the tuned runs as at most three runs of covered lengths, fewest first
+    and largest first; None where no such cut exists (the split then compiles the tail at its own length)."""
+    from prism.api import _tail_runs
+    cov = lambda x: x == 1 or 2 <= x <= 7 or 32 <= x <= 63   # the pre-build's 1, 2 and 33 rows
+    assert _tail_runs(0, cov) == [] and _tail_runs(5, cov) == [5] and _tail_runs(40, cov) == [40]
+    assert _tail_runs(8, cov) == [7, 1] and _tail_runs(13, cov) == [7, 6] and _tail_runs(72, cov) == [40, 32]
+    assert _tail_runs(127, cov) == [63, 63, 1]
+    assert _tail_runs(31, cov) is None and _tail_runs(200, cov) is None and _tail_runs(9, lambda x: False) is None
+    for r in range(1, 190):
+        runs = _tail_runs(r, cov)
+        assert runs is None or (sum(runs) == r and len(runs) <= 3 and all(map(cov, runs))
+                                and runs == sorted(runs, reverse=True))
