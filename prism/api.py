@@ -367,6 +367,7 @@ class SuperKernel:
         self._twins: dict[tuple[int, int], tuple[dict[str, int], TuneResult] | None] = {}   # (_twin_anchors)
         self._twin_specs: dict[int, Specialization] = {}   # id of a twin anchor's tuning -> the twin's spec (_split)
         self._split_checks: dict[tuple, int] = {}   # a split's distinct parts -> its composites checked (_split)
+        self._tails_built: set[tuple] = set()   # (anchor, split tile) whose tail templates are built (_build_tails)
         self._kernels: dict[tuple, Kernel] = {}   # (sGraph, params) -> kernel of every shape (_kernel)
         self._by_shapes: dict[tuple, Kernel] = {}   # input shapes called before -> their kernel (call)
         self._keys: tuple[str, list[str]] | None = None   # the program's and the sGraphs' keys (_cache_path)
@@ -458,26 +459,36 @@ class SuperKernel:
         STATS.template_prebuilt += 1
         self._specs[key] = dataclasses.replace(built, derived_from=dict(env))
         if built.split_tile is not None:
-            # a split one past the tuned shape has a tail of one row, a template of its own (a dim of 1 is
-            # dropped): the tail kernel at 2 rows and at half a tile builds the templates other remainders use
-            # (the code of a short and of a long tail differ: llama-1b's fused MLP below and above 32 rows).
-            # Measured need: llama-1b bf16 under dynamic=True, the MLP's 13-row tail at 141 after 128: 0.86 s
-            # These tail templates are also checked at all their TEMPLATE_CHECKS values (below a tile) now: the
-            # checks read the weights this specialization has drawn already (specialize's shared draws), where a
-            # new length drew them again for its first check of the template (llama-1b bf16, dynamic=True: 0.33 s
-            # of the fused MLP's 0.39 s check at 141 after 128). A whole tile's run (a length past the tuned one by
-            # a tile or more) is left to its first length: checking it here cost every start-up 0.4 s and a gcc run.
-            dim, grid, tile = built.split_tile
-            win = spec.tuning.best
-            params = {**win.params, grid: 1}
-            for rows in sorted({2, tile // 2 + 1}):
-                if rows >= tile:
-                    continue
-                part = self._from_cached({**env, dim: rows}, spec.tuning, params, template=True, row=win)
-                t = part.kernel.specialize(**part.env).template if part is not None else None
-                if t is not None and len(t.checks) < TEMPLATE_CHECKS:
-                    self._checked_below(t, part.implementation, params, part.kernel, {**env, dim: tile},
-                                        always=True)
+            self._build_tails(env, spec.tuning, built.split_tile)
+
+    def _build_tails(self, anchor: dict[str, int], tuning: TuneResult, split_tile: tuple[str, str, int]) -> None:
+        """The tail kernel of the splits of ``tuning`` (at ``anchor``) built at 2 rows and at half a tile, each
+        template checked at all its TEMPLATE_CHECKS values; once per anchor and tile. Called by the pre-build, and by
+        the first split derived from a tuning with no pre-build (Dynamo's default: a dynamic graph's pieces derive
+        from the fixed-shape twins' tunings; llama-1b bf16 then compiled and checked new tail templates at prompt
+        lengths 190 and 200 after 128 and 141, +2.9 and +3.7 s).
+        A split one past the tuned shape has a tail of one row, a template of its own (a dim of 1 is dropped): the
+        tail kernel at 2 rows and at half a tile builds the templates other remainders use (the code of a short and
+        of a long tail differ: llama-1b's fused MLP below and above 32 rows). Measured need: llama-1b bf16 under
+        dynamic=True, the MLP's 13-row tail at 141 after 128: 0.86 s. These templates are checked at all their
+        values here: the checks read the weights this specialization has drawn already (specialize's shared
+        draws), where a new length drew them again for its first check of the template (0.33 s of the fused MLP's
+        0.39 s check at 141 after 128). A whole tile's run (a length past the tuned one by a tile or more) is left
+        to its first length: checking it here cost every start-up 0.4 s and a gcc run."""
+        dim, grid, tile = split_tile
+        key = (tuple(sorted(anchor.items())), split_tile)
+        if key in self._tails_built:
+            return
+        self._tails_built.add(key)
+        win = tuning.best
+        params = {**win.params, grid: 1}
+        for rows in sorted({2, tile // 2 + 1}):
+            if rows >= tile:
+                continue
+            part = self._from_cached({**anchor, dim: rows}, tuning, params, template=True, row=win)
+            t = part.kernel.specialize(**part.env).template if part is not None else None
+            if t is not None and len(t.checks) < TEMPLATE_CHECKS:
+                self._checked_below(t, part.implementation, params, part.kernel, {**anchor, dim: tile}, always=True)
 
     def _cache_path(self, env: Mapping[str, int]) -> tuple[Any, dict[str, Any]]:
         m = self.machine
@@ -614,6 +625,9 @@ class SuperKernel:
         spec = self._derived(env, anchor, res)
         if spec is None:
             return None
+        if spec.split_tile is not None and self.options.derive and \
+                os.environ.get("PRISM_PREBUILD", "1").strip() != "0":
+            self._build_tails(anchor, res, spec.split_tile)
         STATS.tune_derived += 1
         if far:
             STATS.tune_derived_far += 1

@@ -197,3 +197,25 @@ def test_a_later_process_takes_the_composite_and_plain_tail_checks_from_their_re
     _close(np.asarray(again.kernel.call({"X": x, "W": w})), x, w, "float32")
     s66 = k2._split({"L": 66}, {"L": 64}, res2)
     assert s66 is not None and s66.split is not None and not any(c == "composite" for c, _ in seen)
+
+
+def test_the_first_split_derived_without_a_prebuild_builds_and_checks_the_tail_templates(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A split derived from a tuning that had no pre-build (Dynamo's default: the dynamic graph's pieces derive from
+    the fixed-shape twins' tunings) builds the tail kernel at 2 rows and at half a tile, their templates checked at
+    every value the region offers below a tile (api._build_tails), once per tuning: a later split compiles nothing."""
+    from prism.runtime import cache
+    k, res = _kernel("float32")
+    monkeypatch.setattr(k, "_anchors", lambda material: [({"L": 64}, res)])
+    monkeypatch.setattr(k, "_twin_anchors", lambda: [])
+    s = k._derive({"L": 67}, {})
+    assert s is not None and s.split is not None and s.derived_from == {"L": 64}
+    (tail,) = [kern for key, kern in k._kernels.items() if dict(key[1]).get("g1") == "1"]
+    assert (("L", 2),) in tail._variants and (("L", 9),) in tail._variants
+    t9 = tail.specialize(L=9).template
+    assert t9 is not None and len(t9.checks) == api.TEMPLATE_CHECKS
+    assert all(i["L"] < 16 and t9.holds({"L": i["L"]}) for r in t9.checks for i in r.instantiations)
+    misses, checks = cache.STATS.misses, STATS.final_checks
+    assert k._derive({"L": 64 + 11}, {}).split is not None   # an 11-row tail: the 9-row template's region
+    assert cache.STATS.misses == misses and k._tails_built == {((("L", 64),), ("L", "g1", 16))}
+    assert STATS.final_checks == checks
