@@ -116,7 +116,7 @@ def _tail_runs(r: int, covered: Callable[[int], bool], most: int = 3) -> list[in
     compiled code for (a variant, or a template whose guards hold: api.SuperKernel._covers); [] for no rows, None
     when there is no such cut. Measured need: llama-1b bf16 under dynamic=True after 128, the prompt 200 (128 + a
     whole tile of 64 + 8) compiled and checked two new templates of the tail kernel per split piece (4.2 s), where
-    the templates the pre-build checked (2 rows; 33, whose region holds 32-63) cut 72 rows as 36 + 36."""
+    the tail templates the pre-build had built and checked (at 2 and 33 rows) serve its 72 rows in two runs."""
     if r == 0:
         return []
     if covered(r):
@@ -674,9 +674,9 @@ class SuperKernel:
             follow = _following(row.params, anchor, env)
             tries += [(row, follow), (row, None)] if follow is not None else [(row, None)]
         # where none of those has compiled code for env yet (each a new template: a gcc run and its checks at
-        # values of its region), a split comes first: its parts are the tuned kernel and the tail templates the
-        # pre-build compiled and checked. Measured need: llama-1b bf16 under dynamic=True, prompt 190 after 128
-        # and 141 (tuned grids of 2 row blocks fit 190): 44 pieces derived, 30 checks, new templates, +7.1 s
+        # values of its region), a split comes first if its parts are all compiled: the tuned kernel and the tail
+        # templates the pre-build compiled and checked. Measured need: llama-1b bf16 under dynamic=True, prompt 190
+        # after 128 and 141 (tuned grids of 2 row blocks fit 190): 44 pieces derived, 30 checks, new templates, +7.1 s
         # -- where it is at most SPLIT_FIRST_RUNS calls (each reads the weights once: a 1024-token prompt after 128
         # as 8 runs of the tuned kernel streams the fused MLP's weights 8 times)
         fresh = not any(self._covers(row, params, env) for row, params in tries)
@@ -719,7 +719,8 @@ class SuperKernel:
         than one row per block. Only where the winner's sGraph proves the program row-separable along the
         dim that moved (prism/ir/rows.py); every part is a kernel compiled and checked at its own length, and the
         composite is checked at ``env`` the first SPLIT_CHECKS times it passes its parts the same pointers (below).
-        None when any of that does not hold, or (``most_runs``) when it would take more calls than that.
+        None when any of that does not hold, or (``most_runs``) when it would take more calls than that or compile a
+        part (a tail length with no compiled code: then the split saves no compile over the winner's new template).
         Measured need: see prism/runtime/split.py (the fused MLP of llama-1b tuned again at 157 tokens)."""
         from prism.ir.rows import NotRowSeparable, check_one_row, row_grid
         from prism.runtime.split import SplitKernel, compose
@@ -746,7 +747,8 @@ class SuperKernel:
             if cut is not None and q + len(cut) >= 2 and len(cut) <= len(rest) + 1:
                 rest = cut
             runs: list[int | None] = [None] * q + rest
-            if len(runs) < 2 or (most_runs is not None and len(runs) > most_runs):
+            if len(runs) < 2 or (most_runs is not None and (len(runs) > most_runs or not all(
+                    self._covers(win, tail, {**env, dim: x}) for x in rest))):
                 return None
             check_one_row(impl.graph, dim, rows, win.params, env, [n, a] + [x for x in runs if x])
         except NotRowSeparable as e:

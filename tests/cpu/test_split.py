@@ -219,3 +219,16 @@ def test_the_first_split_derived_without_a_prebuild_builds_and_checks_the_tail_t
     assert k._derive({"L": 64 + 11}, {}).split is not None   # an 11-row tail: the 9-row template's region
     assert cache.STATS.misses == misses and k._tails_built == {((("L", 64),), ("L", "g1", 16))}
     assert STATS.final_checks == checks
+
+
+def test_a_split_tried_before_the_winner_compiles_nothing() -> None:
+    """_split(most_runs=...) -- the split api._derived tries before a winner with no compiled code -- is None where a
+    part would be compiled (the 3-row tail before anything built it) or where it takes more calls than that; the
+    plain _split builds the part, after which the first one serves the length."""
+    k, res = _kernel("float32")
+    assert k._split({"L": 67}, {"L": 64}, res, most_runs=3) is None
+    assert k._split({"L": 67}, {"L": 64}, res) is not None
+    s = k._split({"L": 67}, {"L": 64}, res, most_runs=3)
+    assert s is not None and [x for x, _ in s.split] == [64, 3]
+    k._split({"L": 4 * 64 + 3}, {"L": 64}, res)
+    assert k._split({"L": 4 * 64 + 3}, {"L": 64}, res, most_runs=3) is None   # 5 calls
