@@ -138,6 +138,11 @@ def _tail_runs(r: int, covered: Callable[[int], bool], most: int = 3) -> list[in
     return next((c for k in range(2, most + 1) if (c := cut(r, k, r)) is not None), None)   # fewest runs
 
 
+def _kernel_key(sgraph: int, params: Mapping[str, Any]) -> tuple:
+    """SuperKernel._kernels' key of an sGraph (its index) with its params."""
+    return sgraph, tuple(sorted((k, repr(v)) for k, v in params.items()))
+
+
 def _plain_ints(inst: Mapping[str, Any]) -> dict[str, int]:
     """A checked instantiation as its check record holds it: the integer values."""
     return {k: int(v) for k, v in inst.items() if isinstance(v, int)}
@@ -444,7 +449,7 @@ class SuperKernel:
         spent 5.2 s of its first new prompt length (141) building 13 pieces' templates one after another (3.2 s
         of gcc) and checking them (1.7 s), and its second (157) 0.5 s. For a decode graph the shape one past is
         the next step's. ``PRISM_PREBUILD=0`` turns it off (then the first new value builds them)."""
-        if not self.options.derive or os.environ.get("PRISM_PREBUILD", "1").strip() == "0":
+        if not self._prebuilding():
             return
         nxt = {k: v + 1 for k, v in env.items()}
         key = tuple(sorted(nxt.items()))
@@ -460,6 +465,11 @@ class SuperKernel:
         self._specs[key] = dataclasses.replace(built, derived_from=dict(env))
         if built.split_tile is not None:
             self._build_tails(env, spec.tuning, built.split_tile)
+
+    def _prebuilding(self) -> bool:
+        """Whether work for shapes not yet asked for is done ahead (_prebuild, _build_tails): ``PRISM_PREBUILD=0``
+        turns it off."""
+        return self.options.derive and os.environ.get("PRISM_PREBUILD", "1").strip() != "0"
 
     def _build_tails(self, anchor: dict[str, int], tuning: TuneResult, split_tile: tuple[str, str, int]) -> None:
         """The tail kernel of the splits of ``tuning`` (at ``anchor``) built at 2 rows and at half a tile, each
@@ -625,8 +635,7 @@ class SuperKernel:
         spec = self._derived(env, anchor, res)
         if spec is None:
             return None
-        if spec.split_tile is not None and self.options.derive and \
-                os.environ.get("PRISM_PREBUILD", "1").strip() != "0":
+        if spec.split_tile is not None and self._prebuilding():
             self._build_tails(anchor, res, spec.split_tile)
         STATS.tune_derived += 1
         if far:
@@ -743,12 +752,14 @@ class SuperKernel:
             # (_tail_runs), where that is at most one run more (each run reads the weights once more)
             rest = [tile] * (r // tile) + ([r % tile] if r % tile else [])
             tail = {**win.params, grid: 1}
-            cut = _tail_runs(r, lambda x: self._covers(win, tail, {**env, dim: x}))
+
+            def covered(x: int) -> bool:
+                return self._covers(win, tail, {**env, dim: x})
+            cut = _tail_runs(r, covered)
             if cut is not None and q + len(cut) >= 2 and len(cut) <= len(rest) + 1:
                 rest = cut
             runs: list[int | None] = [None] * q + rest
-            if len(runs) < 2 or (most_runs is not None and (len(runs) > most_runs or not all(
-                    self._covers(win, tail, {**env, dim: x}) for x in rest))):
+            if len(runs) < 2 or (most_runs is not None and (len(runs) > most_runs or not all(map(covered, rest)))):
                 return None
             check_one_row(impl.graph, dim, rows, win.params, env, [n, a] + [x for x in runs if x])
         except NotRowSeparable as e:
@@ -1109,7 +1120,7 @@ class SuperKernel:
         than at this and the next served shapes, where that costs less: a check's float64 reference grows with the
         dim, and the first check runs every input kind. The first with every kind, the others the normal draw.
         False when one fails (the template is not used); True otherwise, also when no value is cheaper (the
-        served shapes are checked instead). ``always``: at the values below ``env`` whatever they cost (_prebuild).
+        served shapes are checked instead). ``always``: at the values below ``env`` whatever they cost (_build_tails).
         Measured need: llama-1b bf16, a 1000-token prompt after 600: 16.5 s,
         11.3 s of it in the 13 pieces' checks at 1000 rows (8.4 s in float64 reference runs)."""
         from prism.codegen.template import check_points
@@ -1203,14 +1214,13 @@ class SuperKernel:
 
     def _covers(self, row: Row, params: Mapping[str, Any] | None, env: Mapping[str, int]) -> bool:
         """Whether ``row`` of a tuning (``params`` instead of its own where given) has compiled code for ``env``."""
-        kparams = dict(row.params if params is None else params)
-        k = getattr(self, "_kernels", {}).get((row.sgraph, tuple(sorted((k, repr(v)) for k, v in kparams.items()))))
+        k = getattr(self, "_kernels", {}).get(_kernel_key(row.sgraph, row.params if params is None else params))
         return k is not None and k.covers(**env)
 
     def _kernel(self, impl: Implementation, params: Mapping[str, Any]) -> Kernel:
         """The kernel of ``impl`` with ``params`` for every shape (one per pair, kept): a new shape is compiled
         through it, from a template of its guard region where the code allows (runtime/kernel.py)."""
-        key = (impl.index, tuple(sorted((k, repr(v)) for k, v in params.items())))
+        key = _kernel_key(impl.index, params)
         k = self._kernels.get(key)
         if k is None:
             k = self._kernels[key] = compile_graph(impl.graph, dict(params), templates=True)
