@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from prism.codegen.cwriter import CWriter, Namer
@@ -56,6 +57,31 @@ def make_nest(shape: Sequence[int], participants: Sequence[Sequence[int]]) -> Ne
 def offset(vars_: Sequence[str], strides: Sequence[int]) -> str:
     terms = [v if s == 1 else f"{v} * {s}" for v, s in zip(vars_, strides) if s != 0]
     return " + ".join(terms) if terms else "0"
+
+
+# Templates (codegen/template.py) serve every value of a dim in a guard region with one text: under ``rows_vary()``
+# (template tracing and its validation's plain generation) the code takes no decision on a size that only picks
+# whether a remainder loop is written -- the remainder loop is written always (zero trips where nothing is left) --
+# and nn products take their row remainder by its bits at run time (matmul.plan_nn). Measured need: llama-1b bf16's
+# prefill attention had one template per residue class of the prompt length modulo 16 (its QK^T keys in blocks of
+# 16, 8 and 4 with the left-over keys one at a time; the softmax rows in quarters): a new even length compiled and
+# checked a new one in 3 of 4 cases (1.1-1.3 s each; `/tmp` sweep of 16 lengths after 128 under dynamic=True).
+_ROWS_VARY: ContextVar[bool] = ContextVar("prism_rows_vary", default=False)
+
+
+@contextmanager
+def rows_vary() -> Iterator[None]:
+    """Generate code whose text does not depend on its row counts or remainders where it can: for templates."""
+    token = _ROWS_VARY.set(True)
+    try:
+        yield
+    finally:
+        _ROWS_VARY.reset(token)
+
+
+def varying() -> bool:
+    """Whether code is being generated for a template (``rows_vary``)."""
+    return _ROWS_VARY.get()
 
 
 @contextmanager
@@ -246,7 +272,7 @@ def sum_loop(w: CWriter, nm: Namer, s: str, j: str, n: int, value: Callable[[str
     with loops(w, [j], [q], simd=f"reduction(+:{p})"):
         w.line(f"{p} += {_pairwise([one(jx) for jx in idx])};")
     w.line(f"{s} += {p};")
-    if n % SPLIT:  # the last n % SPLIT elements
+    if varying() or n % SPLIT:  # the last n % SPLIT elements (a template: always, zero trips or more)
         with loops(w, [j], [n - SPLIT * q], simd=None):
             w.line(f"{s} += {one(f'({j} + {SPLIT * q})')};")
 
@@ -297,7 +323,7 @@ def max_loop(w: CWriter, nm: Namer, m: str, j: str, n: int, value: Callable[[str
             w.line(f"{p} = {c} {gt} {p} ? {c} : {p};")
             w.line(f"{nan} |= __builtin_isunordered({vs[0]}, {vs[1]}) | __builtin_isunordered({vs[2]}, {vs[3]});")
         w.line(f"{m} = {p} {gt} {m} ? {p} : {m};")
-        if n % SPLIT:
+        if varying() or n % SPLIT:
             v = nm("v")
             with loops(w, [j], [n - SPLIT * q], simd=None):
                 _max_step(w, v, m, nan, value(f"({j} + {SPLIT * q})"), gt)

@@ -17,15 +17,13 @@ and each later group's ``P`` is added into C once (three levels, so the error gr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prism.codegen import microkernels as mk
 from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.isa import ISA
-from prism.codegen.loops import PAR_MIN, Nest, assign, make_nest, offset
+from prism.codegen.loops import PAR_MIN, Nest, assign, make_nest, offset, varying
 from prism.codegen.tiles import View, ctype, ld
 from prism.ir.traced import concrete
 
@@ -78,21 +76,8 @@ class Support:
 # nn product are balanced (ceil(M / ceil(M / MR)) rows each, + a remainder), so the micro-kernels' row counts --
 # part of the text -- change with M: a prefill's attention compiled and checked a template per 8 prompt lengths
 # (llama-small bf16: 1.1-1.5 s of a new length's 1.2-1.6 s, once every other piece was served). Under
-# ``rows_vary()`` a product of at least 2 * MR rows takes groups of MR rows and its remainder (< MR rows) in runs
+# ``loops.rows_vary()`` a product of at least 2 * MR rows takes groups of MR rows and its remainder (< MR rows) in runs
 # of 4, 2 and 1 chosen at run time by the remainder's bits: one text for every such M, 3 more micro-kernels.
-_ROWS_VARY: ContextVar[bool] = ContextVar("prism_rows_vary", default=False)
-
-
-@contextmanager
-def rows_vary() -> Iterator[None]:
-    """Generate nn products whose text does not depend on their row count (from 2 * MR rows): for templates."""
-    token = _ROWS_VARY.set(True)
-    try:
-        yield
-    finally:
-        _ROWS_VARY.reset(token)
-
-
 REM_RUNS = (4, 2, 1)   # the remainder's runs (rows), each taken where its bit of the remainder is set
 
 
@@ -117,7 +102,7 @@ class NNPlan:
 
 def plan_nn(isa: ISA, M: int, N: int, K: int) -> NNPlan:
     W = mk.lanes(isa)
-    bits = _ROWS_VARY.get() and M >= 2 * mk.MR_MAX[isa.name]
+    bits = varying() and M >= 2 * mk.MR_MAX[isa.name]
     if bits:
         mr = mk.MR_MAX[isa.name]
         nfull = M // mr
@@ -626,7 +611,7 @@ NT_ALL_RUNS = 8   # in a template, from this many rows every row-group shape has
 
 def _all_runs(M: int) -> bool:
     """Every row-group shape has its loop (a template's nt product of at least NT_ALL_RUNS rows)."""
-    return _ROWS_VARY.get() and M >= NT_ALL_RUNS
+    return varying() and M >= NT_ALL_RUNS
 
 
 def nt_row_runs(isa: ISA, M: int, single_keys: int | None = None) -> dict[int, list[tuple[int, int, int]]]:
@@ -700,7 +685,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
                     rv = nm("r")
                     with w.block(f"for (long {rv} = {first}; {rv} < {r0 + count * R}; {rv} += {R})"):
                         call(fn, jv, rv, f"{rv} * {sa0}", f"{rv} * {sc0}")
-        if nfull < N:
+        if varying() or nfull < N:   # a template writes the loop always (codegen/loops.py: rows_vary)
             fn = sup.nt(1, 1, elems, False)   # a few left-over keys: nothing to stream ahead of
             jv, rv = nm("j"), nm("r")
             r_lo = runs[0][0]

@@ -30,7 +30,7 @@ from typing import Any
 
 from prism.codegen import isa as ISA_
 from prism.codegen.kernel import Generated, generate
-from prism.codegen.matmul import rows_vary
+from prism.codegen.loops import rows_vary
 from prism.codegen.prelude import prelude
 from prism.errors import PrismError
 from prism.ir.dims import resolve_params
@@ -134,7 +134,7 @@ class Template:
 
 
 def plain_source(graph: Graph, params: Mapping[str, Any], env: Mapping[str, int], isa: ISA_.ISA) -> str:
-    """The C that plain generation writes at ``env`` the way templates are generated (``matmul.rows_vary``):
+    """The C that plain generation writes at ``env`` the way templates are generated (``loops.rows_vary``):
     the text a template's rendering at ``env`` must equal."""
     with rows_vary():
         return generate(graph.instantiate({**env, **resolve_params(params, env)}), isa).source
@@ -142,7 +142,7 @@ def plain_source(graph: Graph, params: Mapping[str, Any], env: Mapping[str, int]
 
 def trace(graph: Graph, params: Mapping[str, Any], dims: Mapping[str, int], isa: ISA_.ISA) -> Template:
     """Generate ``graph`` at ``dims`` (its symbolic dims) and ``params`` with the dims traced (and the products'
-    row groups independent of their row counts: ``matmul.rows_vary``)."""
+    row groups independent of their row counts: ``loops.rows_vary``)."""
     tr = Trace(dims)
     with interning_scope(tr), rows_vary():
         dims_t = tr.dims()

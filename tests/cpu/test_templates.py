@@ -90,9 +90,31 @@ def test_one_compile_serves_many_lengths_with_the_per_length_results(dtype: str,
         # a known trip count in another order than one of a run-time count (measured: 1 ulp at n=101)
         assert_close(got, np.asarray(plain(**x), dtype=np.float64), f"template vs plain at n={n}", rtol=1e-5)
     assert not templ.template_failures
-    assert 1 <= len(templ._templates) <= 3   # regions (e.g. n % 4 == 0 or not), not one per length
+    assert 1 <= len(templ._templates) <= 3   # regions (ranges of n), not one per length
     srcs = {templ.specialize(n=n).source for n in lengths}
     assert len(srcs) == len(templ._templates) and all("pr_dim_n" in s for s in srcs)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("make,params", CASES, ids=["block_graph", "kernel_level"])
+def test_a_remainder_loop_is_written_always_so_one_template_serves_every_residue(make, params, isa: str,
+                                                                               rng: np.random.Generator) -> None:
+    """Under loops.rows_vary the left-over keys of an nt product (blocks of 16, 8, 4) and a softmax row's last
+    n % 4 elements get their loop at every n, zero trips where nothing is left: no guard on n's residue. Before,
+    a template traced at n = 100 served only n = 0 mod 4 (one template per residue class modulo 16 for llama-1b's
+    prefill attention, a gcc run and its checks each); the same compiled code gives every residue's result."""
+    g, ia = make(), get_isa(isa)
+    t = trace(g, params, {"n": 100}, ia)
+    t.validate(g, params, ia)
+    served = {n for n in range(1, 600) if t.holds({"n": n})}
+    assert set(range(64, 500)) <= served, sorted(served)[:8]
+    k = prism.compile(g, params, isa=isa, templates=True)
+    for n in (100, 101, 102, 103, 111, 112, 113):   # every remainder of 4, a full and a partial block of 16
+        assert k.specialize(n=n).source == k.specialize(n=100).source
+        x = _inputs(g, n, rng)
+        (ref,) = g.evaluate(x, dtype=np.float64, params=params).values()
+        assert_close(k(**x), ref, f"n={n}", rtol=1e-4)
+    assert len(k._templates) == 1, k.template_failures
 
 
 def test_the_launcher_passes_the_dims_and_lengths_share_a_workspace(rng: np.random.Generator) -> None:
