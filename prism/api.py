@@ -669,9 +669,10 @@ class SuperKernel:
         a grid over the weight's columns where the winner's split the rows into 3 and the new length is
         prime); (4) a split (:meth:`_split`: the tuned kernel on the runs of rows it divides, the winner's sGraph
         with one block along the rows on the rows left) -- tried first when none of (1)-(3) has compiled code for
-        ``env`` (:meth:`_covers`); (5) the winner's sGraph with the valid sizes nearest to
-        its own, if each is within NEAR of it or the model's cost per flop there is within NEAR_ESTIMATE (a size
-        equal to the new dim following it); (6) the other measured candidates, fastest first.
+        ``env`` (:meth:`_covers`; where some have, those come first, in this order); (5) the winner's sGraph
+        with the valid sizes nearest to its own, if each is within NEAR of it or the model's cost per flop there
+        is within NEAR_ESTIMATE (a size equal to the new dim following it); (6) the other measured candidates,
+        fastest first.
         Measured need: at a prime prompt length only 1 and the length divide it,
         and (5) made llama-small's MLP piece one row per block (its weights read once per row): prompts 229
         and 271 prefilled in 131-162 ms where 250 took 72-77 ms."""
@@ -688,11 +689,15 @@ class SuperKernel:
         # after 128 and 141 (tuned grids of 2 row blocks fit 190): 44 pieces derived, 30 checks, new templates, +7.1 s
         # -- where it is at most SPLIT_FIRST_RUNS calls (each reads the weights once: a 1024-token prompt after 128
         # as 8 runs of the tuned kernel streams the fused MLP's weights 8 times)
-        fresh = not any(self._covers(row, params, env) for row, params in tries)
-        split_first = self._split(env, anchor, res, most_runs=SPLIT_FIRST_RUNS) if fresh else None
+        # and a close candidate that has compiled code comes before a winner that has none: within DERIVE_SLACK of
+        # it at the anchor, for no gcc run and no checks. Measured need: llama-1b bf16 under dynamic=True, 190 after
+        # 128: three linear+add pieces compiled and checked the winner's template (2 row blocks; 0.55-0.96 s each)
+        # where a close candidate (one row block, 8 column blocks) had a template covering 64-255 rows
+        compiled = [self._covers(row, params, env) for row, params in tries]
+        split_first = None if any(compiled) else self._split(env, anchor, res, most_runs=SPLIT_FIRST_RUNS)
         if split_first is not None:
             return split_first
-        for row, params in tries:
+        for row, params in [t for t, c in zip(tries, compiled) if c] + [t for t, c in zip(tries, compiled) if not c]:
             spec = self._from_cached(env, res, params, template=True, row=row)
             if spec is not None:
                 return spec

@@ -285,9 +285,15 @@ def test_derive_serves_a_nearby_shape_with_the_tuned_winner_checked(monkeypatch:
         assert (STATS.tunings, STATS.tune_derived) == (tunings, derived), n
     s32 = k.specialize(n=32)
     assert s32.derived_from == {"n": 16} and s32.check.passed
-    # the winner compiled at 32, or -- where it has no code at 32 and its sGraph is row-separable -- two calls of
-    # the kernel tuned at 16 (api._derived: a split of at most SPLIT_FIRST_RUNS calls first)
-    assert s32.params == k.specialize(n=16).params or s32.split == ((16, "tuned"), (16, "tuned"))
+    # the winner compiled at 32; or a candidate measured within DERIVE_SLACK of it that has compiled code at 32
+    # (the pre-build's template at 17); or -- where neither has and the winner's sGraph is row-separable -- two
+    # calls of the kernel tuned at 16 (api._derived: a split of at most SPLIT_FIRST_RUNS calls first)
+    from prism.api import DERIVE_SLACK
+    from prism.ir.dims import resolve_params
+    best = s32.tuning.best
+    close = [resolve_params(r.params, {"n": 32}) for r in s32.tuning.rows
+             if r.status == "ok" and r.measured_s <= best.measured_s * DERIVE_SLACK]
+    assert resolve_params(s32.params, {"n": 32}) in close or s32.split == ((16, "tuned"), (16, "tuned")), s32.params
     assert k.specialize(n=64).derived_from is None  # 4x from 16; 32 is derived, never an anchor itself
     clear_memory_caches()                          # as a new process would
     k2 = prism.superoptimize(_small(), limits=LIMITS, derive=True)

@@ -195,6 +195,13 @@ def test_a_derived_shape_tries_the_winner_close_candidates_and_near_sizes(monkey
     calls.clear()
     assert sk._derived({"d0": 188}, {"d0": 141}, res) == ("split",)
     assert calls == [("split", 188)]
+    # a close candidate with compiled code comes before a winner with none (no gcc run, no checks), and the split
+    # is not tried first then
+    rows[1].measured_s = 4.5e-3
+    monkeypatch.setattr(sk, "_covers", lambda row, params, env: row is rows[1])
+    calls.clear()
+    assert sk._derived({"d0": 188}, {"d0": 141}, res) == ("spec", 1, {"g0": 2, "g1": Follows("d0")})
+    assert calls == [(1, {"g0": 2, "g1": Follows("d0")})]
 
 
 def _row_blocks(K: int, weight: int | None) -> prism.Graph:
