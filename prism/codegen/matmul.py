@@ -606,7 +606,7 @@ F16_PANEL = """PR_INLINE void pr_f16_panel(const uint16_t* restrict src, long ss
 """
 
 
-NT_ALL_RUNS = 8   # in a template, from this many rows every row-group shape has its loop (nt_row_runs)
+NT_ALL_RUNS = 2   # in a template, from this many rows every row-group shape has its loop (nt_row_runs)
 
 
 def _all_runs(M: int) -> bool:
@@ -653,7 +653,7 @@ def emit_nt(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int | str, a
     every = _all_runs(M)
     for J, runs in nt_row_runs(sup.isa, M, single_keys).items():
         nfull = N // J * J
-        if nfull:
+        if varying() or nfull:   # a template writes the loop always (zero trips below J keys: loops.rows_vary)
             jv = nm("j")
             with w.block(f"for (long {jv} = 0; {jv} < {nfull}; {jv} += {J})"):
                 for r0, R, count in runs:

@@ -214,7 +214,9 @@ def test_the_first_split_derived_without_a_prebuild_builds_and_checks_the_tail_t
     assert (("L", 2),) in tail._variants and (("L", 9),) in tail._variants
     t9 = tail.specialize(L=9).template
     assert t9 is not None and len(t9.checks) == api.TEMPLATE_CHECKS
-    assert all(i["L"] < 16 and t9.holds({"L": i["L"]}) for r in t9.checks for i in r.instantiations)
+    # below a tile; a check may come from another region of the same compiled text (2-8 and 9-59 rows compile
+    # to one text: the record is the text's)
+    assert all(i["L"] < 16 for r in t9.checks for i in r.instantiations)
     misses, checks = cache.STATS.misses, STATS.final_checks
     assert k._derive({"L": 64 + 11}, {}).split is not None   # an 11-row tail: the 9-row template's region
     assert cache.STATS.misses == misses and k._tails_built == {((("L", 64),), ("L", "g1", 16))}
