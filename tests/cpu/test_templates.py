@@ -13,7 +13,7 @@ from cg_helpers import assert_close, online_softmax_attention, supported_isas
 import prism
 from prism.codegen import generate
 from prism.codegen.isa import get as get_isa
-from prism.codegen.template import TemplateError, plain_source, trace
+from prism.codegen.template import TemplateError, check_points, plain_source, trace
 from prism.ir import BlockBuilder
 from prism.ir.dtypes import as_dtype
 from prism.ir.traced import lin_const, lin_eval
@@ -115,6 +115,19 @@ def test_a_remainder_loop_is_written_always_so_one_template_serves_every_residue
         (ref,) = g.evaluate(x, dtype=np.float64, params=params).values()
         assert_close(k(**x), ref, f"n={n}", rtol=1e-4)
     assert len(k._templates) == 1, k.template_failures
+
+
+def test_check_points_fill_a_short_region_with_its_next_smallest_values() -> None:
+    """template.check_points below a value far above a short region (the pre-build checks a tail template below a
+    whole tile): the region's smallest, nothing from a quarter or half of that value, then its next smallest --
+    three checks at cheap values, where it found one and the template was left for its first served length."""
+    g, ia = kernel_level(), get_isa("avx512")
+    t = trace(g, {}, {"n": 5}, ia)
+    region = [n for n in range(1, 64) if t.holds({"n": n})]
+    assert region and max(region) < 16, region
+    got = [p["n"] for p in check_points(t.trace, {"n": 64}, 3, [])]
+    assert got == region[:3], (got, region)
+    assert [p["n"] for p in check_points(t.trace, {"n": 64}, 3, [{"n": region[1]}])] == [region[0], *region[2:4]]
 
 
 def test_the_launcher_passes_the_dims_and_lengths_share_a_workspace(rng: np.random.Generator) -> None:
