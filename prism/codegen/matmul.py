@@ -606,7 +606,11 @@ F16_PANEL = """PR_INLINE void pr_f16_panel(const uint16_t* restrict src, long ss
 """
 
 
-NT_ALL_RUNS = 2   # in a template, from this many rows every row-group shape has its loop (nt_row_runs)
+# In a template, from this many rows every row-group shape has its loop (nt_row_runs). 8 before 2026-11-29: a short
+# prompt's Linear pieces (2-7 rows) were a kernel per length (llama-1b's dumped pieces: 7-8 each over 2-8 rows; now
+# one template); decode attention's 4 query rows per KV head now write all three shapes (KV lengths 1000-2047 of
+# the W6 shape: 99-101 µs against 100-102, docs/codegen.md)
+NT_ALL_RUNS = 2
 
 
 def _all_runs(M: int) -> bool:
@@ -622,8 +626,8 @@ def nt_row_runs(isa: ISA, M: int, single_keys: int | None = None) -> dict[int, l
     text is one loop per shape for every such M -- one template for every prompt length, where choosing the
     runs by count made one per residue of M modulo the widest group (4 on AVX-512: a new prompt length of
     llama-small compiled and checked a template of each of 8 products per new residue, 2-4 s). Elsewhere (a
-    tuned kernel, decode's few rows) only the shapes that have rows: a zero-trip loop still costs its
-    micro-kernel's compile, at every tuning candidate."""
+    tuned kernel, a single row) only the shapes that have rows: a zero-trip loop still costs its micro-kernel's
+    compile, at every tuning candidate."""
     out: dict[int, list[tuple[int, int, int]]] = {}
     every = _all_runs(M)
     r0 = 0
