@@ -77,8 +77,15 @@ class Support:
 # part of the text -- change with M: a prefill's attention compiled and checked a template per 8 prompt lengths
 # (llama-small bf16: 1.1-1.5 s of a new length's 1.2-1.6 s, once every other piece was served). Under
 # ``loops.rows_vary()`` a product of at least 2 * MR rows takes groups of MR rows and its remainder (< MR rows) in runs
-# of 4, 2 and 1 chosen at run time by the remainder's bits: one text for every such M, 3 more micro-kernels.
+# of 4, 2 and 1 chosen at run time by the remainder's bits: one text for every such M, 3 more micro-kernels (and
+# at any M where B is small: SMALL_B).
 REM_RUNS = (4, 2, 1)   # the remainder's runs (rows), each taken where its bit of the remainder is set
+# In a template, an nn product whose B has at most this many elements (in L2: re-read per remainder run at little
+# cost) takes the bits plan at any row count, not only from 2 * MR rows: the causal prefill attention's P @ V below
+# 32 query rows was a kernel per prompt length (llama-1b's dumped attention over lengths 2-70: 16 per-length kernels
+# and 2 templates -> 3 and 7). A weight product (B of millions of elements) keeps the balanced plan below 2 * MR:
+# each remainder run would stream the weights again.
+SMALL_B = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,7 @@ class NNPlan:
 
 def plan_nn(isa: ISA, M: int, N: int, K: int) -> NNPlan:
     W = mk.lanes(isa)
-    bits = varying() and M >= 2 * mk.MR_MAX[isa.name]
+    bits = varying() and (K * N <= SMALL_B or M >= 2 * mk.MR_MAX[isa.name])
     if bits:
         mr = mk.MR_MAX[isa.name]
         nfull = M // mr
@@ -142,9 +149,9 @@ def _nn_calls(w: CWriter, sup: Support, p: NNPlan, j0: str, nv: int, tail: int, 
         csr = "0" if cs == "0" else f"{cs} + {r0}"
         w.line(f"{fn}({K}, {a} + ({r0}) * {sa0}, {sa0}, {sa1}, {b} + {j0}, {sb0}, {c} + ({r0}) * {sc0} + {j0}, "
                f"{sc0}, {beta}, {csr});")
-    if p.nfull == 1:
+    if not p.bits and p.nfull == 1:
         call(p.mr, "0")
-    elif p.nfull > 1:
+    elif p.bits or p.nfull > 1:
         g = nm("g")
         with w.block(f"for (long {g} = 0; {g} < {p.nfull}; {g}++)"):
             call(p.mr, f"{g} * {p.mr}")

@@ -123,11 +123,12 @@ def test_check_points_fill_a_short_region_with_its_next_smallest_values() -> Non
     three checks at cheap values, where it found one and the template was left for its first served length."""
     g, ia = kernel_level(), get_isa("avx512")
     t = trace(g, {}, {"n": 5}, ia)
-    region = [n for n in range(1, 64) if t.holds({"n": n})]
-    assert region and max(region) < 16, region
-    got = [p["n"] for p in check_points(t.trace, {"n": 64}, 3, [])]
+    region = [n for n in range(1, 1000) if t.holds({"n": n})]
+    assert len(region) >= 4 and max(region) < 200, region
+    top = {"n": 4 * (max(region) + 1)}   # a quarter and a half of it lie above the region
+    got = [p["n"] for p in check_points(t.trace, top, 3, [])]
     assert got == region[:3], (got, region)
-    assert [p["n"] for p in check_points(t.trace, {"n": 64}, 3, [{"n": region[1]}])] == [region[0], *region[2:4]]
+    assert [p["n"] for p in check_points(t.trace, top, 3, [{"n": region[1]}])] == [region[0], *region[2:4]]
 
 
 def test_the_launcher_passes_the_dims_and_lengths_share_a_workspace(rng: np.random.Generator) -> None:
@@ -249,6 +250,25 @@ def test_a_products_row_groups_do_not_pin_its_row_count_in_a_template(isa: str) 
     k = prism.compile(g, {"g0": 1}, isa=isa, templates=True)
     rng = np.random.default_rng(1)
     for m in (33, 38, 39, 141):   # remainders 1, 6, 7, 5: every run of the remainder taken or skipped
+        assert k.specialize(m=m).template is not None, k.template_failures
+        x, w = rng.standard_normal((m, 96)).astype(np.float32), rng.standard_normal((96, 40)).astype(np.float32)
+        assert_close(k(X=x, W=w), x.astype(np.float64) @ w.astype(np.float64), f"m={m}")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_a_product_with_a_small_b_takes_its_row_remainder_by_bits_at_any_row_count(isa: str,
+                                                                                 rng: np.random.Generator) -> None:
+    """matmul.SMALL_B: an nn product whose B fits in L2 (here 96 x 40) takes the bits plan in a template at any row
+    count, so a few rows (a short prompt's causal attention, P @ V) are one template, not a kernel per count; the
+    values agree with float64 at every remainder. Before, below 2 * MR rows each m was pinned (no template)."""
+    g, ia = _row_product(), get_isa(isa)
+    t = trace(g, {"g0": 1}, {"m": 5}, ia)
+    t.validate(g, {"g0": 1}, ia)
+    assert all(t.holds({"m": m}) for m in range(2, 16)), [m for m in range(1, 40) if t.holds({"m": m})]
+    for m in range(2, 16):
+        assert t.render({"m": m}) == plain_source(g, {"g0": 1}, {"m": m}, ia), m
+    k = prism.compile(g, {"g0": 1}, isa=isa, templates=True)
+    for m in (2, 3, 5, 7, 13):
         assert k.specialize(m=m).template is not None, k.template_failures
         x, w = rng.standard_normal((m, 96)).astype(np.float32), rng.standard_normal((96, 40)).astype(np.float32)
         assert_close(k(X=x, W=w), x.astype(np.float64) @ w.astype(np.float64), f"m={m}")
