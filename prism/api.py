@@ -1176,10 +1176,9 @@ class SuperKernel:
         t.records_read = True
         t.record_key = cache.cache_key(source)
         from prism.verify.numeric import NumericResult
-        envs = self._read_checks(self._checks_path(t.record_key)).get(self._graph_keys()[0])
         seen = [i for r in t.checks for i in r.instantiations]
-        for e in envs if isinstance(envs, list) else []:
-            if isinstance(e, dict) and e not in seen and all(isinstance(v, int) for v in e.values()):
+        for e in self._recorded(t.record_key):
+            if e not in seen and all(isinstance(v, int) for v in e.values()):
                 t.checks.append(NumericResult(True, (), (dict(e),), 0.0))
                 seen.append(e)
                 STATS.template_checks_recorded += 1
@@ -1219,7 +1218,7 @@ class SuperKernel:
 
     def _covers(self, row: Row, params: Mapping[str, Any] | None, env: Mapping[str, int]) -> bool:
         """Whether ``row`` of a tuning (``params`` instead of its own where given) has compiled code for ``env``."""
-        k = getattr(self, "_kernels", {}).get(_kernel_key(row.sgraph, row.params if params is None else params))
+        k = self._kernels.get(_kernel_key(row.sgraph, row.params if params is None else params))
         return k is not None and k.covers(**env)
 
     def _kernel(self, impl: Implementation, params: Mapping[str, Any]) -> Kernel:
