@@ -55,10 +55,12 @@ class Support:
         self.funcs.setdefault(name, text)
         return name
 
-    def nn(self, mr: int, nv: int, tail: int, blocked: bool = False, elems: tuple[str, str] = mk.F32) -> str:
+    def nn(self, mr: int, nv: int, tail: int | str, blocked: bool = False, elems: tuple[str, str] = mk.F32) -> str:
         """The nn micro-kernel; ``blocked`` for calls whose K may exceed ``mk.ACC_CHUNK``; ``elems``: the
-        storage of A and B."""
-        mr, nv, tail = concrete(mr), concrete(nv), concrete(tail)   # they shape the micro-kernel's text
+        storage of A and B; ``tail`` mk.RT_TAIL: the last vector's lanes are the call's last argument."""
+        mr, nv = concrete(mr), concrete(nv)   # they shape the micro-kernel's text
+        if tail != mk.RT_TAIL:
+            tail = concrete(tail)
         return self.need(mk.nn_name(self.isa, mr, nv, tail, blocked, elems),
                          mk.nn_kernel(self.isa, mr, nv, tail, blocked, elems))
 
@@ -88,11 +90,23 @@ REM_RUNS = (4, 2, 1)   # the remainder's runs (rows), each taken where its bit o
 SMALL_B = 1 << 16
 
 
+# Likewise the columns: the last panel's vector count and its last vector's lanes were part of the text, so a
+# template of a product whose N varies (the float32 causal prefill attention's scores, Q @ K^T packed as nn with N
+# the prompt length) held for one N only: llama-1b float32 compiled and checked an attention kernel per new prompt
+# length (0.5-0.7 s each). In a template (``cols_vary``; every nn product, as plain generation at a value of the
+# region cannot tell a fixed N from a varying one) the panels are ``nv_max`` vectors wide and the last one's
+# rc = N % pw columns run through the nv-vector micro-kernel that takes its column count as an argument
+# (mk.RT_TAIL: per-vector masks; vectors past rc compute on zeros). One such kernel per row count, where runs of
+# 2^i vectors and a one-vector tail took three: the attention template's gcc time grew by 0.3 s with them. For
+# llama's weights (N a multiple of 16 vectors or of nv_max) the calls are the balanced plan's.
+
+
 @dataclass(frozen=True)
 class NNPlan:
     """How an M x N (x K) product is cut: row groups of ``mr`` (+ a remainder group of ``mr_rem``),
     full panels of ``pw`` columns (``nv`` vectors) (+ a last panel of ``nv_last`` vectors, ``tail``
-    lanes in its last vector), and K chunks of ``kc``."""
+    lanes in its last vector), and K chunks of ``kc``. ``cols_vary``: the last panel's ``rc`` columns are
+    cut at run time (``_last_panel``), ``nv_last`` and ``tail`` unused."""
 
     mr: int
     nfull: int
@@ -105,6 +119,11 @@ class NNPlan:
     rc: int
     kc: int
     bits: bool = False   # the remainder group in runs of REM_RUNS by its bits at run time (rows_vary)
+    cols_vary: bool = False
+
+    def panel_tasks(self) -> int:
+        """Panels, the last partial one included (always counted where the columns vary)."""
+        return self.npanels + 1 if self.cols_vary else self.npanels + (1 if self.rc else 0)
 
 
 def plan_nn(isa: ISA, M: int, N: int, K: int) -> NNPlan:
@@ -118,16 +137,30 @@ def plan_nn(isa: ISA, M: int, N: int, K: int) -> NNPlan:
         ngroups = -(-M // mk.MR_MAX[isa.name])
         mr = -(-M // ngroups)
         nfull, mr_rem = divmod(M, mr)
-    nvec = -(-N // W)
     nvmax = mk.nv_max(isa, mr)
+    kc = min(K, max(8, 4 * mr))
+    assert kc <= mk.ACC_CHUNK, "the K-chunk calls use the unblocked micro-kernel"
+    if varying():   # plain generation at a value of a template's region must print the same: at every N
+        pw = nvmax * W
+        npanels, rc = divmod(N, pw)
+        return NNPlan(mr, nfull, mr_rem, nvmax, pw, npanels, 0, 0, rc, kc, bits, cols_vary=True)
+    nvec = -(-N // W)
     npan = -(-nvec // nvmax)
     nv = -(-nvec // npan)
     pw = nv * W
     npanels, rc = divmod(N, pw)
     nv_last, tail = (-(-rc // W), rc % W) if rc else (0, 0)
-    kc = min(K, max(8, 4 * mr))
-    assert kc <= mk.ACC_CHUNK, "the K-chunk calls use the unblocked micro-kernel"
     return NNPlan(mr, nfull, mr_rem, nv, pw, npanels, nv_last, tail, rc, kc, bits)
+
+
+def _last_panel(w: CWriter, nm: Namer, p: NNPlan, j0: str, panel: Callable[[str, int, int | str, str], None]) -> None:
+    """A ``cols_vary`` plan's last panel, its ``p.rc`` columns (0 <= rc < pw) from column ``j0``: one call of the
+    nv-vector micro-kernel that takes its column count as an argument (mk.RT_TAIL), where rc > 0.
+    ``panel(j0, nv, tail, tn)`` emits the calls over the rows (``tn``: the run-time column count)."""
+    rc = nm("rc")
+    w.line(f"const long {rc} = {p.rc};")
+    with w.block(f"if ({rc})"):
+        panel(j0, p.nv, mk.RT_TAIL, rc)
 
 
 def _remainder_runs(w: CWriter, nm: Namer, p: NNPlan, call: Callable[[int, str], None]) -> None:
@@ -140,15 +173,16 @@ def _remainder_runs(w: CWriter, nm: Namer, p: NNPlan, call: Callable[[int, str],
             call(r, f"{p.nfull * p.mr} + ({rem} & {(2 * REM_RUNS[0] - 2 * r)})")
 
 
-def _nn_calls(w: CWriter, sup: Support, p: NNPlan, j0: str, nv: int, tail: int, K: str, a: str, sa0: int,
+def _nn_calls(w: CWriter, sup: Support, p: NNPlan, j0: str, nv: int, tail: int | str, K: str, a: str, sa0: int,
               sa1: int, b: str, sb0: int, c: str, sc0: int, beta: str, cs: str, nm: Namer,
-              elems: tuple[str, str]) -> None:
-    """The calls for one panel starting at column ``j0``, over all row groups."""
+              elems: tuple[str, str], tn: str = "") -> None:
+    """The calls for one panel starting at column ``j0``, over all row groups (``tn``: the lanes of a run-time
+    tail, ``tail`` mk.RT_TAIL)."""
     def call(mr: int, r0: str) -> None:
         fn = sup.nn(mr, nv, tail, elems=elems)
         csr = "0" if cs == "0" else f"{cs} + {r0}"
         w.line(f"{fn}({K}, {a} + ({r0}) * {sa0}, {sa0}, {sa1}, {b} + {j0}, {sb0}, {c} + ({r0}) * {sc0} + {j0}, "
-               f"{sc0}, {beta}, {csr});")
+               f"{sc0}, {beta}, {csr}" + (f", {tn});" if tn else ");"))
     if not p.bits and p.nfull == 1:
         call(p.mr, "0")
     elif p.bits or p.nfull > 1:
@@ -166,8 +200,7 @@ Scratch = Callable[[int], str]  # floats -> C pointer expression to that many fl
 
 def parallel_nn(p: NNPlan, M: int, N: int, K: int, par: str | None) -> bool:
     """Whether a kernel-level nn product runs as one task per (row group, panel), each over the whole K."""
-    return bool(par) and M * N * K >= PAR_MIN * 4 and (p.bits or (p.npanels + (1 if p.rc else 0))
-                                                          * (p.nfull + bool(p.mr_rem)) > 1)
+    return bool(par) and M * N * K >= PAR_MIN * 4 and (p.bits or p.panel_tasks() * (p.nfull + bool(p.mr_rem)) > 1)
 
 
 def emit_nn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str, sa0: int, sa1: int, b: str,
@@ -222,6 +255,13 @@ def _grouped(w: CWriter, nm: Namer, product: Callable[[str, str, str, str], None
 def _nn_panels(w: CWriter, nm: Namer, sup: Support, p: NNPlan, K: str, a: str, sa0: int, sa1: int, b: str,
                sb0: int, c: str, sc0: int, beta: str, cs: str, elems: tuple[str, str]) -> None:
     """All panels (a C loop over the full ones, then the last partial one) for one K range."""
+    if p.cols_vary:   # the panel loop always written, then the last panel at run time
+        jv = nm("jp")
+        with w.block(f"for (long {jv} = 0; {jv} < {p.npanels * p.pw}; {jv} += {p.pw})"):
+            _nn_calls(w, sup, p, jv, p.nv, 0, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, nm, elems)
+        _last_panel(w, nm, p, str(p.npanels * p.pw), lambda j0, nv, tail, tn: _nn_calls(
+            w, sup, p, j0, nv, tail, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, nm, elems, tn))
+        return
     if p.npanels == 1:
         _nn_calls(w, sup, p, "0", p.nv, 0, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, nm, elems)
     elif p.npanels > 1:
@@ -238,7 +278,7 @@ def _emit_nn_parallel(w: CWriter, nm: Namer, sup: Support, p: NNPlan, M: int, N:
                       elems: tuple[str, str]) -> None:
     """Kernel-level matmul: one task per (row group, panel), each over the whole K."""
     nrg = p.nfull + (1 if p.bits or p.mr_rem else 0)   # bits: the remainder's task may have no rows
-    npn = p.npanels + (1 if p.rc else 0)
+    npn = p.panel_tasks()   # cols_vary: the last panel's task may have no columns
     tr, tp = nm("tr"), nm("tp")
     w.line(f"#pragma omp parallel for num_threads({par}) collapse(2) schedule(static)")
     with w.block(f"for (long {tr} = 0; {tr} < {nrg}; {tr}++)"):
@@ -249,26 +289,32 @@ def _emit_nn_parallel(w: CWriter, nm: Namer, sup: Support, p: NNPlan, M: int, N:
                 if (rows_full and not p.nfull) or (not rows_full and not (p.bits or p.mr_rem)):
                     continue
                 for pan_full in (True, False):
-                    if (pan_full and not p.npanels) or (not pan_full and not p.rc):
+                    if (pan_full and not p.npanels) or (not pan_full and not (p.cols_vary or p.rc)):
                         continue
-                    mr = p.mr if rows_full else p.mr_rem
-                    nv, tail = (p.nv, 0) if pan_full else (p.nv_last, p.tail)
                     cond = " && ".join([f"{tr} {'<' if rows_full else '=='} {p.nfull}",
                                         f"{tp} {'<' if pan_full else '=='} {p.npanels}"])
-                    variants.append((cond, rows_full, mr, nv, tail))
-            for k, (cond, rows_full, mr, nv, tail) in enumerate(variants):
-                def call(rows: int, r0: str, nv: int = nv, tail: int = tail) -> None:
-                    fn = sup.nn(rows, nv, tail, blocked=K > mk.ACC_CHUNK, elems=elems)
-                    csr = "0" if cs == "0" else f"{cs} + {r0}"
-                    ro = r0 if r0 == "r0" else f"({r0})"
-                    w.line(f"{fn}({K}, {a} + {ro} * {sa0}, {sa0}, {sa1}, {b} + j0, {sb0}, {c} + {ro} * {sc0} + j0, "
-                           f"{sc0}, {beta}, {csr});")
-                head = ("if" if k == 0 else "else if") + f" ({cond})"
-                with w.block(head):
+                    variants.append((cond, rows_full, pan_full))
+            for k, (cond, rows_full, pan_full) in enumerate(variants):
+                def rows(j0: str, nv: int, tail: int | str, tn: str, rows_full: bool = rows_full) -> None:
+                    def call(mr: int, r0: str) -> None:
+                        fn = sup.nn(mr, nv, tail, blocked=K > mk.ACC_CHUNK, elems=elems)
+                        csr = "0" if cs == "0" else f"{cs} + {r0}"
+                        ro = r0 if r0 == "r0" else f"({r0})"
+                        jo = j0 if j0 == "j0" else f"({j0})"
+                        w.line(f"{fn}({K}, {a} + {ro} * {sa0}, {sa0}, {sa1}, {b} + {jo}, {sb0}, "
+                               f"{c} + {ro} * {sc0} + {jo}, {sc0}, {beta}, {csr}" + (f", {tn});" if tn else ");"))
                     if p.bits and not rows_full:
                         _remainder_runs(w, nm, p, call)
                     else:
-                        call(mr, "r0")
+                        call(p.mr if rows_full else p.mr_rem, "r0")
+                head = ("if" if k == 0 else "else if") + f" ({cond})"
+                with w.block(head):
+                    if pan_full:
+                        rows("j0", p.nv, 0, "")
+                    elif p.cols_vary:
+                        _last_panel(w, nm, p, "j0", rows)
+                    else:
+                        rows("j0", p.nv_last, p.tail, "")
 
 
 def _fold_shared_b(nest: Nest, M: int, sc0: int, sa0: int, foldable: bool) -> tuple[Nest, int, int, int]:

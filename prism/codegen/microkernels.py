@@ -74,7 +74,12 @@ class _V:
         self.isa = isa
         self.p = "_mm512" if isa.name == "avx512" else "_mm256"
 
-    def mask(self, tail: int) -> str:
+    def mask(self, tail: int | str) -> str:
+        """The mask of a vector's first ``tail`` lanes: an int, or a C expression (RT_TAIL: a run-time count)."""
+        if isinstance(tail, str):
+            if self.isa.name == "avx512":
+                return f"(__mmask16)((1u << ({tail})) - 1)"
+            return f"_mm256_cmpgt_epi32(_mm256_set1_epi32((int)({tail})), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))"
         if self.isa.name == "avx512":
             return f"(__mmask16)0x{(1 << tail) - 1:x}"
         return "_mm256_setr_epi32(" + ", ".join("-1" if i < tail else "0" for i in range(8)) + ")"
@@ -91,7 +96,7 @@ class _V:
             return f"_mm512_maskz_loadu_ps({self.mask(tail)}, {p})"
         return f"_mm256_maskload_ps({p}, {self.mask(tail)})"
 
-    def store(self, p: str, v: str, tail: int = 0) -> str:
+    def store(self, p: str, v: str, tail: int | str = 0) -> str:
         if not tail:
             return f"{self.p}_storeu_ps({p}, {v});"
         if self.isa.name == "avx512":
@@ -122,10 +127,17 @@ def _suffix(elems: tuple[str, str]) -> str:
     return "" if elems == F32 else f"_{elems[0]}_{elems[1]}"
 
 
-def nn_sig(elems: tuple[str, str] = F32) -> str:
+# ``tail`` of an nn micro-kernel whose column count is an argument (``tn``, 0..nv*W) rather than part of its text:
+# vector j takes clamp(tn - j*W, 0, W) lanes (masked loads and stores; a vector of none is computed on zeros and
+# not stored). The last panel of a product whose column count varies in a template (matmul.py: cols_vary).
+RT_TAIL = "tn"
+
+
+def nn_sig(elems: tuple[str, str] = F32, tail: int | str = 0) -> str:
     a, b = (ctype(e) for e in elems)
     return (f"(long K, const {a}* restrict A, long sa0, long sa1, const {b}* restrict B, long sb0, "
-            "float* restrict C, long sc0, int beta, const float* restrict cs)")
+            "float* restrict C, long sc0, int beta, const float* restrict cs"
+            + (f", int {RT_TAIL})" if tail == RT_TAIL else ")"))
 
 
 def nn_pairs(isa: ISA, elems: tuple[str, str]) -> bool:
@@ -142,14 +154,17 @@ def nn_pairs(isa: ISA, elems: tuple[str, str]) -> bool:
     return isa.name == "avx512" and elems == ("bf16", "bf16") and bf16_dot(isa)
 
 
-def nn_name(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elems: tuple[str, str] = F32) -> str:
+def nn_name(isa: ISA, mr: int, nv: int, tail: int | str, blocked: bool = False, elems: tuple[str, str] = F32) -> str:
     return (f"pr_nn_{isa.name}_{mr}x{nv}" + (f"_t{tail}" if tail else "") + ("_kb" if blocked else "")
             + _suffix(elems) + ("_dp" if nn_pairs(isa, elems) else ""))
 
 
-def _pair_load(n: int, tail: int, p: str) -> str:
-    """n (32 or 16) bfloat16 of one B row at ``p`` as integer lanes; with ``tail`` (lanes of the group's last
-    16-column vector) the columns past it read as zero."""
+def _pair_load(n: int, tail: int | str, p: str) -> str:
+    """n (32 or 16) bfloat16 of one B row at ``p`` as integer lanes; with ``tail`` the columns past it read as
+    zero: an int, the lanes of the group's last 16-column vector; a C expression, the group's columns (0..n)."""
+    if isinstance(tail, str):
+        return (f"_mm512_maskz_loadu_epi16((__mmask32)((1ull << ({tail})) - 1), {p})" if n == 32
+                else f"_mm256_maskz_loadu_epi16((__mmask16)((1u << ({tail})) - 1), {p})")
     if n == 32:
         return (f"_mm512_maskz_loadu_epi16((__mmask32)0x{(1 << (16 + tail)) - 1:x}, {p})" if tail
                 else f"_mm512_loadu_si512((const void*)({p}))")
@@ -192,8 +207,10 @@ def nt_chunk_prefetch(keys_stride: int | str, K: int | str, elem: str) -> bool:
     return not (short and isinstance(keys_stride, int) and keys_stride == K)
 
 
-def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elems: tuple[str, str] = F32) -> str:
-    """C[mr x cols] (beta) A @ B with cols = nv*W (the last vector has ``tail`` lanes if tail > 0).
+def nn_kernel(isa: ISA, mr: int, nv: int, tail: int | str, blocked: bool = False,
+              elems: tuple[str, str] = F32) -> str:
+    """C[mr x cols] (beta) A @ B with cols = nv*W (the last vector has ``tail`` lanes if tail > 0; RT_TAIL:
+    as many as the argument ``tn`` says).
 
     The products are summed in the C block's registers, starting from the first one, and the sum is then
     combined with C (beta 0: C = sum, 1: C += sum, 2: C = C * cs[row] + sum). Without ``blocked`` the
@@ -210,7 +227,7 @@ def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elem
         return _nn_portable(name, mr, nv, tail, elems)
     pairs = nn_pairs(isa, elems)
     v, W = _V(isa), isa.width
-    L: list[str] = [f"PR_INLINE void {name}{nn_sig(elems)} {{"]
+    L: list[str] = [f"PR_INLINE void {name}{nn_sig(elems, tail)} {{"]
     acc = [[f"c{r}_{j}" for j in range(nv)] for r in range(mr)]
     L.append(f"  {isa.vtype} " + ", ".join(x for row in acc for x in row) + ";")
     if not pairs:  # the prefetch distance: nn_prefetch_rows
@@ -218,11 +235,15 @@ def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elem
     cells = [(r, j, (r * nv + j) * W) for r in range(mr) for j in range(nv)]
     # one prefetch per 64 bytes of the panel row PF_ROWS ahead, plus its last element: rows of a
     # weight that is not 64-byte aligned straddle one more cache line
-    cols = (nv - 1) * W + (tail or W)
+    cols = (nv - 1) * W + (tail if isinstance(tail, int) and tail else W)
     ind = "    " if blocked else "  "
+    rt = tail == RT_TAIL
+    if rt:   # each vector's lanes (RT_TAIL)
+        L.append("  const long " + ", ".join(f"tn{j} = tn <= {j * W} ? 0 : tn >= {(j + 1) * W} ? {W} : tn - {j * W}"
+                                             for j in range(nv)) + ";")
 
-    def tl(j: int) -> int:
-        return tail if j == nv - 1 else 0
+    def tl(j: int) -> int | str:
+        return f"tn{j}" if rt else tail if j == nv - 1 else 0
 
     def cell(r: int, j: int) -> str:
         return f"C + {r} * sc0 + {j * W}"
@@ -258,7 +279,7 @@ def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elem
                 for off in [*range(0, cols, 32), cols - 1]:
                     L.append(f"{i2}__builtin_prefetch(Bk{row} + {PF_ROWS} * sb0 + {off}, 0, 2);")
         for j, n in groups:
-            t = tl(j + n - 1)
+            t = (f"{tl(j)} + {tl(j + 1)}" if n == 2 else tl(j)) if rt else tl(j + n - 1)
             if n == 2:
                 r1 = "_mm512_setzero_si512()" if single else _pair_load(32, t, f"Bk + sb0 + {j * W}")
                 L.append(f"{i2}const __m512i r{j} = {_pair_load(32, t, f'Bk + {j * W}')}, q{j} = {r1};")
@@ -355,13 +376,14 @@ def nn_kernel(isa: ISA, mr: int, nv: int, tail: int, blocked: bool = False, elem
     return "\n".join(L) + "\n"
 
 
-def _nn_portable(name: str, mr: int, nv: int, tail: int, elems: tuple[str, str] = F32) -> str:
-    cols = (nv - 1) * 16 + (tail or 16)
+def _nn_portable(name: str, mr: int, nv: int, tail: int | str, elems: tuple[str, str] = F32) -> str:
+    width = nv * 16
+    cols: int | str = tail if tail == RT_TAIL else (nv - 1) * 16 + (tail or 16)
     ea, eb = elems
     pf = (f"      for (int j = 0; j < {cols}; j += 16) __builtin_prefetch(Bk + {PF_ROWS} * sb0 + j, 0, 2);\n"
-          f"      __builtin_prefetch(Bk + {PF_ROWS} * sb0 + {cols - 1}, 0, 2);\n")
-    return f"""PR_INLINE void {name}{nn_sig(elems)} {{
-  float c[{mr}][{cols}], t[{mr}][{cols}];
+          f"      __builtin_prefetch(Bk + {PF_ROWS} * sb0 + {cols} - 1, 0, 2);\n")
+    return f"""PR_INLINE void {name}{nn_sig(elems, tail)} {{
+  float c[{mr}][{width}], t[{mr}][{width}];
   int bt = beta;
   for (long k0 = 0; k0 < K; k0 += {ACC_CHUNK}) {{
     const long k1 = pr_minl(K, k0 + {ACC_CHUNK});

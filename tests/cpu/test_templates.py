@@ -274,6 +274,54 @@ def test_a_product_with_a_small_b_takes_its_row_remainder_by_bits_at_any_row_cou
         assert_close(k(X=x, W=w), x.astype(np.float64) @ w.astype(np.float64), f"m={m}")
 
 
+def _col_product(dtype: str = "float32", block: bool = True) -> prism.Graph:
+    """Y[48, n] = X[48, 96] @ W[96, n]: the nn micro-kernels over n columns (``block``: in row blocks of a block
+    graph, else the kernel-level product, one task per row group and panel)."""
+    g = prism.Graph("x @ cols")
+    X, W = g.input("X", (48, 96), dtype), g.input("W", (96, "n"), dtype)
+    if not block:
+        g.output(g.matmul(X, W), "Y")
+        return g
+    bb = BlockBuilder(grid=("g0",), forloop=1, inputs=[X, W])
+    x, w = bb.iter(0, imap=(0,)), bb.iter(1, imap=(None,))
+    bb.save(bb.matmul(x, w), omap=(0,))
+    (y,) = g.customized(bb.build(), [X, W])
+    g.output(y, "Y")
+    return g
+
+
+COL_CASES = [(isa, "float32", block) for isa in ISAS for block in (True, False)] + (
+    [("avx512", "bfloat16", True)] if "avx512" in ISAS else [])
+
+
+@pytest.mark.parametrize("isa,dtype,block", COL_CASES)
+def test_a_product_whose_columns_vary_takes_its_last_panel_at_run_time(isa: str, dtype: str, block: bool,
+                                                                      rng: np.random.Generator) -> None:
+    """matmul ``cols_vary``: in a template the last panel of an nn product (rc = N mod the panel width) runs as runs
+    of 2^i full vectors and one vector whose lane count is an argument of its micro-kernel (microkernels.RT_TAIL),
+    so one text serves every N; before, the last panel's vector count and tail lanes were part of the text and a
+    template held for one N ("no other value nearby": llama-1b float32's prefill attention, Q @ K^T packed as nn
+    with N the prompt length, compiled and checked a kernel per new length). Every run taken or skipped, a full
+    panel and none, against float64."""
+    g, ia = _col_product(dtype, block), get_isa(isa)
+    params = {"g0": 2} if block else {}
+    t = trace(g, params, {"n": 100}, ia)
+    t.validate(g, params, ia)
+    served = [n for n in range(1, 400) if t.holds({"n": n})]
+    assert set(range(64, 300)) <= set(served), served[:8]
+    for n in (64, 65, 79, 80, 95, 96, 97, 143, 299):
+        assert t.render({"n": n}) == plain_source(g, params, {"n": n}, ia), n
+    k = prism.compile(g, params, isa=isa, templates=True)
+    tol = 1e-5 if dtype == "float32" else 8e-3   # bfloat16: the same inputs, the output rounded to bfloat16
+    for n in (17, 33, 47, 48, 49, 64, 80, 95, 96, 111, 143, 144):
+        x = _inputs(g, n, rng)
+        if dtype == "float32":
+            x["W"][:, -1] = 1e4   # hostile: the last column (a tail lane) dominates
+        (ref,) = g.evaluate(x, dtype=np.float64, params=params).values()
+        assert_close(k(**x), ref, f"n={n}", rtol=tol)
+    assert len({id(k.specialize(n=n).template) for n in (64, 80, 96, 143)}) == 1, k.template_failures
+
+
 def test_a_grid_that_follows_a_dim_is_one_template_for_every_value() -> None:
     """``Follows("m")``: one block per row at every m (a tuned winner whose grid equalled the prompt length).
     As a constant the grid divides only multiples of itself; following the dim, one template serves every m,
