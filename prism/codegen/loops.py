@@ -27,6 +27,11 @@ CHUNK = 4096           # a 1-D parallel loop runs in chunks of this many element
 # Measured need: llama-1b bf16's LM head, the program's own sGraph (W^T materialized as float32, then a matmul)
 # took 324-340 ms per call for a 32000 x 2048 weight (its transpose re-read every source line from L3 32 times,
 # one element each); the model predicted 10.8 ms.
+# In a template (``rows_vary``) the copy is tiled by its layout alone, at any size, and every tile's bound is the
+# cut-short form: the size conditions were guards that ended template regions where nothing else changed
+# (llama-1b float32's fused MLP at 188 prompt tokens, its prefill attention at 182; each new region a gcc run and
+# three numeric checks, 1.9-2.4 s). Tried before with the size conditions kept but TILE_MIN dropped: their own
+# boundaries at 32 rows split short prompts' templates instead.
 TILE = 32
 TILE_MIN = 1 << 16
 
@@ -169,12 +174,15 @@ def _transposed_dim(nest: Nest) -> int | None:
     target is contiguous along the innermost dim, some operand reads it with a stride of at least TILE
     elements and is contiguous along ``d``, both dims span at least TILE, the nest at least TILE_MIN."""
     last = len(nest.sizes) - 1
-    if last < 1 or nest.strides[0][last] != 1 or math.prod(nest.sizes) < TILE_MIN or nest.sizes[last] < TILE:
+    if last < 1 or nest.strides[0][last] != 1:
+        return None
+    sized = not varying()   # a template tiles by layout alone (see TILE_MIN)
+    if sized and (math.prod(nest.sizes) < TILE_MIN or nest.sizes[last] < TILE):
         return None
     for s in nest.strides[1:]:
         if abs(s[last]) >= TILE:
             for d in range(last - 1, -1, -1):
-                if s[d] == 1 and nest.sizes[d] >= TILE:
+                if s[d] == 1 and (not sized or nest.sizes[d] >= TILE):
                     return d
     return None
 
@@ -203,7 +211,8 @@ def _assign_tiled(w: CWriter, nm: Namer, target: View, src: Operand, lvs: list[V
         if k == last:
             w.line("#pragma omp simd")
         n = nest.sizes[k]
-        bound = str(TILE) if n % TILE == 0 else f"({n} - {outer[k]} < {TILE} ? {n} - {outer[k]} : {TILE})"
+        bound = (str(TILE) if not varying() and n % TILE == 0
+                 else f"({n} - {outer[k]} < {TILE} ? {n} - {outer[k]} : {TILE})")
         w.line(f"for (long {inner[k]} = 0; {inner[k]} < {bound}; {inner[k]}++) {{")
         w.level += 1
         opened += 1

@@ -322,6 +322,29 @@ def test_a_product_whose_columns_vary_takes_its_last_panel_at_run_time(isa: str,
     assert len({id(k.specialize(n=n).template) for n in (64, 80, 96, 143)}) == 1, k.template_failures
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_a_transposing_copy_is_tiled_by_its_layout_alone_in_a_template(isa: str, rng: np.random.Generator) -> None:
+    """loops._transposed_dim under rows_vary: a transposing copy takes the tiled loops at any size, every tile's
+    bound cut short at run time, so its sizes draw no region boundary. Before, ``TILE_MIN`` (65536 elements) and
+    the tiles' own size conditions were guards: Y = 2 X^T of X [n, 256] had a template for 128-256 and another
+    from 257 (llama-1b float32's fused MLP and prefill attention: a new region, gcc run and checks at 188 and 182
+    tokens)."""
+    g = prism.Graph("scaled transpose")
+    X = g.input("X", ("n", 256))
+    g.output(g.mul_scalar(g.permute(X, (1, 0)), 2.0), "Y")
+    ia = get_isa(isa)
+    t = trace(g, {}, {"n": 150}, ia)
+    t.validate(g, {}, ia)
+    assert all(t.holds({"n": n}) for n in range(128, 600)), [n for n in range(100, 600) if not t.holds({"n": n})][:5]
+    for n in (128, 131, 160, 255, 256, 257, 300, 599):
+        assert t.render({"n": n}) == plain_source(g, {}, {"n": n}, ia), n
+    k = prism.compile(g, {}, isa=isa, templates=True)
+    for n in (130, 161, 256, 300, 333):
+        x = rng.standard_normal((n, 256)).astype(np.float32)
+        assert k.specialize(n=n).template is not None, k.template_failures
+        assert_close(k(X=x), 2.0 * x.T.astype(np.float64), f"n={n}", rtol=0.0)
+
+
 def test_a_grid_that_follows_a_dim_is_one_template_for_every_value() -> None:
     """``Follows("m")``: one block per row at every m (a tuned winner whose grid equalled the prompt length).
     As a constant the grid divides only multiples of itself; following the dim, one template serves every m,
