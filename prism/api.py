@@ -106,6 +106,7 @@ NEAR_ESTIMATE = 2.0   # ... or farther, where the model's seconds per flop of th
 TEMPLATE_CHECKS = 3   # served shapes of a template checked numerically before its other shapes reuse the checks
 SPLIT_CHECKS = 1      # splits of a program checked numerically before the others reuse the check (api._split)
 SPLIT_FIRST_RUNS = 3  # a split of at most this many calls comes before a derived kernel with no compiled code yet
+WINNER_REACH = 8      # the pre-build builds the winner's template at most this far past the tuned shape (_prebuild)
 SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
 BUDGET_TOP_K = 2      # candidates tuned when the call's time budget is already spent
 RETUNE_ROUNDS = 2     # further tunings of a shape whose measured candidates all failed the final check
@@ -465,6 +466,30 @@ class SuperKernel:
         self._specs[key] = dataclasses.replace(built, derived_from=dict(env))
         if built.split_tile is not None:
             self._build_tails(env, spec.tuning, built.split_tile)
+        self._prebuild_winner(env, spec.tuning, built)
+
+    def _prebuild_winner(self, env: dict[str, int], tuning: TuneResult, built: Specialization) -> None:
+        """Where the shape one past the tuned ``env`` took another candidate than the winner (no split: the winner is
+        not valid there, e.g. a loop of 2 KV chunks at an odd length), the winner's template at the next values it is
+        valid at, up to WINNER_REACH past ``env`` (and checked): the first of them asked for later then runs code
+        that is compiled. Measured need: llama-1b float32 under dynamic=True tuned at 128 tokens, its prefill
+        attention's winner (2 chunks) first compiled at 190 (the first even new length after 141, 157 and 163,
+        served by the candidate built at 129): 1.8 s of gcc and checks at that length."""
+        win = tuning.best
+        if built.split is not None or (built.implementation.index == win.sgraph and built.params == dict(win.params)):
+            return
+        for k in range(2, WINNER_REACH + 1):
+            nxt = {d: v + k for d, v in env.items()}
+            if self._covers(win, None, nxt):
+                return
+            key = tuple(sorted(nxt.items()))
+            if key in self._specs:
+                continue
+            spec = self._from_cached(nxt, tuning, None, template=True, row=win)
+            if spec is not None:
+                STATS.template_prebuilt += 1
+                self._specs[key] = dataclasses.replace(spec, derived_from=dict(env))
+                return
 
     def _prebuilding(self) -> bool:
         """Whether work for shapes not yet asked for is done ahead (_prebuild, _build_tails): ``PRISM_PREBUILD=0``

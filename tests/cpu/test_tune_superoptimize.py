@@ -383,6 +383,45 @@ def test_the_shape_one_past_a_tuned_one_is_derived_right_after_the_tuning(tmp_pa
             assert k.specialize(n=33).derived_from == {"n": 32}
 
 
+def test_the_prebuild_builds_the_winner_where_the_shape_one_past_took_another_candidate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """api.SuperKernel._prebuild_winner: a winner that is not valid at n + 1 (here a loop of 2 chunks over n, tuned at
+    n = 32) leaves n + 1 to another candidate; its own template is then built at the next value it is valid at
+    (34) and checked, so a later even length runs compiled code (no gcc run), with the float64 reference's
+    values. Before, the first even length compiled it (llama-1b float32's prefill attention at 190: 1.8 s)."""
+    from prism.api import WINNER_REACH
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PRISM_PREBUILD", "0")   # the tuning first; the pre-build below, with the winner set
+    clear_memory_caches()
+    reset_stats()
+    g = prism.Graph("softmax_then_matmul_over_n")
+    X, W = g.input("X", (8, "n")), g.input("W", ("n", 40))
+    g.output(g.matmul(g.softmax(X, -1), W), "Y")
+    k = prism.superoptimize(g, limits=LIMITS, derive=True)
+    spec = k.specialize(n=32)
+    res = spec.tuning
+    loops = [i for i, r in enumerate(res.rows) if r.status == "ok" and "F" in r.params]
+    assert loops and len([r for r in res.rows if r.status == "ok"]) >= 2, [r.params for r in res.rows]
+    res.winner = loops[0]
+    res.rows[loops[0]].params = {**res.rows[loops[0]].params, "F": 2}   # valid at even n only
+    win = res.best
+    monkeypatch.setenv("PRISM_PREBUILD", "1")
+    k._prebuild({"n": 32}, spec)
+    s33 = k._specs[(("n", 33),)]
+    assert s33.params != dict(win.params) and s33.split is None   # another candidate at 33
+    s34 = k._specs.get((("n", 34),))
+    assert s34 is not None and s34.params == dict(win.params) and s34.check.passed, (s34, WINNER_REACH)
+    assert k._covers(win, None, {"n": 40})
+    rng = np.random.default_rng(0)
+    compiles = STATS.compiles
+    for n in (34, 40):
+        x, w = rng.standard_normal((8, n)).astype(np.float32), rng.standard_normal((n, 40)).astype(np.float32)
+        ref = g.evaluate({"X": x.astype(np.float64), "W": w.astype(np.float64)}, dtype=np.float64)["Y"]
+        assert np.max(np.abs(np.asarray(k(X=x, W=w)) - ref)) <= 1e-5 * np.max(np.abs(ref)), n
+        assert k.specialize(n=n).params == dict(win.params)
+    assert STATS.compiles == compiles
+
+
 def test_when_every_measured_candidate_fails_the_final_check_the_next_ones_are_tuned(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """top_k candidates are measured; if the final numeric check rejects all of them, the tuner measures
