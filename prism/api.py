@@ -486,10 +486,18 @@ class SuperKernel:
             if key in self._specs:
                 continue
             spec = self._from_cached(nxt, tuning, None, template=True, row=win)
-            if spec is not None:
-                STATS.template_prebuilt += 1
-                self._specs[key] = dataclasses.replace(spec, derived_from=dict(env))
+            if spec is None:
+                continue
+            # its other checks now, at the region's cheapest values (as _build_tails): a later length it serves
+            # ran them (bf16, 190 after 128: four such templates, 8 checks, +0.4-0.9 s)
+            t = spec.kernel.specialize(**spec.env).template
+            if t is not None and len(t.checks) < TEMPLATE_CHECKS and not self._checked_below(
+                    t, spec.implementation, dict(win.params), spec.kernel, {d: 2 * v for d, v in nxt.items()},
+                    always=True):
                 return
+            STATS.template_prebuilt += 1
+            self._specs[key] = dataclasses.replace(spec, derived_from=dict(env))
+            return
 
     def _prebuilding(self) -> bool:
         """Whether work for shapes not yet asked for is done ahead (_prebuild, _build_tails): ``PRISM_PREBUILD=0``

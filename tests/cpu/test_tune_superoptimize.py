@@ -388,8 +388,9 @@ def test_the_prebuild_builds_the_winner_where_the_shape_one_past_took_another_ca
     """api.SuperKernel._prebuild_winner: a winner that is not valid at n + 1 (here a loop of 2 chunks over n, tuned at
     n = 32) leaves n + 1 to another candidate; its own template is then built at the next value it is valid at
     (34) and checked, so a later even length runs compiled code (no gcc run), with the float64 reference's
-    values. Before, the first even length compiled it (llama-1b float32's prefill attention at 190: 1.8 s)."""
-    from prism.api import WINNER_REACH
+    values; the template's TEMPLATE_CHECKS checks are run then, at its cheapest values. Before, the first even length
+    compiled it (llama-1b float32's prefill attention at 190: 1.8 s)."""
+    from prism.api import TEMPLATE_CHECKS, WINNER_REACH
     monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("PRISM_PREBUILD", "0")   # the tuning first; the pre-build below, with the winner set
     clear_memory_caches()
@@ -412,6 +413,8 @@ def test_the_prebuild_builds_the_winner_where_the_shape_one_past_took_another_ca
     s34 = k._specs.get((("n", 34),))
     assert s34 is not None and s34.params == dict(win.params) and s34.check.passed, (s34, WINNER_REACH)
     assert k._covers(win, None, {"n": 40})
+    t = s34.kernel.specialize(n=34).template   # checked at its cheapest values there, not by a later length
+    assert t is not None and len(t.checks) == TEMPLATE_CHECKS, t
     rng = np.random.default_rng(0)
     compiles = STATS.compiles
     for n in (34, 40):
