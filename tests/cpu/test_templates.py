@@ -225,8 +225,16 @@ def test_a_transposed_weight_product_is_one_template_for_every_residue_of_its_ro
 
 def _row_product(dtype: str = "float32") -> prism.Graph:
     """Y[m, 40] = X[m, 96] @ W[96, 40] in row blocks: the nn micro-kernels over m rows."""
-    g = prism.Graph("rows @ w")
-    X, W = g.input("X", ("m", 96), dtype), g.input("W", (96, 40), dtype)
+    return _blocked_product(prism.Graph("rows @ w"), ("m", 96), (96, 40), dtype)
+
+
+def _blocked_product(g: prism.Graph, xs: tuple, ws: tuple, dtype: str, block: bool = True) -> prism.Graph:
+    """``g`` with Y = X @ W for X of shape ``xs``, W of ``ws``: in row blocks of a block graph (grid g0), or the
+    kernel-level product (``block`` False)."""
+    X, W = g.input("X", xs, dtype), g.input("W", ws, dtype)
+    if not block:
+        g.output(g.matmul(X, W), "Y")
+        return g
     bb = BlockBuilder(grid=("g0",), forloop=1, inputs=[X, W])
     x, w = bb.iter(0, imap=(0,)), bb.iter(1, imap=(None,))
     bb.save(bb.matmul(x, w), omap=(0,))
@@ -277,17 +285,7 @@ def test_a_product_with_a_small_b_takes_its_row_remainder_by_bits_at_any_row_cou
 def _col_product(dtype: str = "float32", block: bool = True) -> prism.Graph:
     """Y[48, n] = X[48, 96] @ W[96, n]: the nn micro-kernels over n columns (``block``: in row blocks of a block
     graph, else the kernel-level product, one task per row group and panel)."""
-    g = prism.Graph("x @ cols")
-    X, W = g.input("X", (48, 96), dtype), g.input("W", (96, "n"), dtype)
-    if not block:
-        g.output(g.matmul(X, W), "Y")
-        return g
-    bb = BlockBuilder(grid=("g0",), forloop=1, inputs=[X, W])
-    x, w = bb.iter(0, imap=(0,)), bb.iter(1, imap=(None,))
-    bb.save(bb.matmul(x, w), omap=(0,))
-    (y,) = g.customized(bb.build(), [X, W])
-    g.output(y, "Y")
-    return g
+    return _blocked_product(prism.Graph("x @ cols"), (48, 96), (96, "n"), dtype, block)
 
 
 COL_CASES = [(isa, "float32", block) for isa in ISAS for block in (True, False)] + (
