@@ -174,16 +174,22 @@ def _remainder_runs(w: CWriter, nm: Namer, p: NNPlan, call: Callable[[int, str],
             call(r, f"{p.nfull * p.mr} + ({rem} & {(2 * REM_RUNS[0] - 2 * r)})")
 
 
+def _nn_call(w: CWriter, fn: str, K: str | int, a: str, sa0: int, sa1: int, b: str, sb0: int, c: str, sc0: int,
+             beta: str, cs: str, r0: str, ro: str, jo: str, tn: str) -> None:
+    """One call of the nn micro-kernel ``fn`` on the rows from ``r0`` (``ro``: as printed in an offset) and the
+    columns from ``jo``; ``tn``: the run-time column count of an mk.RT_TAIL kernel, else ""."""
+    csr = "0" if cs == "0" else f"{cs} + {r0}"
+    w.line(f"{fn}({K}, {a} + {ro} * {sa0}, {sa0}, {sa1}, {b} + {jo}, {sb0}, {c} + {ro} * {sc0} + {jo}, "
+           f"{sc0}, {beta}, {csr}" + (f", {tn});" if tn else ");"))
+
+
 def _nn_calls(w: CWriter, sup: Support, p: NNPlan, j0: str, nv: int, tail: int | str, K: str, a: str, sa0: int,
               sa1: int, b: str, sb0: int, c: str, sc0: int, beta: str, cs: str, nm: Namer,
               elems: tuple[str, str], tn: str = "") -> None:
     """The calls for one panel starting at column ``j0``, over all row groups (``tn``: the panel's run-time column
     count, where ``tail`` is mk.RT_TAIL)."""
     def call(mr: int, r0: str) -> None:
-        fn = sup.nn(mr, nv, tail, elems=elems)
-        csr = "0" if cs == "0" else f"{cs} + {r0}"
-        w.line(f"{fn}({K}, {a} + ({r0}) * {sa0}, {sa0}, {sa1}, {b} + {j0}, {sb0}, {c} + ({r0}) * {sc0} + {j0}, "
-               f"{sc0}, {beta}, {csr}" + (f", {tn});" if tn else ");"))
+        _nn_call(w, sup.nn(mr, nv, tail, elems=elems), K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, r0, f"({r0})", j0, tn)
     if not p.bits and p.nfull == 1:
         call(p.mr, "0")
     elif p.bits or p.nfull > 1:
@@ -298,12 +304,9 @@ def _emit_nn_parallel(w: CWriter, nm: Namer, sup: Support, p: NNPlan, M: int, N:
             for k, (cond, rows_full, pan_full) in enumerate(variants):
                 def rows(j0: str, nv: int, tail: int | str, tn: str, rows_full: bool = rows_full) -> None:
                     def call(mr: int, r0: str) -> None:
-                        fn = sup.nn(mr, nv, tail, blocked=K > mk.ACC_CHUNK, elems=elems)
-                        csr = "0" if cs == "0" else f"{cs} + {r0}"
-                        ro = r0 if r0 == "r0" else f"({r0})"
-                        jo = j0 if j0 == "j0" else f"({j0})"
-                        w.line(f"{fn}({K}, {a} + {ro} * {sa0}, {sa0}, {sa1}, {b} + {jo}, {sb0}, "
-                               f"{c} + {ro} * {sc0} + {jo}, {sc0}, {beta}, {csr}" + (f", {tn});" if tn else ");"))
+                        _nn_call(w, sup.nn(mr, nv, tail, blocked=K > mk.ACC_CHUNK, elems=elems), K, a, sa0, sa1, b,
+                                 sb0, c, sc0, beta, cs, r0, r0 if r0 == "r0" else f"({r0})",
+                                 j0 if j0 == "j0" else f"({j0})", tn)
                     if p.bits and not rows_full:
                         _remainder_runs(w, nm, p, call)
                     else:

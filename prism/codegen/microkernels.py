@@ -210,7 +210,7 @@ def nt_chunk_prefetch(keys_stride: int | str, K: int | str, elem: str) -> bool:
 def nn_kernel(isa: ISA, mr: int, nv: int, tail: int | str, blocked: bool = False,
               elems: tuple[str, str] = F32) -> str:
     """C[mr x cols] (beta) A @ B with cols = nv*W (the last vector has ``tail`` lanes if tail > 0; RT_TAIL:
-    as many as the argument ``tn`` says).
+    cols = the argument ``tn``, 0..nv*W).
 
     The products are summed in the C block's registers, starting from the first one, and the sum is then
     combined with C (beta 0: C = sum, 1: C += sum, 2: C = C * cs[row] + sum). Without ``blocked`` the
