@@ -105,7 +105,10 @@ NEAR_ESTIMATE = 2.0   # ... or farther, where the model's seconds per flop of th
 #                       not the MLP one row per block, whose weights it reads per row)
 TEMPLATE_CHECKS = 3   # served shapes of a template checked numerically before its other shapes reuse the checks
 SPLIT_CHECKS = 1      # splits of a program checked numerically before the others reuse the check (api._split)
-SPLIT_FIRST_RUNS = 3  # a split of at most this many calls comes before a derived kernel with no compiled code yet
+SPLIT_FIRST_RUNS = 3  # a split of at most this many calls comes before a derived kernel with no compiled code yet,
+SPLIT_STREAM_SHARE = 0.25   # ... or of any number where the tuned run is compute-bound: its row blocks' reads of the
+#                             operands without the row axis (weights) take at most this share of its measured time
+#                             at the machine's bandwidth (api.SuperKernel._split)
 WINNER_REACH = 8      # the pre-build builds the winner's template at most this far past the tuned shape (_prebuild)
 SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
 BUDGET_TOP_K = 2      # candidates tuned when the call's time budget is already spent
@@ -720,14 +723,13 @@ class SuperKernel:
         # values of its region), a split comes first if its parts are all compiled: the tuned kernel and the tail
         # templates the pre-build compiled and checked. Measured need: llama-1b bf16 under dynamic=True, prompt 190
         # after 128 and 141 (tuned grids of 2 row blocks fit 190): 44 pieces derived, 30 checks, new templates, +7.1 s
-        # -- where it is at most SPLIT_FIRST_RUNS calls (each reads the weights once: a 1024-token prompt after 128
-        # as 8 runs of the tuned kernel streams the fused MLP's weights 8 times)
+        # -- where it is at most SPLIT_FIRST_RUNS calls, or more where the tuned run is compute-bound (_split)
         # and a close candidate that has compiled code comes before a winner that has none: within DERIVE_SLACK of
         # it at the anchor, for no gcc run and no checks. Measured need: llama-1b bf16 under dynamic=True, 190 after
         # 128: three linear+add pieces compiled and checked the winner's template (2 row blocks; 0.55-0.96 s each)
         # where a close candidate (one row block, 8 column blocks) had a template covering 64-255 rows
         compiled = [self._covers(row, params, env) for row, params in tries]
-        split_first = None if any(compiled) else self._split(env, anchor, res, most_runs=SPLIT_FIRST_RUNS)
+        split_first = None if any(compiled) else self._split(env, anchor, res, first=True)
         if split_first is not None:
             return split_first
         for row, params in [t for t, c in zip(tries, compiled) if c] + [t for t, c in zip(tries, compiled) if not c]:
@@ -759,15 +761,17 @@ class SuperKernel:
         return None
 
     def _split(self, env: dict[str, int], anchor: dict[str, int], res: TuneResult,
-               most_runs: int | None = None) -> Specialization | None:
+               first: bool = False) -> Specialization | None:
         """``env`` served as calls on ranges of rows (prism/runtime/split.py): the kernel tuned at ``anchor`` on
         each whole run of its length, then the winner's sGraph with one block along the rows on each run of its
         tuned tile and on the rows left: a grid with a remainder block, where a prime length has no other grid
         than one row per block. Only where the winner's sGraph proves the program row-separable along the
         dim that moved (prism/ir/rows.py); every part is a kernel compiled and checked at its own length, and the
         composite is checked at ``env`` the first SPLIT_CHECKS times it passes its parts the same pointers (below).
-        None when any of that does not hold, or (``most_runs``) when it would take more calls than that or compile a
-        part (a tail length with no compiled code: then the split saves no compile over the winner's new template).
+        None when any of that does not hold, or (``first``: the split tried before a kernel with no compiled code)
+        when it would compile a part (a tail length with no compiled code: then it saves no compile over the
+        winner's new template), or take more than SPLIT_FIRST_RUNS calls where the tuned run is not compute-bound
+        (:meth:`_stream_share` over SPLIT_STREAM_SHARE).
         Measured need: see prism/runtime/split.py (the fused MLP of llama-1b tuned again at 157 tokens)."""
         from prism.ir.rows import NotRowSeparable, check_one_row, row_grid
         from prism.runtime.split import SplitKernel, compose
@@ -797,7 +801,7 @@ class SuperKernel:
             if cut is not None and q + len(cut) >= 2 and len(cut) <= len(rest) + 1:
                 rest = cut
             runs: list[int | None] = [None] * q + rest
-            if len(runs) < 2 or (most_runs is not None and (len(runs) > most_runs or not all(map(covered, rest)))):
+            if len(runs) < 2 or (first and not all(map(covered, rest))):
                 return None
             check_one_row(impl.graph, dim, rows, win.params, env, [n, a] + [x for x in runs if x])
         except NotRowSeparable as e:
@@ -816,6 +820,10 @@ class SuperKernel:
             if any(x != 1 for x in shapes[k][:ax]):
                 return None
             row_bytes[k] = math.prod(shapes[k][ax + 1:]) * dtypes[k].itemsize
+        if first and len(runs) > SPLIT_FIRST_RUNS and self._stream_share(
+                sum(math.prod(shapes[k]) * dtypes[k].itemsize for k, ax in ins.items() if ax is None), tiles,
+                win.measured_s) > SPLIT_STREAM_SHARE:
+            return None
         main = self._anchor_variant(anchor, res) if q else None
         if q and main is None:
             return None
@@ -870,6 +878,22 @@ class SuperKernel:
         STATS.tune_split += 1
         return Specialization(env, impl, params, kernel, res, check, True, split=tuple(parts),
                               split_tile=(dim, grid, tile))
+
+    def _stream_share(self, weight_bytes: int, blocks: int, measured_s: float) -> float:
+        """The share of a tuned run's measured time its ``blocks`` row blocks would take to read the operands that
+        have no row axis (``weight_bytes``: each block reads them whole) at the machine's bandwidth: what a split
+        pays per extra run at most, against a template whose blocks hold more rows. A split runs at the tuned
+        kernel's own rate per row; the winner's template at the new length reads the weights fewer times per row.
+        Measured (llama-1b under dynamic=True after 128 tokens, 350-1024 tokens, split against the winner's template
+        in one process, interleaved; bandwidth 37.5 GB/s): shares 0.15-0.24 (float32 linear pieces, 2 row blocks;
+        bfloat16 linear pieces and fused MLP, 2 row blocks) ran the splits at 0.85-1.0 of the template's time
+        (their tails of 30-64 rows 1.15-1.19 in float32); the float32 fused MLP's 4 row blocks of 32, share 0.34,
+        at 1.26. Programs with no such operand (norms, RoPE) have 0: the split costs a call per run."""
+        if weight_bytes == 0:
+            return 0.0
+        if not (measured_s > 0 and math.isfinite(measured_s)):
+            return math.inf
+        return blocks * weight_bytes / self.machine.bandwidth / measured_s
 
     def _anchor_variant(self, anchor: dict[str, int], res: TuneResult) -> Any:
         """The compiled kernel of the tuning ``res`` at ``anchor``: this kernel's (tuned, or from the tuning cache)

@@ -3,6 +3,7 @@ prism/runtime/split.py), against float64, through both call paths; a wrong compo
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -223,14 +224,25 @@ def test_the_first_split_derived_without_a_prebuild_builds_and_checks_the_tail_t
     assert STATS.final_checks == checks
 
 
-def test_a_split_tried_before_the_winner_compiles_nothing() -> None:
-    """_split(most_runs=...) -- the split api._derived tries before a winner with no compiled code -- is None where a
-    part would be compiled (the 3-row tail before anything built it) or where it takes more calls than that; the
-    plain _split builds the part, after which the first one serves the length."""
+def test_a_split_tried_before_the_winner_compiles_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """_split(first=True) -- the split api._derived tries before a winner with no compiled code -- is None where a
+    part would be compiled (the 3-row tail before anything built it) or where it takes more than SPLIT_FIRST_RUNS
+    calls and the tuned run is not compute-bound (its row blocks' weight reads over SPLIT_STREAM_SHARE of its
+    measured time); the plain _split builds the part, after which the first one serves the length."""
     k, res = _kernel("float32")
-    assert k._split({"L": 67}, {"L": 64}, res, most_runs=3) is None
+    assert k._split({"L": 67}, {"L": 64}, res, first=True) is None
     assert k._split({"L": 67}, {"L": 64}, res) is not None
-    s = k._split({"L": 67}, {"L": 64}, res, most_runs=3)
+    s = k._split({"L": 67}, {"L": 64}, res, first=True)
     assert s is not None and [x for x, _ in s.split] == [64, 3]
     k._split({"L": 4 * 64 + 3}, {"L": 64}, res)
-    assert k._split({"L": 4 * 64 + 3}, {"L": 64}, res, most_runs=3) is None   # 5 calls
+    # 5 calls; the weight W (48 x 64 float32, 12 KiB) read by 4 row blocks per run
+    bw = k.machine.bandwidth
+    share = 4 * 48 * 64 * 4 / bw
+    for measured, split in ((share / api.SPLIT_STREAM_SHARE / 2, False), (share / api.SPLIT_STREAM_SHARE * 2, True)):
+        monkeypatch.setattr(res.rows[0], "measured_s", measured)
+        assert k._stream_share(48 * 64 * 4, 4, measured) == pytest.approx(share / measured)
+        s = k._split({"L": 4 * 64 + 3}, {"L": 64}, res, first=True)
+        assert (s is not None) == split, (measured, share)
+        if split:
+            assert s is not None and [x for x, _ in s.split] == [64, 64, 64, 64, 3]
+    assert k._stream_share(0, 4, 1e-9) == 0.0 and k._stream_share(1, 4, math.inf) == math.inf
