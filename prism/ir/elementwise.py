@@ -107,8 +107,12 @@ def _torch1(*names: str, modules: tuple[tuple[str, tuple[str, ...]], ...] = ()) 
 # --- references --------------------------------------------------------------------------------
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    # exp(-log(1 + exp(-x))) without overflow for large |x|
-    return np.exp(-np.logaddexp(0, -x)).astype(x.dtype, copy=False)
+    # 1 / (1 + e) for x >= 0 and e / (1 + e) below, e = exp(-|x|) in (0, 1]: no overflow, a few ulps. Measured need:
+    # exp(-logaddexp(0, -x)) took 62 ms over llama-1b's [256, 5632] gate in float64 (logaddexp ~40 ns an element),
+    # 0.31 s of a 1.9 s new template region's checks of the fused MLP; this form takes a few ms
+    e = np.exp(-np.abs(x))
+    s = 1 / (1 + e)
+    return np.where(x >= 0, s, e * s).astype(x.dtype, copy=False)
 
 
 def _softplus(x: np.ndarray, beta: float, threshold: float) -> np.ndarray:

@@ -7,7 +7,13 @@ come from their definitions (``OpDef.numpy`` in ``prism.ir.elementwise``); the s
 
 from __future__ import annotations
 
+import itertools
+import math
+import os
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -36,11 +42,87 @@ IMPL.update({
 
 
 # composites: their decomposition (OpDef.decomp) with the references above
-IMPL.update({n: (lambda name: lambda a, arg: decompose(name, lambda op, s, r: IMPL[op](s, r), a, tuple(arg)))(n)
+IMPL.update({n: (lambda name: lambda a, arg: decompose(name, lambda op, s, r: _apply(op, s, r), a, tuple(arg)))(n)
              for n, o in OPS.items() if o.decomp is not None})
 
 
 def apply(op: str, arrays: Sequence[np.ndarray], arg: tuple) -> np.ndarray:
     with np.errstate(all="ignore"):  # NaN and inf are results like any other (log(-1), 1/0)
-        out = IMPL[op](arrays, arg)
+        out = _apply(op, arrays, arg)
     return np.asarray(out, dtype=arrays[0].dtype)
+
+
+
+
+# Large matrix products run on every core, in blocks of the output's first axis with a block per worker (a batch
+# axis, or M), each a NumPy matmul into its part of the output in a thread of its own: BLAS releases the GIL,
+# and a BLAS call in a thread of ours runs single-threaded (the interpreter holds BLAS at one thread:
+# prism/reference/kernel.py), so no BLAS worker thread is left spinning after it. The result is the whole call's
+# to the last bits of float64 (the BLAS may take a block's edge rows through another kernel: tested within 8 ulps
+# of the largest value; equal bit for bit at llama-1b's sizes).
+# Measured need: llama-1b float32's fused MLP checked at ~500 rows, a new template region after 128 tokens: each
+# float64 reference run is ~35 GFLOP of products on one of the two cores. A [1030, 2048] @ [2048, 5632] float64
+# product: 444 -> 237 ms on 2 cores. Element-wise operators were tried the same way and lost (np.exp over 17 M
+# float64: 28 -> 73 ms; the parts' results copied into one array, and fresh pages for each).
+PARALLEL_MIN_FLOPS = 1 << 26      # a product of at least this many flops (~1 ms in float64 on one core)
+_POOL: list[Any] = [None]
+_POOL_LOCK = threading.Lock()
+_IN_PART = threading.local()   # set in the pool's threads: what runs there runs whole (no nesting)
+
+
+def _workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _pool() -> ThreadPoolExecutor:
+    with _POOL_LOCK:
+        if _POOL[0] is None:
+            _POOL[0] = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="prism-ref")
+        return _POOL[0]
+
+
+def _apply(op: str, arrays: Sequence[np.ndarray], arg: tuple) -> Any:
+    if op == "matmul":
+        parts = _product_parts(*arrays)
+        if parts is not None:
+            return _product_in_parts(*arrays, *parts)
+    return IMPL[op](arrays, arg)
+
+
+def _product_parts(a: Any, b: Any) -> tuple[tuple[int, ...], int, bool, bool] | None:
+    """(the output's shape, the axis cut, whether A and B are cut along it) where ``a @ b`` is worth running in
+    blocks (:data:`PARALLEL_MIN_FLOPS`), else None. The axis is the first (not N) with a block per worker."""
+    workers = _workers()
+    if (workers < 2 or getattr(_IN_PART, "on", False) or not isinstance(a, np.ndarray)
+            or not isinstance(b, np.ndarray) or a.ndim < 2 or b.ndim < 2):
+        return None
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    if 2 * math.prod(shape) * a.shape[-1] < PARALLEL_MIN_FLOPS:
+        return None
+    axis = next((i for i in range(len(shape) - 1) if shape[i] >= workers), None)
+    if axis is None:
+        return None
+
+    def cut(x: np.ndarray) -> bool:   # its axis aligned with that one has all of it (one of size 1: broadcast)
+        ax = x.ndim - len(shape) + axis
+        return ax >= 0 and x.shape[ax] == shape[axis]
+    return tuple(shape), axis, cut(a), axis < len(shape) - 2 and cut(b)   # B at the M axis has K there
+
+
+def _product_in_parts(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...], axis: int, cut_a: bool,
+                      cut_b: bool) -> np.ndarray:
+    out = np.empty(shape, np.result_type(a, b))
+    bounds = np.linspace(0, shape[axis], _workers() + 1).astype(int)
+
+    def piece(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        return x[(slice(None),) * (x.ndim - len(shape) + axis) + (slice(lo, hi),)]
+
+    def part(lo: int, hi: int) -> None:
+        _IN_PART.on = True
+        np.matmul(piece(a, lo, hi) if cut_a else a, piece(b, lo, hi) if cut_b else b, out=piece(out, lo, hi))
+    for f in [_pool().submit(part, int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds) if hi > lo]:
+        f.result()
+    return out

@@ -56,3 +56,42 @@ def test_a_blas_library_loaded_later_is_limited_too(monkeypatch: pytest.MonkeyPa
     with RK._one_blas_thread():
         assert RK._BLAS[0] is not first
         assert all(n == 1 for n in _blas_threads())
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((37, 16), (16, 9)),              # M cut (B whole: its rows are K)
+    ((3, 37, 16), (3, 16, 9)),        # the batch cut in both
+    ((1, 5, 37, 16), (1, 5, 16, 9)),  # a batch of 1 first: the next axis
+    ((1, 37, 16), (4, 16, 9)),        # A broadcast over the batch
+    ((4, 37, 16), (16, 9)),           # B 2-D under a batched A
+    ((37, 16), (16, 16)),             # K == M: B still whole
+])
+def test_a_large_product_runs_in_blocks_equal_to_one_call(monkeypatch: pytest.MonkeyPatch, a_shape: tuple,
+                                                          b_shape: tuple) -> None:
+    """numpy_ops: a product over PARALLEL_MIN_FLOPS runs on every core in blocks of the output's first axis with a
+    block per worker (threads of NumPy matmuls into parts of one output): the whole call's result, to the last
+    bits of float64 (the BLAS may take a block's edge rows by another kernel: measured at most 4 ulps)."""
+    from prism.reference import numpy_ops as N
+    monkeypatch.setattr(N, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(N, "_workers", lambda: 2)
+    calls: list[tuple] = []
+    real = N._product_in_parts
+    monkeypatch.setattr(N, "_product_in_parts", lambda *a: calls.append(a[3:]) or real(*a))
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    got = N.apply("matmul", [a, b], ())
+    assert len(calls) == 1 and got.shape == np.matmul(a, b).shape
+    ref = np.matmul(a, b)
+    assert np.max(np.abs(got - ref)) <= 8 * np.finfo(np.float64).eps * np.max(np.abs(ref)), calls
+    monkeypatch.setattr(N, "PARALLEL_MIN_FLOPS", 2 * a.size * b.shape[-1] * 8)   # below it: one call
+    assert np.array_equal(N.apply("matmul", [a, b], ()), np.matmul(a, b)) and len(calls) == 1
+
+
+def test_a_composite_step_in_a_pool_thread_runs_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What runs in the reference pool's threads is not cut again (no waiting on the pool from inside it)."""
+    from prism.reference import numpy_ops as N
+    monkeypatch.setattr(N, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(N, "_workers", lambda: 2)
+    a, b = np.ones((8, 4)), np.ones((4, 3))
+    assert N._product_parts(a, b) is not None
+    assert N._pool().submit(N._product_parts, a, b).result() is None
