@@ -123,6 +123,8 @@ def _product_in_parts(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...], axis
     def part(lo: int, hi: int) -> None:
         _IN_PART.on = True
         np.matmul(piece(a, lo, hi) if cut_a else a, piece(b, lo, hi) if cut_b else b, out=piece(out, lo, hi))
-    for f in [_pool().submit(part, int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds) if hi > lo]:
-        f.result()
+    from prism.reference.kernel import _one_blas_thread  # (already so inside the interpreter: a cheap re-entry)
+    with _one_blas_thread():
+        for f in [_pool().submit(part, int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds) if hi > lo]:
+            f.result()
     return out
