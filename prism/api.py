@@ -110,6 +110,7 @@ SPLIT_STREAM_SHARE = 0.25   # ... or of any number where the tuned run is comput
 #                             operands without the row axis (weights) take at most this share of its measured time
 #                             at the machine's bandwidth (api.SuperKernel._split)
 WINNER_REACH = 8      # the pre-build builds the winner's template at most this far past the tuned shape (_prebuild)
+RESIDUE_REACH = 3     # ... and, where the shape one past took another candidate, derives every shape this far past
 SLOW_S = 5.0          # a search or a tuning longer than this logs a line saying where the time went
 BUDGET_TOP_K = 2      # candidates tuned when the call's time budget is already spent
 RETUNE_ROUNDS = 2     # further tunings of a shape whose measured candidates all failed the final check
@@ -481,6 +482,35 @@ class SuperKernel:
         win = tuning.best
         if built.split is not None or (built.implementation.index == win.sgraph and built.params == dict(win.params)):
             return
+        self._prebuild_winner_template(env, tuning)
+        self._prebuild_residues(env, tuning)
+
+    def _prebuild_residues(self, env: dict[str, int], tuning: TuneResult) -> None:
+        """The shapes 2 to RESIDUE_REACH past ``env`` derived now (compiled where no compiled kernel serves them,
+        and checked), after the winner's template: where the winner's grid must divide the dim, each residue of
+        the dim takes a candidate of its own, and its first length compiled it. Measured need: llama-1b float32
+        under dynamic=True tuned at 128 tokens (the bench's tuning of 2026-11-29): the prefill attention's winner
+        (4 row blocks, 2 KV chunks) serves multiples of 4 (its template from 132), 129's candidate (3 row blocks)
+        odd multiples of 3; 157 compiled the nearest sizes (+0.76 s), 190 a candidate valid at even lengths (+1.61
+        s). With this (`/tmp` sweep, the same tunings, kernels compiled afresh): 157 and 190 +0.02 and +0.17 s; the
+        first generate() 22.4 s against 22.2 s (two more gcc runs, ~1 s of the two cores); bfloat16 unchanged (its
+        pieces took the winner or a split one past); the first token of a new process with warm caches 3.8-4.0 s.
+        Derived for every piece (not only where 129 took another candidate) it cost bfloat16's start-up 1.5 s."""
+        for k in range(2, RESIDUE_REACH + 1):
+            nxt = {d: v + k for d, v in env.items()}
+            key = tuple(sorted(nxt.items()))
+            if key in self._specs:
+                continue
+            try:
+                spec = self._derived(nxt, env, tuning)
+            except PrismError:   # not a valid shape of the program
+                continue
+            if spec is not None:
+                STATS.template_prebuilt += 1
+                self._specs[key] = dataclasses.replace(spec, derived_from=dict(env))
+
+    def _prebuild_winner_template(self, env: dict[str, int], tuning: TuneResult) -> None:
+        win = tuning.best
         for k in range(2, WINNER_REACH + 1):
             nxt = {d: v + k for d, v in env.items()}
             if self._covers(win, None, nxt):

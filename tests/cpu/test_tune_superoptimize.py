@@ -372,11 +372,12 @@ def test_the_shape_one_past_a_tuned_one_is_derived_right_after_the_tuning(tmp_pa
         s33 = k._specs.get((("n", 33),))
         assert (s33 is not None) == (prebuild == "1")
         # the winner is measured: where it is not valid at 33 (a loop of 2 chunks), n + 1 took another candidate
-        # and _prebuild_winner built the winner further on too (the next test); that is the only other pre-build
+        # and _prebuild_winner built the winner further on and the shapes up to RESIDUE_REACH past (the next test);
+        # those are the only other pre-builds
         s32 = k.specialize(n=32)
         other = s33 is not None and (s33.implementation.index, s33.params) != (s32.implementation.index, s32.params)
         past = [key for key in k._specs if key[0][1] > 33]
-        assert len(past) == int(other and bool(past)) and (not past or k._specs[past[0]].params == s32.params), past
+        assert not past or other, past
         assert STATS.tunings == 1 and STATS.template_prebuilt == (1 + len(past) if prebuild == "1" else 0)
         if s33 is not None:
             assert s33.derived_from == {"n": 32} and s33.check.passed and s33.check.instantiations
@@ -396,7 +397,7 @@ def test_the_prebuild_builds_the_winner_where_the_shape_one_past_took_another_ca
     (34) and checked, so a later even length runs compiled code (no gcc run), with the float64 reference's
     values; the template's TEMPLATE_CHECKS checks are run then, at its cheapest values. Before, the first even length
     compiled it (llama-1b float32's prefill attention at 190: 1.8 s)."""
-    from prism.api import TEMPLATE_CHECKS, WINNER_REACH
+    from prism.api import RESIDUE_REACH, TEMPLATE_CHECKS, WINNER_REACH
     monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("PRISM_PREBUILD", "0")   # the tuning first; the pre-build below, with the winner set
     clear_memory_caches()
@@ -421,8 +422,15 @@ def test_the_prebuild_builds_the_winner_where_the_shape_one_past_took_another_ca
     assert k._covers(win, None, {"n": 40})
     t = s34.kernel.specialize(n=34).template   # checked at its cheapest values there, not by a later length
     assert t is not None and len(t.checks) == TEMPLATE_CHECKS, t
+    # and every shape up to RESIDUE_REACH past the tuned one is derived now (each residue of a dim the winner's
+    # grid must divide takes a candidate of its own: its first length compiled it)
+    assert all((("n", 32 + j),) in k._specs for j in range(1, RESIDUE_REACH + 1)), sorted(k._specs)
     rng = np.random.default_rng(0)
     compiles = STATS.compiles
+    for n in (35, 37):   # odd lengths: the candidate derived at 33 and 35, no compile
+        x, w = rng.standard_normal((8, n)).astype(np.float32), rng.standard_normal((n, 40)).astype(np.float32)
+        ref = g.evaluate({"X": x.astype(np.float64), "W": w.astype(np.float64)}, dtype=np.float64)["Y"]
+        assert np.max(np.abs(np.asarray(k(X=x, W=w)) - ref)) <= 1e-5 * np.max(np.abs(ref)), n
     for n in (34, 40):
         x, w = rng.standard_normal((8, n)).astype(np.float32), rng.standard_normal((n, 40)).astype(np.float32)
         ref = g.evaluate({"X": x.astype(np.float64), "W": w.astype(np.float64)}, dtype=np.float64)["Y"]
