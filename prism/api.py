@@ -456,60 +456,52 @@ class SuperKernel:
         the next step's. ``PRISM_PREBUILD=0`` turns it off (then the first new value builds them)."""
         if not self._prebuilding():
             return
-        nxt = {k: v + 1 for k, v in env.items()}
-        key = tuple(sorted(nxt.items()))
-        if key in self._specs:
-            return
-        try:
-            built = self._derived(nxt, env, spec.tuning)
-        except PrismError:   # not a valid shape of the program (a dim that must divide another)
-            return
+        built = self._derive_ahead(env, 1, spec.tuning)
         if built is None:
             return
-        STATS.template_prebuilt += 1
-        self._specs[key] = dataclasses.replace(built, derived_from=dict(env))
         if built.split_tile is not None:
             self._build_tails(env, spec.tuning, built.split_tile)
-        self._prebuild_winner(env, spec.tuning, built)
+        win = spec.tuning.best
+        if built.split is None and (built.implementation.index, built.params) != (win.sgraph, dict(win.params)):
+            # one past took another candidate: the winner is not valid there
+            self._prebuild_winner(env, spec.tuning)
+            for k in range(2, RESIDUE_REACH + 1):
+                self._derive_ahead(env, k, spec.tuning)
 
-    def _prebuild_winner(self, env: dict[str, int], tuning: TuneResult, built: Specialization) -> None:
+    def _derive_ahead(self, env: dict[str, int], k: int, tuning: TuneResult) -> Specialization | None:
+        """The shape ``k`` past the tuned ``env`` in every dim derived now and kept (compiled where no compiled
+        kernel serves it, and checked); None where it is kept already or no kernel serves it.
+        Past n + 1 (``RESIDUE_REACH``), only where n + 1 took another candidate than the winner: where the
+        winner's grid must divide the dim, each residue of the dim takes a candidate of its own, and its first
+        length compiled it. Measured need: llama-1b float32 under dynamic=True tuned at 128 tokens (the bench's
+        tuning of 2026-11-29): the prefill attention's winner (4 row blocks, 2 KV chunks) serves multiples of 4
+        (its template from 132), 129's candidate (3 row blocks) odd multiples of 3; 157 compiled the nearest sizes
+        (+0.76 s), 190 a candidate valid at even lengths (+1.61 s). With n + 2 and n + 3 (`/tmp` sweep, the same
+        tunings, kernels compiled afresh): 157 and 190 +0.02 and +0.17 s; the first generate() 22.4 s against 22.2
+        s (two more gcc runs, ~1 s of the two cores); bfloat16 unchanged (its pieces took the winner or a split
+        one past); the first token of a new process with warm caches 3.8-4.0 s. Derived for every piece (not
+        only where 129 took another candidate) it cost bfloat16's start-up 1.5 s."""
+        nxt = {d: v + k for d, v in env.items()}
+        key = tuple(sorted(nxt.items()))
+        if key in self._specs:
+            return None
+        try:
+            built = self._derived(nxt, env, tuning)
+        except PrismError:   # not a valid shape of the program (a dim that must divide another)
+            return None
+        if built is None:
+            return None
+        STATS.template_prebuilt += 1
+        self._specs[key] = dataclasses.replace(built, derived_from=dict(env))
+        return built
+
+    def _prebuild_winner(self, env: dict[str, int], tuning: TuneResult) -> None:
         """Where the shape one past the tuned ``env`` took another candidate than the winner (no split: the winner is
         not valid there, e.g. a loop of 2 KV chunks at an odd length), the winner's template at the next values it is
         valid at, up to WINNER_REACH past ``env`` (and checked): the first of them asked for later then runs code
         that is compiled. Measured need: llama-1b float32 under dynamic=True tuned at 128 tokens, its prefill
         attention's winner (2 chunks) first compiled at 190 (the first even new length after 141, 157 and 163,
         served by the candidate built at 129): 1.8 s of gcc and checks at that length."""
-        win = tuning.best
-        if built.split is not None or (built.implementation.index == win.sgraph and built.params == dict(win.params)):
-            return
-        self._prebuild_winner_template(env, tuning)
-        self._prebuild_residues(env, tuning)
-
-    def _prebuild_residues(self, env: dict[str, int], tuning: TuneResult) -> None:
-        """The shapes 2 to RESIDUE_REACH past ``env`` derived now (compiled where no compiled kernel serves them,
-        and checked), after the winner's template: where the winner's grid must divide the dim, each residue of
-        the dim takes a candidate of its own, and its first length compiled it. Measured need: llama-1b float32
-        under dynamic=True tuned at 128 tokens (the bench's tuning of 2026-11-29): the prefill attention's winner
-        (4 row blocks, 2 KV chunks) serves multiples of 4 (its template from 132), 129's candidate (3 row blocks)
-        odd multiples of 3; 157 compiled the nearest sizes (+0.76 s), 190 a candidate valid at even lengths (+1.61
-        s). With this (`/tmp` sweep, the same tunings, kernels compiled afresh): 157 and 190 +0.02 and +0.17 s; the
-        first generate() 22.4 s against 22.2 s (two more gcc runs, ~1 s of the two cores); bfloat16 unchanged (its
-        pieces took the winner or a split one past); the first token of a new process with warm caches 3.8-4.0 s.
-        Derived for every piece (not only where 129 took another candidate) it cost bfloat16's start-up 1.5 s."""
-        for k in range(2, RESIDUE_REACH + 1):
-            nxt = {d: v + k for d, v in env.items()}
-            key = tuple(sorted(nxt.items()))
-            if key in self._specs:
-                continue
-            try:
-                spec = self._derived(nxt, env, tuning)
-            except PrismError:   # not a valid shape of the program
-                continue
-            if spec is not None:
-                STATS.template_prebuilt += 1
-                self._specs[key] = dataclasses.replace(spec, derived_from=dict(env))
-
-    def _prebuild_winner_template(self, env: dict[str, int], tuning: TuneResult) -> None:
         win = tuning.best
         for k in range(2, WINNER_REACH + 1):
             nxt = {d: v + k for d, v in env.items()}

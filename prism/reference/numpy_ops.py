@@ -52,8 +52,6 @@ def apply(op: str, arrays: Sequence[np.ndarray], arg: tuple) -> np.ndarray:
     return np.asarray(out, dtype=arrays[0].dtype)
 
 
-
-
 # Large matrix products run on every core, in blocks of the output's first axis with a block per worker (a batch
 # axis, or M), each a NumPy matmul into its part of the output in a thread of its own: BLAS releases the GIL,
 # and a BLAS call in a thread of ours runs single-threaded (the interpreter holds BLAS at one thread:
