@@ -107,6 +107,25 @@ def round_to(a: np.ndarray, dtype: DType) -> np.ndarray:
     return a.astype(np.float32).astype(dtype.np).astype(a.dtype)
 
 
+# significant bits of each float type (with the implicit one): an integer of at most that many bits is exact
+_SIGNIFICAND = {"bfloat16": 8, "float16": 11, "float32": 24, "float64": 53}
+
+
+def exact_cast(src: DType | str, dst: DType | str) -> bool:
+    """Whether ``cast(x, dst)`` of any value of an operand of dtype ``src`` is the identity on values. A cast to
+    float32/float64 is (every operator computes in float32, the rule above); int8 (-128..127: 8 bits, and only
+    a program input holds int8) is exact in every float type, bfloat16's 8 significant bits included
+    (``q.to(torch.bfloat16)`` of int8 weight-only on a bfloat16 model). A cast to bfloat16 or float16 of a float
+    is not, even from the same dtype: an operator's result labelled bfloat16 holds its float32 value until it
+    is stored, and the cast is where it rounds (``cast(rms_norm(x), bfloat16)`` of a bfloat16 x)."""
+    a, b = as_dtype(src), as_dtype(dst)
+    if not b.is_float:
+        return False
+    if a.kind == "int":
+        return 8 * a.itemsize <= _SIGNIFICAND[b.name]
+    return b.name == "float64" or (b.name == "float32" and a.name != "float64")
+
+
 def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The int8 weight-only rule (torchao's int8 weight-only layout), stated once: per-row symmetric
     quantization of ``w`` [out, in] to ``(q int8 [out, in], s float32 [out, 1])``, ``s = max |w_row| / 127``
@@ -125,6 +144,7 @@ __all__ = [
     "DType",
     "as_dtype",
     "bfloat16",
+    "exact_cast",
     "float16",
     "float32",
     "float64",

@@ -227,6 +227,16 @@ def relative_error(o: np.ndarray, r: np.ndarray) -> float:
     return float(np.max(np.abs(o[fin] - r[fin])) / max(float(np.max(np.abs(r[fin]))), 1e-300))
 
 
+def typed_inputs(program: Graph, env: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
+    """Standard-normal float64 inputs of ``program`` at ``env``, each exact in its input's dtype (an int8 input
+    integers in [-127, 127], a bfloat16 one rounded: ``prism.verify.numeric.standard_normal_inputs``). Plain
+    float64 draws made a cast the search drops as exact (int8 -> bfloat16, ``search.program.identity_cast``)
+    round in the program's reference and not in the candidate's: every int8 weight-only Linear of a bfloat16
+    model failed the gates."""
+    from prism.verify.numeric import standard_normal_inputs
+    return standard_normal_inputs(program, env, seed)
+
+
 def numeric(candidate: Graph, program: Graph, seed: int = 0, count: int = 2,
             scales: tuple[float, ...] = (1.0, HOSTILE), envs: list[dict[str, int]] | None = None) -> Verdict:
     """The float64 gate at ``count`` instantiations (``envs``: ones the caller already chose)."""
@@ -234,15 +244,15 @@ def numeric(candidate: Graph, program: Graph, seed: int = 0, count: int = 2,
     if len(envs) < count:
         return Verdict(False, "numeric-only", f"found only {len(envs)} instantiation(s) satisfying the constraints",
                        envs)
-    rng = np.random.default_rng(seed)
+    from prism.verify.numeric import scaled_inputs
     worst = 0.0
     batch = set(program.symbols())
+    dtypes = {k: n.dtype for k, n in program.inputs.items()}
     for env in envs:
-        ins = {name: rng.standard_normal(tuple(D.evaluate(d, env) for d in n.shape))
-               for name, n in program.inputs.items()}
+        ins = typed_inputs(program, env, seed)
         params = {k: v for k, v in env.items() if k not in batch}
         for scale in scales:
-            x = {k: v * scale for k, v in ins.items()}
+            x = scaled_inputs(ins, scale, dtypes)
             try:
                 with np.errstate(all="ignore"):  # non-finite results are judged below, not warned about
                     ref = program.evaluate(x, dtype=np.float64)
@@ -287,9 +297,7 @@ class UnsplitCheck:
             self.big = work(self.program, self.env) > BIG_WORK
             if self.big:
                 return
-            rng = np.random.default_rng(seed)
-            self.inputs = {name: rng.standard_normal(tuple(D.evaluate(d, self.env) for d in n.shape))
-                           for name, n in self.program.inputs.items()}
+            self.inputs = typed_inputs(self.program, self.env, seed)
             try:
                 with np.errstate(all="ignore"):
                     self.ref = self.program.evaluate(self.inputs, dtype=np.float64)

@@ -20,6 +20,7 @@ from prism.errors import PrismError
 from prism.ir.block import ACCUMULATORS
 from prism.ir.ops import OPS
 from prism.search.abstract import BINARY, TreeAlgebra, acc_expr, heads, op_expr
+from prism.search.program import identity_cast
 
 REDUCE = tuple(n for n, o in OPS.items() if o.group == "reduction")
 ROWWISE = tuple(n for n, o in OPS.items() if o.group == "composite")  # rms_norm, layer_norm, softmax
@@ -123,7 +124,7 @@ def derive_opset(graph: Any, table_ops: set[str]) -> list[Template]:
         if n.op in ("input", "output"):
             continue
         rank = len(n.src[0].shape) if n.src else len(n.shape)
-        if n.op == "cast" and n.arg[0] in ("float32", "float64"):
+        if identity_cast(n):
             # the identity on values (prism.search.abstract): never worth placing (as an operator search may
             # apply anywhere it multiplied the states: a Linear of an int8 weight, 500k states, time limit);
             # operators promote the dtypes it would have changed, build_graph casts the outputs

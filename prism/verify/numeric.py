@@ -55,7 +55,7 @@ import numpy as np
 from prism.errors import PrismError
 from prism.ir import dims as D
 from prism.ir.block import BlockGraph
-from prism.ir.dtypes import DType, float32, of_array, round_to
+from prism.ir.dtypes import DType, exact_cast, float32, of_array, round_to
 from prism.ir.graph import Graph
 from prism.ir.node import Node
 from prism.ir.ops import OPS
@@ -522,14 +522,21 @@ def _dtypes(reference: Graph) -> dict[str, DType]:
 
 def _vary(base: Mapping[str, np.ndarray], kind: str, targets: Collection[str],
           dtypes: Mapping[str, DType] | None = None) -> dict[str, np.ndarray]:
-    """``base`` with the ``targets`` multiplied by the kind's factor (rounded again to a low-precision input's
-    precision; an integer input is only negated, never scaled); every other array is ``base``'s own."""
-    scale = _SCALE[kind]
+    """``base`` with the ``targets`` multiplied by the kind's factor (:func:`scaled_inputs`); every other array
+    is ``base``'s own."""
+    return scaled_inputs(base, _SCALE[kind], dtypes, targets)
+
+
+def scaled_inputs(base: Mapping[str, np.ndarray], scale: float, dtypes: Mapping[str, DType] | None = None,
+                  targets: Collection[str] | None = None) -> dict[str, np.ndarray]:
+    """``base`` with each input (or each of ``targets``) multiplied by ``scale`` and still exact in its dtype:
+    rounded again to a low-precision float input's precision; an integer input (a quantized weight) is only
+    negated, never scaled. Unchanged arrays are ``base``'s own."""
     dtypes = dtypes or {}
     out = {}
     for name, a in base.items():
         dt = dtypes.get(name, float32)
-        if name not in targets or scale == 1.0 or (dt.kind == "int" and scale != -1.0):
+        if (targets is not None and name not in targets) or scale == 1.0 or (dt.kind == "int" and scale != -1.0):
             out[name] = a
         else:
             out[name] = round_to(a * scale, dt) if dt.low_precision else a * scale
@@ -619,12 +626,14 @@ def rounding_allowance(reference: Graph, output: str) -> float:
     bound: dict[Node, float] = {}
     out = 0.0
     for n in reference.nodes:
-        if n.op == "cast" or (n.op == "output" and n.arg[0] == output):
+        exact = n.op == "cast" and exact_cast(n.src[0].dtype, n.arg[0])   # (int8 -> bfloat16) rounds nothing
+        if (n.op == "cast" and not exact) or (n.op == "output" and n.arg[0] == output):
             eps = max(eps, n.dtype.eps)
         srcs = [bound[x] for x in n.src]
         inherited = (sum(srcs) if n.op in _PRODUCTS else max(srcs)) if srcs else 0.0
         dt = n.dtype  # None for a block graph's call (its outputs carry their own dtypes)
-        computes = OPS[n.op].group not in ("io", "layout", "custom")  # moving or naming values rounds nothing
+        # moving or naming values rounds nothing
+        computes = OPS[n.op].group not in ("io", "layout", "custom") and not exact
         own = dt.eps if dt is not None and computes and dt.low_precision else 0.0
         bound[n] = inherited + own
         if n.op == "output" and n.arg[0] == output:

@@ -308,6 +308,13 @@ def test_rounding_allowance_follows_the_programs_roundings() -> None:
     g = prism.Graph()
     g.output(g.matmul(g.input("x", (4, 64), "bfloat16"), g.input("w", (64, 8), "bfloat16")))
     assert rounding_allowance(g, "out0") == 2 * 2.0 ** -8
+    # an exact cast rounds nothing (int8 -> bfloat16); a narrowing one is a rounding (float32 -> bfloat16)
+    for src, want in (("int8", 0.0), ("float32", 2 * 2.0 ** -8)):
+        g = prism.Graph()
+        w = g.permute(g.cast(g.input("q", (8, 64), src), "bfloat16"), (1, 0))
+        g.output(g.matmul(g.input("x", (4, 64), "float32"), w))
+        assert g.outputs[0].dtype.name == "float32"
+        assert rounding_allowance(g, "out0") == want, src
 
 
 @pytest.mark.skipif("avx512_bf16" not in cpu_flags(), reason="this machine has no AVX512_BF16 (vdpbf16ps)")
@@ -382,7 +389,17 @@ def _swiglu_weight_only() -> prism.Graph:
     return g
 
 
-@pytest.mark.parametrize("build", [lambda: _w1("bfloat16"), _swiglu_weight_only], ids=["w1-bf16", "swiglu-w-bf16"])
+def _int8_weight_bf16_model() -> prism.Graph:
+    """int8 weight-only on a bfloat16 model: ``(x @ cast(q, bfloat16)^T) * s^T`` with x and s bfloat16."""
+    g = prism.Graph("int8w_bf16_linear")
+    x = g.input("X", ("n", 256), "bfloat16")
+    q = g.permute(g.cast(g.input("Q", (192, 256), "int8"), "bfloat16"), (1, 0))
+    g.output(g.mul(g.matmul(x, q), g.permute(g.input("S", (192, 1), "bfloat16"), (1, 0))))
+    return g
+
+
+@pytest.mark.parametrize("build", [lambda: _w1("bfloat16"), _swiglu_weight_only, _int8_weight_bf16_model],
+                         ids=["w1-bf16", "swiglu-w-bf16", "int8w-bf16"])
 def test_superoptimize_low_precision_programs(build) -> None:  # type: ignore[no-untyped-def]
     g = build()
     k = prism.superoptimize(g)
@@ -400,3 +417,7 @@ def test_superoptimize_low_precision_programs(build) -> None:  # type: ignore[no
         assert r.passed, str(r)
         want = g.outputs[0].dtype
         assert out.dtype == want.np
+    # an exact cast (int8 -> bfloat16: dtypes.exact_cast) is dropped like a cast to float32: the kernel reads the int8
+    # weight; kept, it was a kernel of its own writing a bfloat16 copy of the weight
+    for impl in k.implementations:
+        assert not any(n.op == "cast" and n.src[0].dtype.name == "int8" for n in impl.graph.nodes), impl.graph

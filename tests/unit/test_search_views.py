@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from prism.ir.dtypes import quantize_int8
+from prism.ir.dtypes import exact_cast, quantize_int8
 from prism.ir.graph import Graph
 from prism.search import Limits, search
 from prism.search.program import InputView, peel
@@ -44,6 +44,28 @@ def test_an_int8_weight_and_its_scale_are_one_view() -> None:
     ops = [n.op for n in p.core.nodes]
     assert "mul" not in ops and "cast" not in ops and "permute" not in ops
     assert p.core.outputs[0].src[0].op == "matmul"
+
+
+def test_exact_casts_are_dropped_and_rounding_ones_kept() -> None:
+    """A cast that holds every value of its operand (dtypes.exact_cast) is the identity on values: int8 ->
+    bfloat16 (int8 weight-only on a bfloat16 model) joins the weight's view like a cast to float32; float32 ->
+    bfloat16 rounds and stays in the core."""
+    assert exact_cast("int8", "bfloat16") and exact_cast("int8", "float16") and exact_cast("bfloat16", "float32")
+    assert not exact_cast("float32", "bfloat16") and not exact_cast("bfloat16", "float16")
+    assert not exact_cast("float16", "bfloat16") and not exact_cast("float32", "int8")
+    assert not exact_cast("bfloat16", "bfloat16")   # an operator's bfloat16 result holds float32 until stored
+    g = Graph("int8w_bf16")
+    x = g.input("X", ("n", 32), "bfloat16")
+    q = g.permute(g.cast(g.input("Q", (48, 32), "int8"), "bfloat16"), (1, 0))
+    g.output(g.mul(g.matmul(x, q), g.permute(g.input("S", (48, 1), "bfloat16"), (1, 0))), "Y")
+    p = peel(g)
+    assert p.views == {"Q": InputView((1, 0), "S", 0)}
+    assert [n.op for n in p.core.nodes if n.op not in ("input", "output")] == ["matmul"]
+    for x_dtype in ("float32", "bfloat16"):   # Llama's norm on a bfloat16 model: x.to(float32) ... .to(bfloat16)
+        g = Graph("rounded")
+        y = g.cast(g.rms_norm(g.cast(g.input("X", ("n", 32), x_dtype), "float32")), "bfloat16")
+        g.output(g.matmul(y, g.input("W", (32, 48), "bfloat16")), "Y")
+        assert "cast" in [n.op for n in peel(g).core.nodes], x_dtype
 
 
 def test_inputs_used_twice_are_not_views() -> None:
