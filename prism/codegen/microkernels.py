@@ -843,17 +843,19 @@ def tn_kernel_f32(rn: int, mv: int, pf_bytes: int = 4) -> str:
     return _tn_text(tn_name(rn, mv, f"f32_pf{pf_bytes}"), "float", rn, mv, 1, pf_bytes, "k * ldm", "__m512", keys)
 
 
-def tn_kernel(rn: int, mv: int) -> str:
+def tn_kernel(rn: int, mv: int, pf_bytes: int = 2) -> str:
     """Ct[r * sct + m] (beta) sum_k Bt[r * sb0 + k] * A[m, k] for r < rn, m < 16 * mv, over K <= ACC_ROWS (one
     group of the summation order): ``Xp`` holds A's k pairs, pair p of row m at ``Xp[p * ldm + m]`` (32 bits:
     the even k in the low half, as ``vdpbf16ps`` pairs them). K even. Chunks of ACC_CHUNK products per lane
     (32 steps of two) start from zero in registers; their sums are added into the group sum (on the stack);
-    the group sum is stored (beta 0) or added (beta 1) into Ct."""
+    the group sum is stored (beta 0) or added (beta 1) into Ct. ``pf_bytes``: the element size of the keys it
+    prefetches (1: int8 keys, converted into a bfloat16 panel by the caller)."""
     keys = [f"      {{ int32_t p; memcpy(&p, Bt + {r} * sb0 + k, 4);\n"
             "        const __m512bh b = (__m512bh)_mm512_set1_epi32(p);\n"
             + "\n".join(f"        a{r}_{v} = _mm512_dpbf16_ps(a{r}_{v}, b, x{v});" for v in range(mv)) + "\n      }"
             for r in range(rn)]
-    return _tn_text(tn_name(rn, mv), "uint16_t", rn, mv, 2, 2, "(k >> 1) * ldm", "__m512bh", keys)
+    return _tn_text(tn_name(rn, mv, "bf16_dp" if pf_bytes == 2 else f"bf16_dp_pf{pf_bytes}"), "uint16_t", rn, mv,
+                    2, pf_bytes, "(k >> 1) * ldm", "__m512bh", keys)
 
 
 def _tn_text(name: str, bt: str, rn: int, mv: int, kstep: int, pf_bytes: int, xrow: str, xtype: str,
