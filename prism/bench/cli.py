@@ -42,7 +42,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=PRECISIONS,
                    help="precision of the suite's programs: bfloat16 / float16 (every tensor, as "
                         "model.to(torch.bfloat16)) "
-                        "or int8w (int8 weight-only, per-channel scales: W1-W3, W7; with --models every Linear); "
+                        "or int8w (int8 weight-only, per-channel scales: W1-W3, W7; with --models every Linear; "
+                        "int8w-bf16: the same in a bfloat16 model); "
                         "every system runs the same values (default float32)")
     p.add_argument("--threads", type=int, default=None, help="threads for every system (default: usable cores)")
     p.add_argument("--block-ms", type=float, default=50.0, help="timed block per system per round (ms)")

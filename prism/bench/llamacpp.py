@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-OUTTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8w": "q8_0"}
+OUTTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8w": "q8_0", "int8w-bf16": "q8_0"}
 
 
 @dataclass(frozen=True)

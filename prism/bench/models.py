@@ -35,7 +35,9 @@ rounds every operator's result to bfloat16, Prism only where PyTorch stores a te
 at a near-tie: a system whose tokens differ from eager's is wrong unless its prompt logits agree with eager's
 within ``LOGITS_RTOL`` (then the report notes where the tokens part). ``--dtype int8w``: every ``nn.Linear``
 int8 weight-only (``prism.quantize_weights``, the LM head included); every system runs the same int8 weights
-and computes in float32, so the tokens must equal eager's.
+and computes in float32, so the tokens must equal eager's. ``--dtype int8w-bf16``: the same int8 weights in the
+model moved to bfloat16 afterwards (torchao's int8 weight-only on a bfloat16 checkpoint: bfloat16 activations
+and scales), tokens judged as in bfloat16.
 
 llama.cpp is a baseline of this benchmark where ``PRISM_LLAMA_CPP`` names a built llama.cpp tree (not in
 CI; ``prism/bench/llamacpp.py``): the same weights as GGUF, timed by ``llama-bench`` between the rounds;
@@ -64,7 +66,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prism.workloads.precision import HALF, PRECISIONS
+from prism.workloads.precision import HALF, INT8W, PRECISIONS, activation_dtype
 
 SYSTEMS = ("eager", "compile", "prism")
 
@@ -101,7 +103,7 @@ DTYPES = PRECISIONS   # int8w: every Linear int8 weight-only (prism.quantize_wei
 # low precision: a system's greedy tokens may leave eager's where two logits are closer than the rounding
 # (eager rounds every operator to bfloat16, Prism only where PyTorch stores a tensor); its prompt logits must
 # then agree with eager's within this (relative to the largest logit), else it is wrong
-LOGITS_RTOL = {"float32": 1e-3, "bfloat16": 0.08, "float16": 0.02}
+LOGITS_RTOL = {"float32": 1e-3, "bfloat16": 0.08, "float16": 0.02, "int8w-bf16": 0.08}
 
 
 # where build() saved each float model's checkpoint, for copy_model
@@ -111,7 +113,8 @@ _CHECKPOINTS: weakref.WeakKeyDictionary[Any, Path] = weakref.WeakKeyDictionary()
 def build(spec: ModelSpec, seed: int = 0, dtype: str = "float32", from_checkpoint: bool = True) -> Any:
     """The model of ``spec`` with seeded random weights (drawn in float32, then stored as ``dtype``), eval mode.
     ``int8w``: the float32 model with every ``nn.Linear`` (the LM head too, as llama.cpp's q8_0) replaced by
-    int8 weight-only layers (``prism.quantize_weights``); eager PyTorch runs their forward as written.
+    int8 weight-only layers (``prism.quantize_weights``); eager PyTorch runs their forward as written;
+    ``int8w-bf16``: that model moved to bfloat16 (the int8 weights stay int8).
 
     ``from_checkpoint`` (float dtypes): the model is saved (``save_pretrained``, safetensors, in a temporary
     folder removed at exit) and loaded back with ``from_pretrained``, so its weights sit where a user's
@@ -134,9 +137,10 @@ def build(spec: ModelSpec, seed: int = 0, dtype: str = "float32", from_checkpoin
     if spec.arch == "mistral":
         common["sliding_window"] = None
     torch.manual_seed(seed)
-    if dtype == "int8w":
+    if dtype in INT8W:
         from prism.frontend.quantize import quantize_weights
-        return quantize_weights(cls(cfg(**common)).eval())
+        model = quantize_weights(cls(cfg(**common)).eval())
+        return model.to(getattr(torch, activation_dtype(dtype)))
     model = cls(cfg(**common)).eval().to(getattr(torch, dtype))
     if not from_checkpoint:
         return model
@@ -498,7 +502,8 @@ def _run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds:
         elif not torch.equal(out, ref):
             err = float((logits - ref_logits).abs().max() / ref_logits.abs().max())
             at = _first_difference(out[:, prompt:], ref[:, prompt:])
-            if dtype not in HALF or err > LOGITS_RTOL[dtype]:  # int8w computes in float32: tokens must agree
+            # (int8w computes in float32: tokens must agree)
+            if activation_dtype(dtype) not in HALF or err > LOGITS_RTOL[dtype]:
                 r.status = f"wrong: token ids differ from eager's (prompt logits off by {err:.2g} relative)"
             else:
                 res.notes.append(f"{sysname}: greedy tokens leave eager's at new token {at}"

@@ -22,7 +22,7 @@ from prism.errors import PrismError
 from prism.tune.contention import CpuMeter, wait_until_idle
 from prism.workloads import WORKLOADS, Workload
 from prism.workloads.base import Shape
-from prism.workloads.precision import PRECISIONS, precision_of, variant
+from prism.workloads.precision import INT8W, PRECISIONS, precision_of, variant
 
 # --quick: a couple of cases that run in about two minutes including torch.compile's compilation
 QUICK_WORKLOADS = ("W1", "W6")
@@ -56,14 +56,14 @@ class Config:
     threads: int = 1
     seed: int = 0
     quick: bool = False
-    precision: str = "float32"   # float32 | bfloat16 | int8w (prism.workloads.precision)
+    precision: str = "float32"   # one of prism.workloads.precision.PRECISIONS
     shape: dict[str, int] = field(default_factory=dict)   # only the cases with these dims (--shape n=1)
 
 
 def default_workloads(precision: str, quick: bool) -> list[str]:
     """Every workload (--quick: W1, W6); int8 weight-only: the ones with weights."""
     ids = list(QUICK_WORKLOADS) if quick else list(WORKLOADS)
-    if precision == "int8w":
+    if precision in INT8W:
         # W7 (LoRA over an int8 base weight) is left out by default: its search finds no structure within 60 s
         # (936k block states; the scale on the base product breaks the concatenation that serves float32)
         ids = ["W1", "W3"] if quick else ["W1", "W2", "W3"]

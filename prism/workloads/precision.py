@@ -6,7 +6,9 @@ workloads with weights: W1-W3, W7; W7's LoRA adapters stay float32). Each weight
 stored as a Linear layer stores it, [out, in] = [m, d], quantized per output channel:
 ``q = round(W^T / s)``, ``s = max |W^T| / 127`` per row (torchao's int8 weight-only layout), and the program reads
 ``(X @ cast(q)^T) * s^T`` (= ``X @ (q * s)^T``, what ``torch._weight_int8pack_mm`` computes); activations and
-outputs stay float32.
+outputs stay float32. ``int8w-bf16``: the same int8 weights in a bfloat16 model (``prism.quantize_weights`` then
+``model.to(torch.bfloat16)``, torchao's int8 weight-only on a bfloat16 checkpoint): every other input and the
+scales bfloat16, the weight cast to bfloat16 (exact) in the program.
 
 The variant keeps its workload's id and shapes; its inputs are the float32 workload's inputs rounded or
 quantized, so every system sees exactly the same values, and the float64 reference is of those values.
@@ -25,8 +27,14 @@ from prism.ir.graph import Graph
 from prism.ir.node import Node
 from prism.workloads.base import Shape, Workload
 
-PRECISIONS = ("float32", "bfloat16", "float16", "int8w")
+PRECISIONS = ("float32", "bfloat16", "float16", "int8w", "int8w-bf16")
 HALF = ("bfloat16", "float16")   # every tensor stored in a 16-bit float
+INT8W = ("int8w", "int8w-bf16")   # int8 weight-only: float32 or bfloat16 activations
+
+
+def activation_dtype(precision: str) -> str:
+    """The dtype of a precision's activations (every input but an int8 weight): what eager PyTorch rounds to."""
+    return {"int8w": "float32", "int8w-bf16": "bfloat16"}.get(precision, precision)
 SCALE = "_scale"   # suffix of an int8 weight's scale input
 
 
@@ -60,17 +68,17 @@ def _half_program(base: Workload, s: Shape, dtype: str) -> Graph:
                         for name, node in g.inputs.items()})
 
 
-def _int8_program(base: Workload, s: Shape) -> Graph:
+def _int8_program(base: Workload, s: Shape, act: str = "float32") -> Graph:
     """Every ``A @ W`` of a quantized weight becomes ``(A @ cast(q)^T) * s^T``: the per-channel scale applied to
     the product (equal to ``A @ (q * s)^T``; one multiply per output instead of one per weight, what
-    ``torch._weight_int8pack_mm`` computes)."""
+    ``torch._weight_int8pack_mm`` computes). ``act``: the dtype of every other input, the scales and the cast."""
     g = base.program(s)
     weights = _quantized(base)
     scales: dict[str, object] = {}
 
     def weight(ng: Graph, name: str, d: int, m: int) -> object:
-        q = ng.permute(ng.cast(ng.input(name, (m, d), "int8"), "float32"), (1, 0))
-        scales[name] = ng.permute(ng.input(name + SCALE, (m, 1), "float32"), (1, 0))
+        q = ng.permute(ng.cast(ng.input(name, (m, d), "int8"), act), (1, 0))
+        scales[name] = ng.permute(ng.input(name + SCALE, (m, 1), act), (1, 0))
         return q
 
     def rule(ng: Graph, n: Node, srcs: list[object]) -> object | None:
@@ -83,8 +91,10 @@ def _int8_program(base: Workload, s: Shape) -> Graph:
                              "matmul's right operand")
         return ng.mul(ng.matmul(*srcs), scales[quantized[0]])  # type: ignore[arg-type]
 
-    return _rebuild(g, {name: (lambda ng, name=name: weight(ng, name, *g.inputs[name].shape))
-                        for name in weights}, rule)
+    others = {name: (lambda ng, n=node: ng.input(n.arg[0], n.shape, act))
+              for name, node in g.inputs.items() if name not in weights} if act != "float32" else {}
+    return _rebuild(g, {**others, **{name: (lambda ng, name=name: weight(ng, name, *g.inputs[name].shape))
+                                     for name in weights}}, rule)
 
 
 def _quantized(base: Workload) -> tuple[str, ...]:
@@ -115,14 +125,16 @@ class PrecisionWorkload(Workload):
         """The float32 workload's inputs, rounded to bfloat16 / float16 or with the weights quantized to int8."""
         assert self.base is not None
         x = self.base.inputs(shape, kind, seed, np.float32)
+        act = as_dtype(activation_dtype(precision_of(self))).np
         if precision_of(self) in HALF:
-            return {k: v.astype(as_dtype(precision_of(self)).np) for k, v in x.items()}
+            return {k: v.astype(act) for k, v in x.items()}
         out: dict[str, np.ndarray] = {}
         for name, v in x.items():
             if name in _quantized(self.base):
-                out[name], out[name + SCALE] = quantize_int8(v.T)
+                out[name], scale = quantize_int8(v.T)
+                out[name + SCALE] = scale.astype(act)   # (a bfloat16 model's .to() rounds the scales)
             else:
-                out[name] = v
+                out[name] = v.astype(act, copy=False)
         return out
 
 
@@ -138,15 +150,17 @@ def variant(w: Workload, precision: str) -> Workload:
         raise PrismError(f"unknown precision {precision!r}; choose from {list(PRECISIONS)}")
     if precision == "float32":
         return w
-    if precision == "int8w" and not w.extra.get("weights"):
+    if precision in INT8W and not w.extra.get("weights"):
         raise PrismError(f"{w.id} ({w.name}) has no weights: int8 weight-only applies to the workloads with "
                          "weights (W1, W2, W3, W7)")
     if precision in HALF:
         program, shapes = (lambda s: _half_program(w, s, precision)), w.input_shapes
         formula = f"{w.formula} ({precision})"
     else:
-        program, shapes = (lambda s: _int8_program(w, s)), (lambda s: _int8_shapes(w, s))
-        formula = f"{w.formula} with W = (int8 q * per-channel s)^T"
+        act = activation_dtype(precision)
+        program, shapes = (lambda s: _int8_program(w, s, act)), (lambda s: _int8_shapes(w, s))
+        formula = f"{w.formula} with W = (int8 q * per-channel s)^T" + (f", {act} activations" if act != "float32"
+                                                                        else "")
     fields = {f.name: getattr(w, f.name) for f in dataclasses.fields(Workload)}
     fields.update(name=f"{w.name}[{precision}]", formula=formula, program=program, input_shapes=shapes,
                   hand_written=_no_hand(w, precision), extra={**w.extra, "precision": precision})

@@ -58,6 +58,20 @@ def test_int8w_models_quantize_every_linear_and_count_int8_bytes() -> None:
     assert decode_bytes(m) == linear + others
 
 
+def test_int8w_bf16_models_keep_int8_weights_in_a_bfloat16_model() -> None:
+    """``--dtype int8w-bf16``: quantize_weights, then the model moved to bfloat16 (torchao's int8 weight-only on a
+    bfloat16 checkpoint): the weights stay int8, the scales and every other parameter are bfloat16."""
+    from prism.frontend.quantize import Int8Linear
+    m = build(MODELS["llama-tiny"], dtype="int8w-bf16")
+    q = [x for x in m.modules() if isinstance(x, Int8Linear)]
+    assert q and not [n for n, x in m.named_modules() if isinstance(x, torch.nn.Linear)]
+    assert {x.qweight.dtype for x in q} == {torch.int8} and {x.scale.dtype for x in q} == {torch.bfloat16}
+    assert {p.dtype for p in m.parameters()} == {torch.bfloat16}
+    linear = sum(x.qweight.numel() + x.scale.numel() * 2 for x in q)
+    others = sum(p.numel() * 2 for p in m.parameters()) - m.get_input_embeddings().weight.numel() * 2
+    assert decode_bytes(m) == linear + others
+
+
 def test_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="matplotlib is in the bench extra: pip install -e '.[bench]'")
     from prism.bench.models import ModelResult, SystemResult, plot

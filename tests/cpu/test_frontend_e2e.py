@@ -418,6 +418,32 @@ def test_int8_weight_only_models_run_on_prism() -> None:
     assert any(s.dtype == torch.int8 for p in rep.prism_pieces() for s in p.runner.specs if s is not None)
 
 
+def test_int8_weight_only_on_a_bfloat16_model_reads_the_int8_weights() -> None:
+    """``quantize_weights`` then ``.to(torch.bfloat16)`` (torchao's int8 weight-only on a bfloat16 model): the forward
+    casts the int8 weight to bfloat16, which is exact, so each Linear is one piece whose product reads the int8
+    weight as stored (before: the cast was a kernel of its own writing a bfloat16 copy of the weight per call,
+    slower than eager). Checked against the float64 product of the same bfloat16 activations and int8 values,
+    within bfloat16's tolerance."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 128, bias=False), nn.SiLU(), nn.Linear(128, 64, bias=False)).eval()
+    m = prism.quantize_weights(m).to(torch.bfloat16)
+    assert m[0].qweight.dtype == torch.int8 and m[0].scale.dtype == torch.bfloat16
+    x = _x(3).to(torch.bfloat16)
+    with torch.no_grad():
+        opt = prism.optimize(m, (x,), **OPTS)
+        got = opt(x)
+    h = x.double() @ m[0].dequantized().double().t()
+    ref = (h * torch.sigmoid(h)).to(torch.bfloat16).double() @ m[2].dequantized().double().t()
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), ref, rtol=3e-2, atol=3e-2 * float(ref.abs().max()))
+    (rep,) = reports()
+    assert sum(p.label.count("linear") for p in rep.prism_pieces()) == 2, rep.table()
+    for p in rep.prism_pieces():
+        graph = p.runner.kernel.implementations[0].graph
+        assert not any(n.op == "cast" and n.src[0].dtype.name == "int8" for n in graph.nodes), p.label
+    assert any(s.dtype == torch.int8 for p in rep.prism_pieces() for s in p.runner.specs if s is not None)
+
+
 def test_float64_runs_in_pytorch(caplog: pytest.LogCaptureFixture) -> None:
     m = MLP().double()
     x = _x(3).double()

@@ -117,7 +117,7 @@ def float32_inputs_of(w: Workload, inputs: Mapping[str, np.ndarray]) -> dict[str
     """The float32 workload's inputs holding a precision variant's values: bfloat16 values widened, an int8
     weight dequantized back to its [in, out] float32 form (prism.workloads.precision)."""
     from prism.bench.data import aligned
-    from prism.workloads.precision import SCALE, precision_of
+    from prism.workloads.precision import INT8W, SCALE, precision_of
     base = getattr(w, "base", None)
     if base is None:
         raise Unavailable(f"{w.id} is a float32 case: the prism column is Prism's float32 pipeline")
@@ -125,8 +125,8 @@ def float32_inputs_of(w: Workload, inputs: Mapping[str, np.ndarray]) -> dict[str
     for name, v in inputs.items():
         if name.endswith(SCALE):
             continue
-        if precision_of(w) == "int8w" and name + SCALE in inputs:
-            out[name] = aligned((v.astype(np.float32) * inputs[name + SCALE]).T)
+        if precision_of(w) in INT8W and name + SCALE in inputs:
+            out[name] = aligned((v.astype(np.float32) * inputs[name + SCALE].astype(np.float32)).T)
         else:
             out[name] = aligned(v.astype(np.float32))
     return out

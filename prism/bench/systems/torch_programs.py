@@ -83,7 +83,7 @@ class _Int8Weight:
         if self.packed:
             return torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.q, self.s1).reshape(
                 *x.shape[:-1], self.q.shape[0])
-        return x @ (self.q.float() * self.s).t()
+        return x @ (self.q.to(x.dtype) * self.s).t()   # (a bfloat16 model's weight in bfloat16, as a user would)
 
 
 def int8_weight_only(fn: Callable[..., torch.Tensor], names: Sequence[str],

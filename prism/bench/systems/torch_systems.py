@@ -14,6 +14,7 @@ import numpy as np
 from prism.bench.systems.base import Prepared, System, Unavailable
 from prism.workloads import Workload
 from prism.workloads.base import Shape
+from prism.workloads.precision import INT8W
 
 
 def _torch():  # imported lazily: `prism bench --systems jax` must not pay for torch
@@ -29,7 +30,7 @@ def _program(w: Workload, shape: Shape, table: str) -> Callable:
     fn = getattr(tp, table).get(w.id)
     if fn is None:
         raise Unavailable(f"no PyTorch program for {w.id} in prism.bench.systems.torch_programs.{table}")
-    if w.extra.get("precision") == "int8w":
+    if w.extra.get("precision") in INT8W:
         return tp.int8_weight_only(fn, list(w.input_shapes(shape)), table == "INT8MM")
     return fn
 
@@ -110,7 +111,7 @@ def prepare_int8mm(w: Workload, shape: Shape, inputs: Mapping[str, np.ndarray], 
 SYSTEMS = (
     System("torch", "PyTorch eager", "baseline", prepare_eager),
     System("torch-int8mm", "PyTorch torch._weight_int8pack_mm (torchao's int8 weight-only CPU kernel)", "baseline",
-           prepare_int8mm, applies=lambda w: w.extra.get("precision") == "int8w"),
+           prepare_int8mm, applies=lambda w: w.extra.get("precision") in INT8W),
     System("torch-sdpa", "PyTorch F.scaled_dot_product_attention", "baseline", prepare_sdpa,
            applies=lambda w: w.id in ATTENTION),
     System("compile", "torch.compile (default)", "baseline", _compiled(None), cleanup=reset_compiled),
