@@ -562,8 +562,19 @@ def nt_row_stream(isa: ISA, elems: tuple[str, str], whole_k: bool, K: int | str)
     2 and 8 KiB ahead were within a few % of 4 KiB. A float32 row longer than about half the L1 (int8 4096 x
     11008: 43 KiB of float32 row) is evicted by the key stream and re-read from L2 for every key: one key at
     a time then lost (20-33 GB/s), and 2-4 keys sharing the row loads reached 40-41 (hand-written harness), so
-    such rows keep the key blocks below. ``PRISM_ROW_STREAM=0`` turns it off (the key blocks everywhere)."""
+    such rows keep the key blocks below. ``PRISM_ROW_STREAM=0`` turns it off (the key blocks everywhere).
+
+    Not for a 16-bit row against int8 keys (int8 weight-only on a bfloat16 model): one key at a time widens the
+    row again for every key (``vpmovzxwd``, ``vpslld``: two more vector instructions per 16 weights beside the
+    key's three), where a block of 16 keys widens it once. Measured on the 2-core Zen 4 VM (512-bit instructions
+    issued as two halves), llama-1b int8w-bf16 decode, two models in one process (each its own Dynamo backend),
+    10 rounds alternating, warm caches: 19.13 ms per step with the row stream, 16.58 without (paired 0.866).
+    A float32 row against the same int8 keys keeps it: without it the int8w model's step took 1.04x as long
+    (17.65 -> 18.35 ms), and bfloat16 keys were level (paired 1.013). The float16 row is left out on the same
+    argument (not measured)."""
     if os.environ.get("PRISM_ROW_STREAM", "").strip() == "0":
+        return False
+    if ITEMSIZE[elems[0]] == 2 and elems[1] == "i8":
         return False
     return (whole_k and isa.name == "avx512" and isinstance(K, int)
             and K * ITEMSIZE[elems[0]] <= l1d_bytes() // 2)

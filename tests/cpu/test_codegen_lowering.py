@@ -4,6 +4,7 @@ the transposed and generic matmul paths, and the predefined kernel operators."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from cg_helpers import assert_close, split_k_graph, supported_isas
@@ -278,6 +279,27 @@ def test_whole_k_gemv_streams_one_key_at_a_time_where_its_row_fits_in_l1(
     monkeypatch.setenv("PRISM_ROW_STREAM", "0")   # off: the key blocks at every row length
     src = compile_kernel(_x_wt(5001, dtype), isa="avx512").source
     assert "_pfa(" not in src and "_1x16_" in src
+
+
+def test_a_bfloat16_row_against_int8_keys_keeps_the_key_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8 weight-only on a bfloat16 model: one key at a time would widen the bfloat16 row for every key, so the
+    16-key blocks (the row widened once per block) stay at every row length (microkernels.nt_row_stream:
+    llama-1b int8w-bf16 decode 19.13 -> 16.58 ms per step on the Zen 4 VM); a float32 row against int8 keys
+    streams one key at a time as before."""
+    monkeypatch.setattr(mk, "l1d_bytes", lambda: 48 << 10)
+    src = compile_kernel(_x_wt(2048, "int8", "bfloat16"), isa="avx512").source
+    assert "_pfa(" not in src and "_1x16_bf16_i8" in src
+    src = compile_kernel(_x_wt(2048, "int8", "float32"), isa="avx512").source
+    assert "_1x1_" in src and "_pfa(" in src
+    rng = np.random.default_rng(2)
+    g = _x_wt(2048, "int8", "bfloat16")
+    w = rng.integers(-127, 128, (37, 2048)).astype(np.int8)
+    x = (rng.standard_normal((1, 2048)) * np.where(np.arange(2048) % 97 == 0, 300.0, 1.0)).astype(np.float32)
+    x = x.astype(ml_dtypes.bfloat16)
+    got = np.asarray(prism.compile(g, isa="avx512")(W=w, x=x), np.float64)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    # the output is bfloat16 (rounded once: half an ulp, at most 2^-8 relative) from float32 sums
+    assert np.all(np.abs(got - ref) <= 2.0 ** -8 * np.abs(ref) + 1e-5 * np.max(np.abs(ref)))
 
 
 def test_map_symbols_as_params(rng: np.random.Generator) -> None:
