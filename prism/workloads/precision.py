@@ -30,12 +30,12 @@ from prism.workloads.base import Shape, Workload
 PRECISIONS = ("float32", "bfloat16", "float16", "int8w", "int8w-bf16")
 HALF = ("bfloat16", "float16")   # every tensor stored in a 16-bit float
 INT8W = ("int8w", "int8w-bf16")   # int8 weight-only: float32 or bfloat16 activations
+SCALE = "_scale"   # suffix of an int8 weight's scale input
 
 
 def activation_dtype(precision: str) -> str:
     """The dtype of a precision's activations (every input but an int8 weight): what eager PyTorch rounds to."""
     return {"int8w": "float32", "int8w-bf16": "bfloat16"}.get(precision, precision)
-SCALE = "_scale"   # suffix of an int8 weight's scale input
 
 
 def precision_of(w: Workload) -> str:
