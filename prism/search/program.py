@@ -38,8 +38,8 @@ def identity_cast(n: Node) -> bool:
     """A cast the search drops: to float32 (every operator computes in float32, prism.ir.dtypes) or one that
     holds every value of its operand (``dtypes.exact_cast``: int8 -> bfloat16 of int8 weight-only on a
     bfloat16 model). Kept, the int8 -> bfloat16 cast of a bfloat16 Linear was a kernel of its own writing a
-    bfloat16 copy of the weight every call (llama-1b's MLP [5632, 2048] at n = 1: 2735 us against eager
-    2429)."""
+    bfloat16 copy of the weight every call (``Linear(2048, 5632)`` at one row: 2735 us against eager's 2429;
+    476 us without it)."""
     return n.op == "cast" and (n.arg[0] in FLOAT_CASTS or exact_cast(n.src[0].dtype, n.arg[0]))
 
 
