@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from prism.host import usable_cores
 from prism.ir.ops import OPS, decompose
 
 Impl = Callable[[Sequence[np.ndarray], tuple], np.ndarray]
@@ -69,10 +69,7 @@ _IN_PART = threading.local()   # set in the pool's threads: what runs there runs
 
 
 def _workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 def _pool() -> ThreadPoolExecutor:

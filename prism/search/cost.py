@@ -41,7 +41,8 @@ class Machine:
 def machine() -> Machine:
     """This machine's usable cores and cache sizes, read once for every stage by :mod:`prism.tune.machine`
     (the search's constants stay its own: it ranks structures, the tuner's model instances)."""
-    from prism.tune.machine import cache_sizes, usable_cores
+    from prism.host import usable_cores
+    from prism.tune.machine import cache_sizes
     sizes = cache_sizes()
     return Machine(usable_cores(), sizes[1], sizes[2])
 

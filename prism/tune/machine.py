@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from prism.codegen import isa as ISA
 from prism.codegen.isa import cache_sizes
+from prism.host import usable_cores
 from prism.runtime import store
 from prism.runtime.kernel import num_threads
 from prism.tune.contention import CpuMeter, contended
@@ -73,13 +74,6 @@ class Machine:
                 f"L3 {self.l3 >> 20} MiB, {self.isa} ({self.simd} lanes); bandwidth {self.bandwidth / 1e9:.1f} GB/s "
                 f"({self.bandwidth_1 / 1e9:.1f} GB/s one thread, {self.cache_bandwidth / 1e9:.0f} GB/s in cache), "
                 f"peak {self.peak_flops / 1e9:.0f} GFLOP/s [{src}]")
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def fingerprint(cores: int, caches: dict[int, int]) -> str:
