@@ -14,10 +14,6 @@ from prism.host import usable_cores
 from prism.workloads.precision import PRECISIONS
 
 
-def default_threads() -> int:
-    return usable_cores()
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="prism bench",
@@ -115,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(argv) if argv is not None else None)
     out = console()
     err = console(stderr=True)
-    threads = args.threads or default_threads()
+    threads = args.threads or usable_cores()
     if args.models is not None:
         from prism.bench.models import main as models_main
         from prism.bench.systems import configure_threads

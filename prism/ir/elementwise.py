@@ -23,7 +23,7 @@ import numpy as np
 
 from prism.errors import DTypeError
 from prism.ir.builder import OpMethods, Tensor
-from prism.ir.dtypes import FLOATS, DType, as_dtype, round_to
+from prism.ir.dtypes import FLOATS, DType, as_dtype, exact_cast, round_to
 from prism.ir.ops import OpRule, Torch, broadcast_shapes, register
 
 Arrays = Sequence[Any]
@@ -437,6 +437,13 @@ def _cast_c(x: str, target: str, lit: Any) -> str:
 
 def _onnx_cast(b: Any, x: str, target: str) -> str:
     return b.op("Cast", [x], to={"float32": 1, "float16": 10, "bfloat16": 16}[target])
+
+
+def is_exact_cast(n: Any) -> bool:
+    """Whether node ``n`` is a cast that holds every value of its operand (``dtypes.exact_cast``: int8 -> bfloat16):
+    the identity on values, which the search drops, the verifier's terms and the reference pass through, and the
+    rounding allowance counts as no rounding."""
+    return bool(n.op == "cast" and exact_cast(n.src[0].dtype, n.arg[0]))
 
 
 def _cast_abstract(alg: Any, arg: tuple, s: Sequence[Any]) -> Any:

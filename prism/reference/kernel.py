@@ -14,7 +14,8 @@ import numpy as np
 
 from prism.errors import GraphError, InputError
 from prism.ir import dims as D
-from prism.ir.dtypes import exact_cast, working_np
+from prism.ir.dtypes import working_np
+from prism.ir.elementwise import is_exact_cast
 from prism.ir.node import Node
 from prism.reference.block import simulate
 from prism.reference.numpy_ops import apply
@@ -100,7 +101,7 @@ def _evaluate(g: Graph, inputs: Mapping[str, Any], dtype: Any = None,
             vals[n] = simulate(bg, [vals[s] for s in n.src], dtype=np.dtype(dtype) if dtype is not None else None)
         elif n.op == "result":
             vals[n] = vals[n.src[0]][n.arg[0]]
-        elif n.op == "cast" and exact_cast(n.src[0].dtype, n.arg[0]):
+        elif is_exact_cast(n):
             # holds every value (int8 -> bfloat16): rounding it anyway was 6.2 s of CPU in the numeric checks of
             # llama-1b int8w-bf16's first generate() (cProfile; a [32000, 2048] LM head 0.3 s a time), though
             # off its critical path: the wall time stayed 54.1-54.6 s

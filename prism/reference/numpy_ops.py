@@ -68,14 +68,10 @@ _POOL_LOCK = threading.Lock()
 _IN_PART = threading.local()   # set in the pool's threads: what runs there runs whole (no nesting)
 
 
-def _workers() -> int:
-    return usable_cores()
-
-
 def _pool() -> ThreadPoolExecutor:
     with _POOL_LOCK:
         if _POOL[0] is None:
-            _POOL[0] = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="prism-ref")
+            _POOL[0] = ThreadPoolExecutor(max_workers=usable_cores(), thread_name_prefix="prism-ref")
         return _POOL[0]
 
 
@@ -90,7 +86,7 @@ def _apply(op: str, arrays: Sequence[np.ndarray], arg: tuple) -> Any:
 def _product_parts(a: Any, b: Any) -> tuple[tuple[int, ...], int, bool, bool] | None:
     """(the output's shape, the axis cut, whether A and B are cut along it) where ``a @ b`` is worth running in
     blocks (:data:`PARALLEL_MIN_FLOPS`), else None. The axis is the first (not N) with a block per worker."""
-    workers = _workers()
+    workers = usable_cores()
     if (workers < 2 or getattr(_IN_PART, "on", False) or not isinstance(a, np.ndarray)
             or not isinstance(b, np.ndarray) or a.ndim < 2 or b.ndim < 2):
         return None
@@ -110,7 +106,7 @@ def _product_parts(a: Any, b: Any) -> tuple[tuple[int, ...], int, bool, bool] | 
 def _product_in_parts(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...], axis: int, cut_a: bool,
                       cut_b: bool) -> np.ndarray:
     out = np.empty(shape, np.result_type(a, b))
-    bounds = np.linspace(0, shape[axis], _workers() + 1).astype(int)
+    bounds = np.linspace(0, shape[axis], usable_cores() + 1).astype(int)
 
     def piece(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
         return x[(slice(None),) * (x.ndim - len(shape) + axis) + (slice(lo, hi),)]

@@ -227,16 +227,6 @@ def relative_error(o: np.ndarray, r: np.ndarray) -> float:
     return float(np.max(np.abs(o[fin] - r[fin])) / max(float(np.max(np.abs(r[fin]))), 1e-300))
 
 
-def typed_inputs(program: Graph, env: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
-    """Standard-normal float64 inputs of ``program`` at ``env``, each exact in its input's dtype (an int8 input
-    integers in [-127, 127], a bfloat16 one rounded: ``prism.verify.numeric.standard_normal_inputs``). Plain
-    float64 draws made a cast the search drops as exact (int8 -> bfloat16, ``search.program.identity_cast``)
-    round in the program's reference and not in the candidate's: every int8 weight-only Linear of a bfloat16
-    model failed the gates."""
-    from prism.verify.numeric import standard_normal_inputs
-    return standard_normal_inputs(program, env, seed)
-
-
 def numeric(candidate: Graph, program: Graph, seed: int = 0, count: int = 2,
             scales: tuple[float, ...] = (1.0, HOSTILE), envs: list[dict[str, int]] | None = None) -> Verdict:
     """The float64 gate at ``count`` instantiations (``envs``: ones the caller already chose)."""
@@ -244,12 +234,15 @@ def numeric(candidate: Graph, program: Graph, seed: int = 0, count: int = 2,
     if len(envs) < count:
         return Verdict(False, "numeric-only", f"found only {len(envs)} instantiation(s) satisfying the constraints",
                        envs)
-    from prism.verify.numeric import scaled_inputs
+    # inputs exact in their dtypes (int8 integers, bfloat16 rounded): with plain float64 draws a cast the search
+    # drops as exact (int8 -> bfloat16, search.program.identity_cast) rounded in the program and not in the
+    # candidate, and no int8 weight-only Linear of a bfloat16 model passed
+    from prism.verify.numeric import scaled_inputs, standard_normal_inputs
     worst = 0.0
     batch = set(program.symbols())
     dtypes = {k: n.dtype for k, n in program.inputs.items()}
     for env in envs:
-        ins = typed_inputs(program, env, seed)
+        ins = standard_normal_inputs(program, env, seed)
         params = {k: v for k, v in env.items() if k not in batch}
         for scale in scales:
             x = scaled_inputs(ins, scale, dtypes)
@@ -297,7 +290,8 @@ class UnsplitCheck:
             self.big = work(self.program, self.env) > BIG_WORK
             if self.big:
                 return
-            self.inputs = typed_inputs(self.program, self.env, seed)
+            from prism.verify.numeric import standard_normal_inputs  # exact in their dtypes, as in numeric()
+            self.inputs = standard_normal_inputs(self.program, self.env, seed)
             try:
                 with np.errstate(all="ignore"):
                     self.ref = self.program.evaluate(self.inputs, dtype=np.float64)

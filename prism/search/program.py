@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from prism.errors import UnsupportedError
 from prism.ir import dims as D
 from prism.ir.builder import Tensor
-from prism.ir.dtypes import exact_cast
+from prism.ir.elementwise import is_exact_cast
 from prism.ir.graph import Graph
 from prism.ir.node import Node
 
@@ -40,7 +40,7 @@ def identity_cast(n: Node) -> bool:
     bfloat16 model). Kept, the int8 -> bfloat16 cast of a bfloat16 Linear was a kernel of its own writing a
     bfloat16 copy of the weight every call (``Linear(2048, 5632)`` at one row: 2735 us against eager's 2429;
     476 us without it)."""
-    return n.op == "cast" and (n.arg[0] in FLOAT_CASTS or exact_cast(n.src[0].dtype, n.arg[0]))
+    return n.op == "cast" and (n.arg[0] in FLOAT_CASTS or is_exact_cast(n))
 
 
 @dataclass(frozen=True)

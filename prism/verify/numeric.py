@@ -55,7 +55,8 @@ import numpy as np
 from prism.errors import PrismError
 from prism.ir import dims as D
 from prism.ir.block import BlockGraph
-from prism.ir.dtypes import DType, exact_cast, float32, of_array, round_to
+from prism.ir.dtypes import DType, float32, of_array, round_to
+from prism.ir.elementwise import is_exact_cast
 from prism.ir.graph import Graph
 from prism.ir.node import Node
 from prism.ir.ops import OPS
@@ -626,7 +627,7 @@ def rounding_allowance(reference: Graph, output: str) -> float:
     bound: dict[Node, float] = {}
     out = 0.0
     for n in reference.nodes:
-        exact = n.op == "cast" and exact_cast(n.src[0].dtype, n.arg[0])   # (int8 -> bfloat16) rounds nothing
+        exact = is_exact_cast(n)   # (int8 -> bfloat16) rounds nothing
         if (n.op == "cast" and not exact) or (n.op == "output" and n.arg[0] == output):
             eps = max(eps, n.dtype.eps)
         srcs = [bound[x] for x in n.src]

@@ -28,7 +28,8 @@ from prism.errors import UnsupportedError
 from prism.ir import dims as D
 from prism.ir.block import BlockGraph
 from prism.ir.dims import DimLike
-from prism.ir.dtypes import exact_cast, float32
+from prism.ir.dtypes import float32
+from prism.ir.elementwise import is_exact_cast
 from prism.ir.graph import Graph
 from prism.ir.node import Node
 from prism.ir.ops import OPS, decompose, infer
@@ -117,7 +118,7 @@ class Translator:
                 kernels += 1
             elif n.op == "result":
                 vals[n] = self.dag.shaped(results[n.src[0]][n.arg[0]], n.shape)
-            elif n.op == "cast" and exact_cast(n.src[0].dtype, n.arg[0]):
+            elif is_exact_cast(n):
                 # holds every value of its operand (int8 -> bfloat16): the identity on values, what the
                 # search drops it as (prism.search.program.identity_cast); casts to float32 are that already
                 # by the rule op.cast-float32 (on any operand)

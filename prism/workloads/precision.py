@@ -17,7 +17,7 @@ quantized, so every system sees exactly the same values, and the float64 referen
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import numpy as np
 
@@ -62,10 +62,15 @@ def _rebuild(g: Graph, inputs: Mapping[str, Callable[[Graph], object]],
     return ng
 
 
+def _inputs_as(g: Graph, dtype: str, skip: Collection[str] = ()) -> dict[str, Callable[[Graph], object]]:
+    """For _rebuild: each input of ``g`` (but ``skip``) declared as ``dtype``."""
+    return {name: (lambda ng, n=node: ng.input(n.arg[0], n.shape, dtype))
+            for name, node in g.inputs.items() if name not in skip}
+
+
 def _half_program(base: Workload, s: Shape, dtype: str) -> Graph:
     g = base.program(s)
-    return _rebuild(g, {name: (lambda ng, n=node: ng.input(n.arg[0], n.shape, dtype))
-                        for name, node in g.inputs.items()})
+    return _rebuild(g, _inputs_as(g, dtype))
 
 
 def _int8_program(base: Workload, s: Shape, act: str = "float32") -> Graph:
@@ -91,8 +96,7 @@ def _int8_program(base: Workload, s: Shape, act: str = "float32") -> Graph:
                              "matmul's right operand")
         return ng.mul(ng.matmul(*srcs), scales[quantized[0]])  # type: ignore[arg-type]
 
-    others = {name: (lambda ng, n=node: ng.input(n.arg[0], n.shape, act))
-              for name, node in g.inputs.items() if name not in weights} if act != "float32" else {}
+    others = _inputs_as(g, act, weights) if act != "float32" else {}
     return _rebuild(g, {**others, **{name: (lambda ng, name=name: weight(ng, name, *g.inputs[name].shape))
                                      for name in weights}}, rule)
 

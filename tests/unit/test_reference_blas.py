@@ -73,7 +73,7 @@ def test_a_large_product_runs_in_blocks_equal_to_one_call(monkeypatch: pytest.Mo
     bits of float64 (the BLAS may take a block's edge rows by another kernel: measured at most 4 ulps)."""
     from prism.reference import numpy_ops as N
     monkeypatch.setattr(N, "PARALLEL_MIN_FLOPS", 0)
-    monkeypatch.setattr(N, "_workers", lambda: 2)
+    monkeypatch.setattr(N, "usable_cores", lambda: 2)
     calls: list[tuple] = []
     real = N._product_in_parts
     monkeypatch.setattr(N, "_product_in_parts", lambda *a: calls.append(a[3:]) or real(*a))
@@ -91,7 +91,7 @@ def test_a_composite_step_in_a_pool_thread_runs_whole(monkeypatch: pytest.Monkey
     """What runs in the reference pool's threads is not cut again (no waiting on the pool from inside it)."""
     from prism.reference import numpy_ops as N
     monkeypatch.setattr(N, "PARALLEL_MIN_FLOPS", 0)
-    monkeypatch.setattr(N, "_workers", lambda: 2)
+    monkeypatch.setattr(N, "usable_cores", lambda: 2)
     a, b = np.ones((8, 4)), np.ones((4, 3))
     assert N._product_parts(a, b) is not None
     assert N._pool().submit(N._product_parts, a, b).result() is None
