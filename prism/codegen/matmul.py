@@ -38,6 +38,20 @@ PACK_NT_MAX_FLOATS = 64 * 1024
 # of C and this K (a Linear's prefill; attention's scores, K = a head dim, keep the nt kernels)
 TN_MIN_ROWS = 64
 TN_MIN_K = 256
+# bfloat16 rows against int8 keys (int8 weight-only on a bfloat16 model) take it from the first row count past
+# the GEMV kernels' (NT_WHOLE_K_ROWS): the nt kernels widen the int8 keys once per row group and multiply with
+# FMA, where tn converts each block of keys into bfloat16 once for all rows and multiplies with vdpbf16ps.
+# Measured on the Zen 4 VM, 2 threads, bfloat16 x [m, 2048] @ int8 [5632, 2048]^T through prism.optimize (four
+# Linears in turn, medians of 40 rounds; the bfloat16 weight's own product beside it): m = 12 1638 -> 1273 us,
+# 16 2153 -> 1246, 32 4464 -> 2064-2290, 48 6525 -> 3132 (bfloat16 weight 1321, 1548-1573, 2434-2551, 3230);
+# m = 8 stays nt (1125 against tn's 1267: half of the one row vector idle). bfloat16 keys gained nothing from
+# tn below 64 rows (1816 against 1928 us at 16, 2572 against 2386 at 32: level)
+TN_MIN_ROWS_I8 = NT_WHOLE_K_ROWS + 1
+
+
+def tn_min_rows(elems: tuple[str, str]) -> int:
+    """The rows from which a product of row and key storage ``elems`` takes the tn form (emit_tn)."""
+    return TN_MIN_ROWS_I8 if elems == ("bf16", "i8") else TN_MIN_ROWS
 
 # K chunk = B rows per micro-kernel call (see emit_nn): 4 rows per C row, at least 8. Measured on W1
 # (d=4096, one thread): n=1 best at 4-8 (sgemv-like streaming, C reloads are cheap), n=8/16 at 32
@@ -389,7 +403,7 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
          and sa0 % 2 == 0 and K % 2 == 0)
         or (set(elems) <= {"f32", "f16"} and sup.isa.name == "avx512"))
     tn = (tn_ok and scratch is not None and rowscale is None and (beta == "0" or outer is not None)
-          and par is None and not vars_ and K >= TN_MIN_K and N >= mk.TN_RN and M >= TN_MIN_ROWS)
+          and par is None and not vars_ and K >= TN_MIN_K and N >= mk.TN_RN and M >= tn_min_rows(elems))
     if tn:
         assert scratch is not None
         emit_tn(w, nm, sup, M, N, K, ptr[1], sa0, ptr[2], sb1, ptr[0], sc0, scratch, beta, elems=elems)
@@ -564,8 +578,8 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
             c: str, sc0: int, scratch: Scratch, beta: str = "0", elems: tuple[str, str] = ("bf16", "bf16")) -> None:
     """C[M x N] = A @ Bt^T for A and Bt (keys contiguous in K) of storage ``elems``, as the transposed product
     C^T = Bt @ A^T: per group of ``mk.ACC_ROWS`` of K, A's rows are packed (a 16 x 16 register transpose,
-    ``pr_tr16``) into the thread's scratch ``Xp``; every block of ``mk.TN_RN`` keys broadcasts its elements
-    against ``mk.TN_MV`` vectors of 16 packed rows, each lane one output, into ``Ct [N][ldm]``; at the end Ct is
+    ``pr_tr16``) into the thread's scratch ``Xp``; every block of RN keys broadcasts its elements
+    against MV vectors of 16 packed rows (``mk.tn_shape``), each lane one output, into ``Ct [N][ldm]``; at the end Ct is
     transposed into C. bfloat16 (``vdpbf16ps``, :func:`mk.tn_kernel`): A packed in k pairs, ``Xp [K / 2][ldm]``,
     the keys' pairs broadcast as they are; int8 keys (int8 weight-only on a bfloat16 model) are first converted
     into a bfloat16 panel of the scratch (exact: every int8 is a bfloat16; [128, 2048] x int8 [5632, 2048]^T, 2
@@ -577,12 +591,12 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     transpose-and-add of 16 accumulators and call per K chunk; this form has no reduction in the loop, and float16's
     nt kernel converted both operands at every use. The packing (one 16 x 16 transpose per 16 rows x 16 k) and the final
     transposition are estimated at ~2 % of a Linear's prefill product (not measured apart). ldm rounds M up to the
-    kernel's 16 * TN_MV rows: the packed rows past M are stale, and so are the Ct columns they give, which are
+    kernel's 16 * MV rows: the packed rows past M are stale, and so are the Ct columns they give, which are
     never read (each lane is its own output). The summation order is the nt kernels': ACC_CHUNK products per lane
     from zero, ACC_GROUP chunks into a group sum, groups into C (here Ct). ``beta`` (0, or the iteration's of a
     block's for-loop that accumulates the product, with each iteration's part of K): C = Ct^T, or C += Ct^T where
     it is non-zero. Measured: docs/codegen.md, "tn"."""
-    RN, MV = mk.TN_RN, mk.TN_MV
+    RN, MV = mk.tn_shape(M)
     mt = 16 * MV
     ldm = (M + mt - 1) // mt * mt
     G = mk.ACC_ROWS

@@ -828,6 +828,22 @@ TN_MV = 4   # vectors of 16 rows of A per micro-kernel
 TN_MC = 256   # packed rows per chunk, against which every block of keys runs (matmul.emit_tn)
 
 
+def tn_shape(rows: int) -> tuple[int, int]:
+    """(keys, vectors of 16 rows) of the tn micro-kernel for a product of ``rows`` rows: TN_RN x TN_MV from 49
+    rows; fewer rows take fewer vectors (each vector's lanes past the rows compute nothing used) and more keys,
+    at least 12 accumulators. Measured on the Zen 4 VM for bfloat16 rows against int8 keys (matmul.TN_MIN_ROWS_I8;
+    [m, 2048] @ [5632, 2048]^T, 2 threads): m = 16 with 12 keys 1246 us, 24 keys 1394 (16 and 20 were no better);
+    m = 32 with 6, 8 and 12 keys 2064-2290 us in two runs (level). Comparisons, not arithmetic, so that a template
+    over the rows records each choice as a guard. (Vectors of 8 rows, 256-bit ``vdpbf16ps``, for 8 rows against
+    int8 keys: 1372 us against the nt kernels' 1167 -- the same instruction count as 16 rows, so no faster than
+    them; not kept.)"""
+    if rows > 48:
+        return TN_RN, TN_MV
+    if rows > 32:
+        return 8, 3
+    return 12, (2 if rows > 16 else 1)
+
+
 def _tn_prefetch(rn: int, step: int, elem_bytes: int) -> str:
     """The tn kernels' prefetch of the next block of keys (``pf``: its first key, ``spf``: its key stride, both in
     bytes; the same k range as this call's): a line of each of its rn keys where k starts a 64-byte line of them.

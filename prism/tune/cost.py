@@ -17,7 +17,7 @@ thread and ``a = min(nb, T)`` busy threads:
   and accumulators times ``F``, over the SIMD efficiency ``N / (lanes·ceil(N/lanes))`` of the innermost dim;
   a bfloat16 product against a transposed operand (a Linear's ``W^T``) on a machine with ``vdpbf16ps``
   (``Machine.pair_dot``) runs at ``PAIR_TN`` times the FMA peak where the code generator takes its tn path
-  (at least ``TN_MIN_ROWS`` rows per product -- a batch folds into the rows where the tile keeps whole rows of
+  (at least ``tn_min_rows`` rows per product -- a batch folds into the rows where the tile keeps whole rows of
   its sequences -- and ``TN_MIN_K`` of K), ``PAIR_NT`` elsewhere (the nt kernels' transpose-and-add per tile);
 * time = ``max(memory, compute)`` of the busiest thread (per-thread bandwidth ``min(bw1, bw/a)``, core
   peak) + ``BLOCK_S`` per block + ``ITER_S + NODE_S·(loop nodes)`` per iteration + ``FORK_S``.
@@ -41,7 +41,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prism.codegen.matmul import TN_MIN_K, TN_MIN_ROWS
+from prism.codegen.matmul import TN_MIN_K, tn_min_rows
 from prism.ir import dims as D
 from prism.ir.block import BlockGraph
 from prism.ir.graph import Graph
@@ -66,7 +66,7 @@ OP_FLOPS = {**{n: o.flops for n, o in OPS.items() if o.elementwise or o.group ==
 ACC_FLOPS = {"sum": 1, "sum_last": 1, "rms": 2, "max": 1, "softmax_sum": 10}
 LAYOUT = ("reshape", "permute", "iter", "save", "split")
 # bfloat16 products with vdpbf16ps, flop rate over the machine's FMA peak (codegen/matmul.py: emit_tn from
-# TN_MIN_ROWS rows and TN_MIN_K of K, the nt kernels below). Measured on the Zen 5 VM, 2 threads: FMA loop 542 GFLOP/s,
+# tn_min_rows rows and TN_MIN_K of K, the nt kernels below). Measured on the Zen 5 VM, 2 threads: FMA loop 542 GFLOP/s,
 # vdpbf16ps loop 1150; bf16 [1024, 2048] x [5632, 2048]^T tn 950-1030, nt 845-864 (docs/codegen.md, "tn").
 PAIR_TN = 1.8
 PAIR_NT = 1.55
@@ -74,20 +74,26 @@ PAIR_NT = 1.55
 
 def _pair_rate(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> float:
     """The rate of matmul ``n`` over the FMA peak: 1, or PAIR_TN / PAIR_NT for a bfloat16 product against a
-    transposed operand on a machine with vdpbf16ps (the module docstring)."""
+    transposed operand on a machine with vdpbf16ps (the module docstring). Against int8 keys (int8 weight-only
+    on a bfloat16 model) PAIR_TN where the tn form converts the keys to bfloat16 (from ``tn_min_rows``' rows),
+    1 elsewhere (the nt kernels widen them and use FMA)."""
     a, b = n.src
-    if not (m.pair_dot and b.op == "permute" and str(a.dtype) == "bfloat16" and str(b.dtype) == "bfloat16"):
+    keys = str(b.dtype)
+    if not (m.pair_dot and b.op == "permute" and str(a.dtype) == "bfloat16" and keys in ("bfloat16", "int8")):
         return 1.0
+    other = 1.0 if keys == "int8" else PAIR_NT
     tile = S(a.shape)
     if len(tile) < 2:
-        return PAIR_NT
+        return other
     rows = tile[-2]
-    if len(tile) > 2 and len(b.shape) == 2:   # one weight for the batch: the batch folds into the rows where
-        # they run on across it (matmul._fold_shared_b): a tile computed in the block is compact; an input's
-        # tile where it keeps whole rows of every sequence
-        if a.op != "iter" or tile[-2] == S(bg.inputs[a.arg[0]].shape)[-2]:
-            rows = numel(tile[:-1])
-    return PAIR_TN if rows >= TN_MIN_ROWS and tile[-1] >= TN_MIN_K else PAIR_NT
+    if len(tile) > 2 and numel(tile[:-2]) > 1:
+        # one weight for the batch: the batch folds into the rows where they run on across it
+        # (matmul._fold_shared_b): a tile computed in the block is compact; an input's tile where it keeps
+        # whole rows of every sequence. Otherwise a loop over the batch, each product in the nt kernels
+        fold = len(b.shape) == 2 and (a.op != "iter" or tile[-2] == S(bg.inputs[a.arg[0]].shape)[-2])
+        rows = numel(tile[:-1]) if fold else 0
+    tn_rows = tn_min_rows(("bf16", "i8" if keys == "int8" else "bf16"))
+    return PAIR_TN if rows >= tn_rows and tile[-1] >= TN_MIN_K else other
 
 
 def numel(shape: tuple) -> int:

@@ -795,12 +795,17 @@ def test_a_product_of_many_rows_against_stored_keys_runs_transposed_on_packed_ro
     src = compile_kernel(product(512, 48).instantiate({"m": 64}), isa="avx512").source
     assert "pr_tn_" in src and ("pr_i8_bf16_panel" in src) == (wdt == "int8")
     assert "pr_tn_" not in compile_kernel(product(128, 48).instantiate({"m": 256}), isa="avx512").source
-    assert "pr_tn_" not in compile_kernel(product(512, 48).instantiate({"m": 32}), isa="avx512").source
+    # int8 keys take it from 9 rows (matmul.TN_MIN_ROWS_I8: fewer vectors of rows, more keys, mk.tn_shape), the
+    # GEMV rows below keep nt; other storage from 64 rows
+    few = "pr_tn_" in compile_kernel(product(512, 48).instantiate({"m": 32}), isa="avx512").source
+    assert few == (wdt == "int8")
+    assert "pr_tn_" not in compile_kernel(product(512, 48).instantiate({"m": 8}), isa="avx512").source
+    rows = (9, 16, 17, 33, 49, 64, 70, 130) if wdt == "int8" else (64, 70, 127, 130, 300)
     for K, N in ((512, 48), (600, 53), (1030, 13), (2048, 50)):
         g = product(K, N)
         ws = keys(N, K)
         per_value, one_template = prism.compile(g, isa="avx512"), prism.compile(g, isa="avx512", templates=True)
-        for m in (64, 70, 127, 130, 300):
+        for m in rows:
             xs = torch.randn(m, K, generator=gen)
             xs[m // 3] *= row_scale                          # one row of large activations
             xs = xs.to(txdt)
@@ -808,7 +813,7 @@ def test_a_product_of_many_rows_against_stored_keys_runs_transposed_on_packed_ro
             for name, k in (("per value", per_value), ("template", one_template)):
                 out = np.asarray(torch.as_tensor(k(x=xs, W=ws)).float())
                 assert_close(out, ref, f"{dtype} K={K} N={N} m={m} {name}", rtol=rtol)
-        assert one_template.specialize(m=300).template is not None, one_template.template_failures
+        assert one_template.specialize(m=rows[-1]).template is not None, one_template.template_failures
 
     g = prism.Graph()                 # a for-loop over K's halves accumulating the product: C += Ct^T from it = 1
     x, w = g.input("x", ("m", 1100), xdt), g.input("W", (50, 1100), wdt)

@@ -318,12 +318,14 @@ def test_a_bf16_linear_counts_the_pair_instruction_and_the_kernel_its_tile_gets(
     """bf16 X [8, 128, 2048] @ W[2048, 2048]^T on a machine with vdpbf16ps: compute at PAIR_TN times the FMA
     peak where a block's product has at least TN_MIN_ROWS rows (a block of whole sequences: the batch folds into
     its rows), PAIR_NT where it has 16 rows of each of 8 sequences (the nt kernels), the FMA peak without
-    the instruction or for float32. The tuner had measured only the second kind for a prefill's linear+add
+    the instruction or for float32; against int8 keys PAIR_TN from 9 rows and the FMA peak in the nt kernels.
+    The tuner had measured only the second kind for a prefill's linear+add
     (all predicted equal; measured 11.2-11.7 ms where the first kind takes ~9.2)."""
     from prism.tune.cost import PAIR_NT, PAIR_TN
 
     def linear(dtype: str, grid_rows: bool) -> prism.BlockGraph:
-        bb = BlockBuilder(grid=(8, 4), forloop=1, inputs=[((8, 128, 2048), dtype, "X"), ((2048, 2048), dtype, "W")])
+        xdt, wdt = (dtype.split("/") * 2)[:2]
+        bb = BlockBuilder(grid=(8, 4), forloop=1, inputs=[((8, 128, 2048), xdt, "X"), ((2048, 2048), wdt, "W")])
         x = bb.iter(0, imap=(0 if grid_rows else 1, None))   # a sequence per block, or 16 rows of each
         w = bb.iter(1, imap=(None, 0))
         bb.save(bb.matmul(x, bb.transpose(w, 0, 1)), omap=(0 if grid_rows else 1, 2))
@@ -332,8 +334,11 @@ def test_a_bf16_linear_counts_the_pair_instruction_and_the_kernel_its_tile_gets(
     pair = dataclasses.replace(MACHINE, pair_dot=True)
     flops = 2 * 8 * 128 * 2048 * 2048
     busiest = 16 / 32                        # 32 blocks over 2 threads: the busiest thread's share of the flops
+    # int8 keys of bfloat16 rows (int8 weight-only): the tn form from matmul.TN_MIN_ROWS_I8 rows; the strips are
+    # a loop over the 8 sequences around 16-row products, which the nt kernels run at the FMA rate
     for dtype, machine, rate_seq, rate_rows in (("bfloat16", pair, PAIR_TN, PAIR_NT),
-                                               ("bfloat16", MACHINE, 1.0, 1.0), ("float32", pair, 1.0, 1.0)):
+                                               ("bfloat16", MACHINE, 1.0, 1.0), ("float32", pair, 1.0, 1.0),
+                                               ("bfloat16/int8", pair, PAIR_TN, 1.0)):
         whole, strips = block_cost(linear(dtype, True), machine), block_cost(linear(dtype, False), machine)
         assert whole.flops == strips.flops == flops
         core = machine.core_flops
