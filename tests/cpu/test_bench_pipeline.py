@@ -28,7 +28,8 @@ def test_pipeline_column_searches_tunes_and_matches_the_reference() -> None:
 
 @pytest.mark.parametrize("precision,wid", [("bfloat16", "W1"), ("bfloat16", "W3"), ("float16", "W1"), ("float16", "W2"),
                                            ("float16", "W3"), ("float16", "W7"), ("int8w", "W1"), ("int8w", "W2"),
-                                           ("int8w", "W3"), ("int8w-bf16", "W1"), ("int8w-bf16", "W3")])
+                                           ("int8w", "W3"), ("int8w", "W7"), ("int8w-bf16", "W1"),
+                                           ("int8w-bf16", "W3"), ("int8w-bf16", "W7")])
 def test_low_precision_cases_run_every_available_system_on_the_same_values(precision: str, wid: str) -> None:
     """``prism bench --dtype``: each system is prepared on the precision's inputs and checked against the float64
     reference of those very values (the bench's check, with the precision's tolerance); a system without
@@ -42,7 +43,8 @@ def test_low_precision_cases_run_every_available_system_on_the_same_values(preci
     inputs = case_inputs(w, shape, seed=0)
     ref = reference(w, shape, inputs)
     # int8w: Prism's pipeline too (its searches read each weight and its scale as one input view: W2 and W3
-    # reached the 60 s limit with no structure before, docs/search.md), and torchao's int8 kernel
+    # reached the 60 s limit with no structure before, docs/search.md; W7's LoRA over an int8 base weight is in
+    # the int8w suite by default since), and torchao's int8 kernel
     names = ["prism", "torch", "compile"] + (["torch-int8mm"] if precision.startswith("int8w") else [])
     for name in names:
         r, prep = prepare_and_check(BY_NAME[name], w, shape, inputs, ref, 1)

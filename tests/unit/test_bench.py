@@ -13,7 +13,7 @@ import prism
 from prism.bench import accounting
 from prism.bench.data import aligned, case_inputs, check_outputs
 from prism.bench.results import PRISM_NOTE, Report, finish_case
-from prism.bench.run import Config, case_label, run_case, select_cases
+from prism.bench.run import Config, case_label, default_workloads, run_case, select_cases
 from prism.bench.schedule import interleave, rotation
 from prism.bench.systems import BY_NAME, prism_system, select
 from prism.bench.systems.base import Prepared, System, Unavailable
@@ -352,6 +352,9 @@ def test_select_systems_and_cases() -> None:
     assert {v.dtype.name for v in f16[0][0].program(f16[0][1]).inputs.values()} == {"float16"}
     with pytest.raises(PrismError, match="int8 weight-only applies"):
         select_cases(["W4"], quick=True, precision="int8w")
+    # int8 weight-only: every workload with weights, W7 included
+    assert default_workloads("int8w", quick=False) == default_workloads("int8w-bf16", quick=False) == [
+        "W1", "W2", "W3", "W7"]
     with pytest.raises(PrismError, match="unknown precision"):
         select_cases(["W1"], quick=True, precision="fp8")
 
