@@ -45,7 +45,10 @@ TN_MIN_K = 256
 # Linears in turn, medians of 40 rounds; the bfloat16 weight's own product beside it): m = 12 1638 -> 1273 us,
 # 16 2153 -> 1246, 32 4464 -> 2064-2290, 48 6525 -> 3132 (bfloat16 weight 1321, 1548-1573, 2434-2551, 3230);
 # m = 8 stays nt (1125 against tn's 1267: half of the one row vector idle). bfloat16 keys gained nothing from
-# tn below 64 rows (1816 against 1928 us at 16, 2572 against 2386 at 32: level)
+# tn below 64 rows (1816 against 1928 us at 16, 2572 against 2386 at 32: level). Also tried and not kept: at 2-8
+# rows the nt kernels on a bfloat16 panel of each block of 16 int8 keys (vdpbf16ps): m = 8 1084 against 1092 us,
+# 4 837 against 596, 2 540 against 513 -- converting a key (two widenings and a vcvtne2ps2bf16 per 32) costs
+# more than widening it for the one or two row groups that use it
 TN_MIN_ROWS_I8 = NT_WHOLE_K_ROWS + 1
 
 
