@@ -829,19 +829,21 @@ TN_MC = 256   # packed rows per chunk, against which every block of keys runs (m
 
 
 def tn_shape(rows: int) -> tuple[int, int]:
-    """(keys, vectors of 16 rows) of the tn micro-kernel for a product of ``rows`` rows: TN_RN x TN_MV from 49
-    rows; fewer rows take fewer vectors (each vector's lanes past the rows compute nothing used) and more keys,
-    at least 12 accumulators. Measured on the Zen 4 VM for bfloat16 rows against int8 keys (matmul.TN_MIN_ROWS_I8;
-    [m, 2048] @ [5632, 2048]^T, 2 threads): m = 16 with 12 keys 1246 us, 24 keys 1394 (16 and 20 were no better);
-    m = 32 with 6, 8 and 12 keys 2064-2290 us in two runs (level). Comparisons, not arithmetic, so that a template
-    over the rows records each choice as a guard. (Vectors of 8 rows, 256-bit ``vdpbf16ps``, for 8 rows against
-    int8 keys: 1372 us against the nt kernels' 1167 -- the same instruction count as 16 rows, so no faster than
-    them; not kept.)"""
-    if rows > 48:
+    """(keys, vectors of 16 rows) of the tn micro-kernel for a product of ``rows`` rows: TN_RN x TN_MV from 64
+    rows (matmul.TN_MIN_ROWS, where the tn form starts for every storage); below (int8 keys from 9 rows,
+    matmul.TN_MIN_ROWS_I8), 12 keys against one vector, the kernel called once per 16 rows (the lanes past the
+    rows compute nothing used). One shape for 9-63 rows, so that a template over the rows (a prompt's length) is
+    one text there: shapes chosen by the row count (12 x 1 to 16 rows, 12 x 2 to 32, 8 x 3 to 48) made a new
+    prompt length cost 4.3-4.8 s at each crossing (llama-1b int8w-bf16 from a 24-token prompt, new lengths 36 and
+    60: templates of every product compiled and checked).
+    Measured on the Zen 4 VM for bfloat16 rows against int8 keys ([m, 2048] @ [5632, 2048]^T, 2 threads,
+    medians of 40 rounds): m = 16 with 12 keys 1246 us, 24 keys 1394 (16 and 20 were no better); m = 32 12 x 1
+    2173 us against 12 x 2 2180 (and 6, 8 x 2 in two other runs 2064-2290); m = 48 12 x 1 3004 against 8 x 3
+    3230. (Vectors of 8 rows, 256-bit ``vdpbf16ps``, for 8 rows against int8 keys: 1372 us against the nt kernels'
+    1167 -- the same instruction count as 16 rows, so no faster than them; not kept.)"""
+    if rows >= 16 * TN_MV:
         return TN_RN, TN_MV
-    if rows > 32:
-        return 8, 3
-    return 12, (2 if rows > 16 else 1)
+    return 12, 1
 
 
 def _tn_prefetch(rn: int, step: int, elem_bytes: int) -> str:
