@@ -156,7 +156,10 @@ def plan_nn(isa: ISA, M: int, N: int, K: int) -> NNPlan:
         mr = -(-M // ngroups)
         nfull, mr_rem = divmod(M, mr)
     nvmax = mk.nv_max(isa, mr)
-    kc = min(K, max(8, 4 * mr))
+    # in a template the chunk is not cut to K: K <= chunk was a region boundary of its own (the prefill attention's
+    # P @ V over a prompt's length: a new template at 33 tokens after 24, 1.4 s of gcc); emit_nn and _grouped
+    # then always write the chunk loop, which runs once where K fits a chunk
+    kc = max(8, 4 * mr) if varying() else min(K, max(8, 4 * mr))
     assert kc <= mk.ACC_CHUNK, "the K-chunk calls use the unblocked micro-kernel"
     if varying():   # plain generation at a value of a template's region must print the same: at every N
         pw = nvmax * W
@@ -234,7 +237,7 @@ def emit_nn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     if parallel_nn(p, M, N, K, par):
         _emit_nn_parallel(w, nm, sup, p, M, N, K, a, sa0, sa1, b, sb0, c, sc0, beta, cs, par, elems)
         return
-    if p.kc >= K:
+    if not varying() and p.kc >= K:
         _nn_panels(w, nm, sup, p, str(K), a, sa0, sa1, b, sb0, c, sc0, beta, cs, elems)
         return
     # K chunks outermost: every B row of a chunk is read across all panels within a short time, so
@@ -267,7 +270,7 @@ def _grouped(w: CWriter, nm: Namer, product: Callable[[str, str, str, str], None
         with w.block(f"if ({gc} >= {grp} && ({gc} % {grp} == {grp - 1} || {gc} == {F * nch - 1}))"):
             assign(w, nm, View(c, (M, N), (sc0, 1)), View(pbuf, (M, N), (sc0, 1)), "+=")
 
-    if nch == 1:
+    if nch == 1 and (kr is K or not varying()):   # (a template's chunked K: K within one chunk is no boundary)
         body("0", str(K))
         return
     kv, kn = nm("kc"), nm("kn")
@@ -414,7 +417,7 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     p = plan_nn(sup.isa, M, N, K) if path == "nn" else None
     whole_k = swap = False
     if p is not None:
-        kr = K if parallel_nn(p, M, N, K, inner_par) else min(p.kc, K)
+        kr = K if parallel_nn(p, M, N, K, inner_par) else p.kc if varying() else min(p.kc, K)
         grp = max(1, mk.ACC_ROWS // kr)
     elif path == "nt":
         W = mk.lanes(sup.isa)
