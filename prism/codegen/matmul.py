@@ -602,7 +602,7 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     from zero, ACC_GROUP chunks into a group sum, groups into C (here Ct). ``beta`` (0, or the iteration's of a
     block's for-loop that accumulates the product, with each iteration's part of K): C = Ct^T, or C += Ct^T where
     it is non-zero. Measured: docs/codegen.md, "tn"."""
-    RN, MV = mk.tn_shape(M)
+    RN, MV = mk.tn_shape(elems[1])
     mt = 16 * MV
     ldm = (M + mt - 1) // mt * mt
     G = mk.ACC_ROWS

@@ -828,22 +828,22 @@ TN_MV = 4   # vectors of 16 rows of A per micro-kernel
 TN_MC = 256   # packed rows per chunk, against which every block of keys runs (matmul.emit_tn)
 
 
-def tn_shape(rows: int) -> tuple[int, int]:
-    """(keys, vectors of 16 rows) of the tn micro-kernel for a product of ``rows`` rows: TN_RN x TN_MV from 64
-    rows (matmul.TN_MIN_ROWS, where the tn form starts for every storage); below (int8 keys from 9 rows,
-    matmul.TN_MIN_ROWS_I8), 12 keys against one vector, the kernel called once per 16 rows (the lanes past the
-    rows compute nothing used). One shape for 9-63 rows, so that a template over the rows (a prompt's length) is
-    one text there: shapes chosen by the row count (12 x 1 to 16 rows, 12 x 2 to 32, 8 x 3 to 48) made a new
-    prompt length cost 4.3-4.8 s at each crossing (llama-1b int8w-bf16 from a 24-token prompt, new lengths 36 and
-    60: templates of every product compiled and checked).
-    Measured on the Zen 4 VM for bfloat16 rows against int8 keys ([m, 2048] @ [5632, 2048]^T, 2 threads,
-    medians of 40 rounds): m = 16 with 12 keys 1246 us, 24 keys 1394 (16 and 20 were no better); m = 32 12 x 1
-    2173 us against 12 x 2 2180 (and 6, 8 x 2 in two other runs 2064-2290); m = 48 12 x 1 3004 against 8 x 3
-    3230. (Vectors of 8 rows, 256-bit ``vdpbf16ps``, for 8 rows against int8 keys: 1372 us against the nt kernels'
+def tn_shape(keys: str) -> tuple[int, int]:
+    """(keys per micro-kernel, vectors of 16 rows) of the tn form whose keys are stored as ``keys``: TN_RN x TN_MV,
+    but 12 keys against one vector of 16 rows for int8 keys (converted a block at a time into a bfloat16 panel),
+    the kernel called once per 16 rows whatever their count (the lanes past the rows compute nothing used).
+
+    Measured on the Zen 4 VM, bfloat16 rows against int8 keys ([m, 2048] @ [5632, 2048]^T, 2 threads, medians of
+    20-40 rounds, each form in its own process): m = 16 with 12 keys 1246 us, 24 keys 1394 (16 and 20 were no
+    better); m = 32 12 x 1 2173 against 12 x 2 2180 (6 and 8 x 2 2064-2290 in two other runs); m = 48 3004 against 8
+    x 3 3230; m = 128 7204 against 6 x 4 7562; m = 512 29338 against 31181. bfloat16 keys, broadcast in place from
+    12 rows of the weight, took 12199 us at 128 rows against 6 x 4's 7218: they keep TN_RN x TN_MV. One shape for
+    every row count also keeps a template over the rows (a prompt's length) one text: shapes chosen by the row
+    count (12 x 1 to 16 rows, 12 x 2 to 32, 8 x 3 to 48, 6 x 4 from 64) made each crossing a new template of every
+    product (llama-1b int8w-bf16 from a 24-token prompt: new lengths 36 and 60 +4.8 and +4.3 s).
+    (Vectors of 8 rows, 256-bit ``vdpbf16ps``, for 8 rows against int8 keys: 1372 us against the nt kernels'
     1167 -- the same instruction count as 16 rows, so no faster than them; not kept.)"""
-    if rows >= 16 * TN_MV:
-        return TN_RN, TN_MV
-    return 12, 1
+    return (12, 1) if keys == "i8" else (TN_RN, TN_MV)
 
 
 def _tn_prefetch(rn: int, step: int, elem_bytes: int) -> str:
