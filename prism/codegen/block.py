@@ -407,7 +407,6 @@ class BlockLowering:
         for n in self.bg.nodes:
             if n.op == "matmul":
                 work += nblk * self.F * math.prod(_ints(n.shape)) * as_int(n.src[0].shape[-1]) // 8
-        par = max(1, min(nblk, work // PAR_WORK))
         w = CWriter()
         params = ([f"const {ctype(e)}* restrict {p}" for p, e in zip(in_ptrs, self.in_elems)]
                   + [f"{ctype(e)}* restrict {p}" for p, e in zip(out_ptrs, self.out_elems)])
@@ -417,7 +416,15 @@ class BlockLowering:
         grid = ", ".join(str(g) for g in self.grid) + ("," if len(self.grid) == 1 else "")
         w.line(f"/* block graph: grid=({grid}) forloop={self.F} */")
         with w.block(f"PR_NOINLINE void {self.name}({', '.join(params)})"):
-            w.line(f"const int nt = nth < {par} ? nth : {par};")
+            if LP.varying():
+                # in a template the thread count is computed at run time: taken here it was a region boundary
+                # (an element-wise piece over a prompt's rows: new templates where the work crosses PAR_WORK,
+                # llama-1b's RoPE at 64 rows)
+                w.line(f"const long nw = ({work}) / {PAR_WORK};")
+                w.line(f"const int nt = (int)pr_minl(nth, nw < 1 ? 1 : pr_minl({nblk}, nw));")
+            else:
+                par = max(1, min(nblk, work // PAR_WORK))
+                w.line(f"const int nt = nth < {par} ? nth : {par};")
             w.line("#pragma omp parallel num_threads(nt)")
             with w.block(""):
                 w.line("float* restrict S = scr + (long)omp_get_thread_num() * scr_stride;")

@@ -99,9 +99,13 @@ def loops(w: CWriter, vars_: Sequence[str], sizes: Sequence[int], simd: str | No
     opened = 0
     try:
         for k, (v, size) in enumerate(zip(vars_, sizes)):
-            if k == 0 and par and npar >= 1 and total >= PAR_MIN:
+            # in a template the PAR_MIN test is the pragma's run-time if clause: taken here it was a region boundary
+            # (a piece over a prompt's rows: llama-1b int8w-bf16's to+linear+mul at 64 rows, a new template)
+            run_time = varying()
+            if k == 0 and par and npar >= 1 and (run_time or total >= PAR_MIN):
                 w.line(f"#pragma omp parallel for num_threads({par}) schedule(static)"
-                       + (f" collapse({npar})" if npar > 1 else ""))
+                       + (f" collapse({npar})" if npar > 1 else "")
+                       + (f" if(({total}) >= {PAR_MIN})" if run_time else ""))
             if k == n - 1 and simd is not None:
                 w.line(f"#pragma omp simd {simd}".rstrip())
             w.line(f"for (long {v} = 0; {v} < {size}; {v}++) {{")
@@ -133,7 +137,8 @@ def _assign_chunks(w: CWriter, nm: Namer, target: View, lvs: list[View], src: Op
     access = {id(v): v.at(offset([i], s)) for v, s in zip(lvs, nest.strides[1:])}
     t = f"{target.ptr}[{offset([i], nest.strides[0])}]"
     e = render(src, access)
-    w.line(f"#pragma omp parallel for num_threads({par}) schedule(static)")
+    w.line(f"#pragma omp parallel for num_threads({par}) schedule(static)"
+           + (f" if(({n}) >= {PAR_MIN})" if varying() else ""))
     w.line(f"for (long {c} = 0; {c} < {(n + CHUNK - 1) // CHUNK}; {c}++) {{")
     w.level += 1
     w.line(f"const long {end} = pr_minl({n}, ({c} + 1) * {CHUNK});")
@@ -154,7 +159,7 @@ def assign(w: CWriter, nm: Namer, target: View, src: Operand, op: str = "=", par
     nest = make_nest(shape, [list(target.strides)] + [list(v.bstrides(shape)) for v in lvs])
     if not nest.sizes:
         nest = Nest([1], [[0] for _ in nest.strides])
-    if par and len(nest.sizes) == 1 and nest.sizes[0] >= PAR_MIN:
+    if par and len(nest.sizes) == 1 and (varying() or nest.sizes[0] >= PAR_MIN):   # (a template: if clause)
         _assign_chunks(w, nm, target, lvs, src, nest, op, par)
         return
     d = _transposed_dim(nest)

@@ -430,7 +430,9 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
         # transpose x^T @ W^T: one row against M keys, the multi-key kernels instead of M single dot
         # products (the int8 W1 search's candidate q @ x^T ran every row through the 1x1 kernel)
         swap = N == 1 and M > 1 and sc0 == 1 and rowscale is None
-        whole_k = sup.isa.vector and (1 if swap else M) <= NT_WHOLE_K_ROWS and K > W * mk.ACC_CHUNK
+        # (K first: a short K -- attention's scores over a head dim -- then decides without comparing the rows,
+        # which in a template over a prompt's length was a region boundary at 4 x NT_WHOLE_K_ROWS query rows)
+        whole_k = sup.isa.vector and K > W * mk.ACC_CHUNK and (1 if swap else M) <= NT_WHOLE_K_ROWS
         kr = K if whole_k else min(K, W * mk.ACC_CHUNK)
         grp = max(1, W * mk.ACC_ROWS // kr)
     else:
