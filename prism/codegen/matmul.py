@@ -250,11 +250,14 @@ def emit_nn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
 
 
 def _grouped(w: CWriter, nm: Namer, product: Callable[[str, str, str, str], None], M: int, N: int, K: int,
-             kr: int, grp: int, c: str, sc0: int, pbuf: str | None, beta: str, it: str, F: int) -> None:
+             kr: int, grp: int, c: str, sc0: int, pbuf: str | None, beta: str, it: str, F: int,
+             chunk_loop: bool = False) -> None:
     """The sum over ``F`` iterations (of ``it``) of K rows each, cut into calls of ``kr`` rows (call ``gc``
     of ``F * nch``) whose sums are added in groups of ``grp`` calls: group 0 into C, each later group into
     ``pbuf`` (C's layout), which is then added into C once. ``pbuf`` None: there is only group 0.
-    ``product(kv, kn, target, beta)`` emits the calls for rows [kv, kv + kn) of this iteration."""
+    ``product(kv, kn, target, beta)`` emits the calls for rows [kv, kv + kn) of this iteration. ``chunk_loop``: the
+    loop over chunks is written even where K fits one (a template's nn product: K within one chunk is then no
+    region boundary)."""
     nch = -(-K // kr)
 
     def body(kv: str, kn: str) -> None:
@@ -270,7 +273,7 @@ def _grouped(w: CWriter, nm: Namer, product: Callable[[str, str, str, str], None
         with w.block(f"if ({gc} >= {grp} && ({gc} % {grp} == {grp - 1} || {gc} == {F * nch - 1}))"):
             assign(w, nm, View(c, (M, N), (sc0, 1)), View(pbuf, (M, N), (sc0, 1)), "+=")
 
-    if nch == 1 and (kr is K or not varying()):   # (a template's chunked K: K within one chunk is no boundary)
+    if not chunk_loop and nch == 1:   # (chunk_loop first: comparing a traced nch would record a guard)
         body("0", str(K))
         return
     kv, kn = nm("kc"), nm("kn")
@@ -416,8 +419,11 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
         return
     p = plan_nn(sup.isa, M, N, K) if path == "nn" else None
     whole_k = swap = False
+    chunk_loop = False   # _grouped writes the K-chunk loop even where K fits one chunk
     if p is not None:
-        kr = K if parallel_nn(p, M, N, K, inner_par) else p.kc if varying() else min(p.kc, K)
+        whole = parallel_nn(p, M, N, K, inner_par)
+        chunk_loop = varying() and not whole
+        kr = K if whole else p.kc if varying() else min(p.kc, K)
         grp = max(1, mk.ACC_ROWS // kr)
     elif path == "nt":
         W = mk.lanes(sup.isa)
@@ -500,7 +506,7 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
         if grouped:
             pp = nm("P")
             w.line(f"float* {pp} = {pbase}" + (f" + {offset(vars_, nest.strides[0])};" if outer and vars_ else ";"))
-        _grouped(w, nm, product, M, N, K, kr, grp, cp, sc0, pp, beta, it, F)
+        _grouped(w, nm, product, M, N, K, kr, grp, cp, sc0, pp, beta, it, F, chunk_loop)
     for _ in range(opened):
         w.level -= 1
         w.line("}")
