@@ -97,11 +97,11 @@ def loops(w: CWriter, vars_: Sequence[str], sizes: Sequence[int], simd: str | No
     n = len(vars_)
     npar = n - 1 if simd is not None else n
     opened = 0
+    # in a template the PAR_MIN test is the pragma's run-time if clause: taken here it was a region boundary (a
+    # piece over a prompt's rows: llama-1b int8w-bf16's to+linear+mul at 64 rows, a new template)
+    run_time = varying()
     try:
         for k, (v, size) in enumerate(zip(vars_, sizes)):
-            # in a template the PAR_MIN test is the pragma's run-time if clause: taken here it was a region boundary
-            # (a piece over a prompt's rows: llama-1b int8w-bf16's to+linear+mul at 64 rows, a new template)
-            run_time = varying()
             if k == 0 and par and npar >= 1 and (run_time or total >= PAR_MIN):
                 w.line(f"#pragma omp parallel for num_threads({par}) schedule(static)"
                        + (f" collapse({npar})" if npar > 1 else "")

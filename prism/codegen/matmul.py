@@ -423,7 +423,7 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     if p is not None:
         whole = parallel_nn(p, M, N, K, inner_par)
         chunk_loop = varying() and not whole
-        kr = K if whole else p.kc if varying() else min(p.kc, K)
+        kr = K if whole else p.kc   # (plan_nn cuts kc to K outside a template)
         grp = max(1, mk.ACC_ROWS // kr)
     elif path == "nt":
         W = mk.lanes(sup.isa)

@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from prism.codegen.matmul import TN_MIN_K, tn_min_rows
+from prism.codegen.tiles import elem_of
 from prism.ir import dims as D
 from prism.ir.block import BlockGraph
 from prism.ir.graph import Graph
@@ -92,8 +93,7 @@ def _pair_rate(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> float:
         # whole rows of every sequence. Otherwise a loop over the batch, each product in the nt kernels
         fold = len(b.shape) == 2 and (a.op != "iter" or tile[-2] == S(bg.inputs[a.arg[0]].shape)[-2])
         rows = numel(tile[:-1]) if fold else 0
-    tn_rows = tn_min_rows(("bf16", "i8" if keys == "int8" else "bf16"))
-    return PAIR_TN if rows >= tn_rows and tile[-1] >= TN_MIN_K else other
+    return PAIR_TN if rows >= tn_min_rows((elem_of(a.dtype), elem_of(b.dtype))) and tile[-1] >= TN_MIN_K else other
 
 
 def numel(shape: tuple) -> int:
