@@ -25,7 +25,7 @@ from prism.codegen.cwriter import CWriter, Namer
 from prism.codegen.isa import ISA
 from prism.codegen.loops import PAR_MIN, Nest, assign, make_nest, offset, varying
 from prism.codegen.tiles import View, ctype, ld
-from prism.ir.traced import concrete
+from prism.ir.traced import any_of, concrete, varies
 
 # nt calls over the whole K up to this many rows of C (see emit_matmul)
 NT_WHOLE_K_ROWS = 8
@@ -146,7 +146,10 @@ class NNPlan:
 
 def plan_nn(isa: ISA, M: int, N: int, K: int) -> NNPlan:
     W = mk.lanes(isa)
-    bits = varying() and (K * N <= SMALL_B or M >= 2 * mk.MR_MAX[isa.name])
+    # only where M varies (a row count fixed in the template keeps its balanced plan: one text at every value);
+    # the test as one guard of the two (traced.any_of): as an ``or`` it recorded K * N <= SMALL_B (a prompt's length
+    # up to 512 in the prefill attention's P @ V) or M >= 2 * MR, whichever it evaluated, as a region boundary
+    bits = varying() and varies(M) and any_of(lambda: M >= 2 * mk.MR_MAX[isa.name], lambda: K * N <= SMALL_B)
     if bits:
         mr = mk.MR_MAX[isa.name]
         nfull = M // mr
@@ -265,7 +268,8 @@ def _grouped(w: CWriter, nm: Namer, product: Callable[[str, str, str, str], None
             product(kv, kn, c, f"({kv} == 0 ? {beta} : 1)" if kv != "0" else beta)
             return
         gc, tp, bt = nm("gc"), nm("T"), nm("bt")
-        terms = ([it if nch == 1 else f"{it} * {nch}"] if F > 1 else []) + ([f"{kv} / {kr}"] if nch > 1 else [])
+        many = chunk_loop or nch > 1   # (chunk_loop first: comparing a traced nch would record a guard)
+        terms = ([f"{it} * {nch}" if many else it] if F > 1 else []) + ([f"{kv} / {kr}"] if many else [])
         w.line(f"const long {gc} = {' + '.join(terms)};")
         w.line(f"float* {tp} = {gc} < {grp} ? {c} : {pbuf};")
         w.line(f"const int {bt} = {gc} % {grp} ? 1 : {gc} ? 0 : {beta};")
@@ -364,8 +368,10 @@ def _fold_shared_b(nest: Nest, M: int, sc0: int, sa0: int, foldable: bool) -> tu
 
 def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, beta: str = "0",
                 rowscale: View | None = None, par: str | None = None, scratch: Scratch | None = None,
-                outer: tuple[str, int] | None = None) -> None:
+                outer: tuple[str, int] | None = None, pack_nt: bool | None = None) -> None:
     """C (beta) A @ B over views (C must have unit column stride). ``rowscale`` (beta 2) has C's rows.
+    ``pack_nt``: an nt product's packing of B decided by the caller (the two branches of a template's run-time
+    choice), None: decided here.
 
     ``outer`` = (loop variable, trips): the product is one iteration of a loop whose products all add
     into C (a block graph's ``sum`` accumulator; ``beta`` is then the iteration's, e.g. ``(it > 0)``).
@@ -398,7 +404,17 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     # and 210 as nn (2 threads, Zen 4); from K = 1024 on both reach ~220
     ldp = (N + 15) // 16 * 16 + 16  # the copy's row stride: not a power of two (its 16 stores per tile conflict)
     pack = (path == "nt" and scratch is not None and elems == mk.F32 and sup.isa.name == "avx512" and N > 1
-            and M >= PACK_NT_MIN_ROWS and K <= PACK_NT_MAX_K and K * ldp <= PACK_NT_MAX_FLOATS)
+            and K <= PACK_NT_MAX_K)
+    if pack and pack_nt is None and varying() and (varies(M) or varies(N)) and not varies(K):
+        # in a template whose rows or keys vary (the float32 prefill attention's Q @ K^T over a prompt's length) the
+        # choice is taken at run time, both forms in the text: taken here it was two region boundaries (64 rows,
+        # 497 keys), each a new template (gcc and its checks) when a prompt's length crossed it
+        with w.block(f"if ({M} >= {PACK_NT_MIN_ROWS} && {K * ldp} <= {PACK_NT_MAX_FLOATS})"):
+            emit_matmul(w, nm, sup, C, A, B, beta, rowscale, par, scratch, outer, pack_nt=True)
+        with w.block("else"):
+            emit_matmul(w, nm, sup, C, A, B, beta, rowscale, par, scratch, outer, pack_nt=False)
+        return
+    pack = pack and (pack_nt if pack_nt is not None else M >= PACK_NT_MIN_ROWS and K * ldp <= PACK_NT_MAX_FLOATS)
     b_src, sbt = None, sb1
     if pack:
         path, sb0, sb1 = "nn", ldp, 1
@@ -444,9 +460,13 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     else:
         kr, grp = K, max(1, mk.ACC_ROWS // K)
     it, F = outer if outer else ("0", 1)
-    grouped = -(-K // kr) * F > grp
+    # a K that varies in a template (the prefill attention's P @ V over a prompt's length) sums its chunks in groups
+    # at any K: more chunks than one group was a region boundary (a new template at 513 tokens after 128)
+    grouped = (p is not None and chunk_loop and varies(K) and scratch is not None) or -(-K // kr) * F > grp
     pbase = ""
-    pack_n = K * ldp if pack else 0   # one scratch area: the packed B first, then the group sums
+    # one scratch area: the packed B first, then the group sums (a template's branch: the most any packed B takes,
+    # where K * ldp, growing with the keys, would reserve for key counts the branch never runs at)
+    pack_n = (PACK_NT_MAX_FLOATS if pack_nt else K * ldp) if pack else 0
     if grouped:
         if scratch is None:
             raise ValueError("a matmul with a long K needs scratch for its group sums")

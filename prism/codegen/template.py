@@ -134,20 +134,27 @@ class Template:
 
 
 def plain_source(graph: Graph, params: Mapping[str, Any], env: Mapping[str, int], isa: ISA_.ISA) -> str:
-    """The C that plain generation writes at ``env`` the way templates are generated (``loops.rows_vary``):
-    the text a template's rendering at ``env`` must equal."""
-    with rows_vary():
-        return generate(graph.instantiate({**env, **resolve_params(params, env)}), isa).source
+    """The C that generation writes at ``env`` the way templates are generated (``loops.rows_vary``), with every
+    size printed as its value: the text a template's rendering at ``env`` must equal. The dims are traced here
+    too (and the holes filled in at ``env``), so that choices made on whether a size varies
+    (``traced.varies``: a structural fact) are the template's; every value is that of ``env``, so a size that
+    escaped the template's trace (a literal there) still differs."""
+    tr, gen = _traced(graph, params, env, isa)
+    return _HOLE.sub(lambda m: str(lin_eval(tr.holes[int(m.group(1))], env)), gen.source)
+
+
+def _traced(graph: Graph, params: Mapping[str, Any], dims: Mapping[str, int], isa: ISA_.ISA) -> tuple[Trace, Generated]:
+    tr = Trace(dims)
+    with interning_scope(tr), rows_vary():
+        dims_t = tr.dims()
+        g = graph.instantiate({**dims_t, **resolve_params(params, dims_t)})   # a Follows parameter is traced too
+        return tr, generate(g, isa)
 
 
 def trace(graph: Graph, params: Mapping[str, Any], dims: Mapping[str, int], isa: ISA_.ISA) -> Template:
     """Generate ``graph`` at ``dims`` (its symbolic dims) and ``params`` with the dims traced (and the products'
     row groups independent of their row counts: ``loops.rows_vary``)."""
-    tr = Trace(dims)
-    with interning_scope(tr), rows_vary():
-        dims_t = tr.dims()
-        g = graph.instantiate({**dims_t, **resolve_params(params, dims_t)})   # a Follows parameter is traced too
-        gen = generate(g, isa)
+    tr, gen = _traced(graph, params, dims, isa)
     if not tr.holes:
         raise TemplateError("no printed size depends on the dims")
     if tr.specialized():

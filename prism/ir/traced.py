@@ -22,7 +22,8 @@ rounding. Everything the C text needs is integer arithmetic on ``long``.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 # A linear form: (terms, const), terms a sorted tuple of (atom, coef) with coef != 0. An atom is
@@ -31,6 +32,9 @@ Lin = tuple
 _CMP = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
         ">=": operator.ge}
 HOLE_OPEN, HOLE_CLOSE = "\x01", "\x02"
+ANY = "any"   # the head of a disjunctive guard's key: (ANY, paths), see any_of
+# the guards that comparisons record while any_of evaluates one of its predicates: (trace, key, outcome)
+_CAPTURE: ContextVar[list | None] = ContextVar("prism_trace_capture", default=None)
 
 
 def _key(atom: tuple) -> str:
@@ -142,7 +146,15 @@ class Trace:
 
     def guard(self, lin: Lin, op: str, outcome: bool) -> None:
         if lin[0]:   # a constant difference decides nothing about the dims
-            self.guards[(lin, op)] = outcome
+            self.record((lin, op), outcome)
+
+    def record(self, key: tuple, outcome: bool) -> None:
+        """Record guard ``key`` (``(lin, op)`` or ``(ANY, paths)``) with ``outcome`` (or hand it to any_of)."""
+        cap = _CAPTURE.get()
+        if cap is not None:
+            cap.append((self, key, outcome))
+        else:
+            self.guards[key] = outcome
 
     def pin(self, lin: Lin, value: int) -> None:
         """Guard ``lin == value``: the template holds where ``lin`` has this value only."""
@@ -160,7 +172,7 @@ class Trace:
     def holds(self, env: Mapping[str, int]) -> bool:
         """Whether every guard holds at ``env`` (its dims)."""
         try:
-            return all(_CMP[op](lin_eval(lin, env), 0) == outcome for (lin, op), outcome in self.guards.items())
+            return all(_holds(key, outcome, env) for key, outcome in self.guards.items())
         except ZeroDivisionError:
             return False
 
@@ -168,6 +180,56 @@ class Trace:
         """True when a guard pins a dim's value outright (the template serves one value of it)."""
         return any(op == "==" and outcome and len(lin[0]) == 1 and lin[0][0][0][0] == "v"
                    for (lin, op), outcome in self.guards.items())
+
+
+def _holds(key: tuple, outcome: bool, env: Mapping[str, int]) -> bool:
+    if key[0] == ANY:   # (ANY, paths): some path's guards all hold
+        return any(all(_holds(k, o, env) for k, o in path) for path in key[1]) == outcome
+    lin, op = key
+    return _CMP[op](lin_eval(lin, env), 0) == outcome  # type: ignore[no-any-return]
+
+
+def any_of(*preds: Callable[[], bool]) -> bool:
+    """``any(p() for p in preds)`` for predicates that compare traced ints, recorded as one guard where plain
+    ``or`` records one per comparison it evaluates: where the result is true, the guard holds wherever one of
+    the true predicates decides as it did here (each predicate's own comparisons); where it is false, every
+    predicate's comparisons are recorded as usual (each must stay false). Every predicate is evaluated.
+
+    Measured need: ``M >= 16 or K * N <= 65536`` (codegen.matmul.plan_nn) holds at every prompt length for the
+    prefill attention's ``P @ V`` (M = K = the length), but as an ``or`` it recorded ``K * N <= 65536`` below 16
+    rows and ``M >= 16`` above: a template's region ended at one of the two, a new template (and gcc) there."""
+    results = []
+    for p in preds:
+        cap: list = []
+        tok = _CAPTURE.set(cap)
+        try:
+            out = bool(p())
+        finally:
+            _CAPTURE.reset(tok)
+        results.append((out, cap))
+    if not any(out for out, _ in results):
+        for _, cap in results:
+            for tr, key, o in cap:
+                tr.record(key, o)
+        return False
+    true = [cap for out, cap in results if out]
+    if any(not cap for cap in true):   # a true predicate that compared nothing traced: true everywhere
+        return True
+    traces = {id(tr): tr for cap in true for tr, _, _ in cap}
+    if len(traces) != 1:
+        raise ValueError("any_of over traced ints of several traces")
+    (tr,) = traces.values()
+    tr.record((ANY, tuple(tuple((k, o) for _, k, o in cap) for cap in true)), True)
+    return True
+
+
+def varies(x: object) -> bool:
+    """Whether ``x`` is a traced int that depends on the dims (a template's size that changes over its region).
+    A structural fact, not a value, so deciding on it records no guard: code generation may choose the form that
+    serves every value (a row loop split at any length, K-chunk sums in groups at any K) where the size varies,
+    and the one best for the value where it is fixed. Plain generation for a template's validation is traced
+    too (codegen.template.plain_source), so both sides see the same answers."""
+    return isinstance(x, Traced) and bool(x.expr[0])
 
 
 def lin_of(x: object, trace: Trace | None) -> Lin:

@@ -16,7 +16,7 @@ from prism.codegen.isa import get as get_isa
 from prism.codegen.template import TemplateError, check_points, plain_source, trace
 from prism.ir import BlockBuilder
 from prism.ir.dtypes import as_dtype
-from prism.ir.traced import lin_const, lin_eval
+from prism.ir.traced import Trace, lin_const, lin_eval
 from prism.runtime import cache
 
 pytestmark = pytest.mark.cpu
@@ -121,14 +121,15 @@ def test_check_points_fill_a_short_region_with_its_next_smallest_values() -> Non
     """template.check_points below a value far above a short region (the pre-build checks a tail template below a
     whole tile): the region's smallest, nothing from a quarter or half of that value, then its next smallest --
     three checks at cheap values, where it found one and the template was left for its first served length."""
-    g, ia = kernel_level(), get_isa("avx512")
-    t = trace(g, {}, {"n": 5}, ia)
-    region = [n for n in range(1, 1000) if t.holds({"n": n})]
-    assert len(region) >= 4 and max(region) < 200, region
+    tr = Trace({"n": 5})   # a short region, as a trace's guards make it (its codegen boundaries move)
+    n = tr.dims()["n"]
+    assert n >= 2 and n < 64
+    region = [n for n in range(1, 1000) if tr.holds({"n": n})]
+    assert region == list(range(2, 64))
     top = {"n": 4 * (max(region) + 1)}   # a quarter and a half of it lie above the region
-    got = [p["n"] for p in check_points(t.trace, top, 3, [])]
+    got = [p["n"] for p in check_points(tr, top, 3, [])]
     assert got == region[:3], (got, region)
-    assert [p["n"] for p in check_points(t.trace, top, 3, [{"n": region[1]}])] == [region[0], *region[2:4]]
+    assert [p["n"] for p in check_points(tr, top, 3, [{"n": region[1]}])] == [region[0], *region[2:4]]
 
 
 def test_the_launcher_passes_the_dims_and_lengths_share_a_workspace(rng: np.random.Generator) -> None:
@@ -195,8 +196,9 @@ def test_a_transposed_weight_product_is_one_template_for_every_residue_of_its_ro
     """The nt micro-kernels' row groups are counted by division and every group shape has its loop from
     matmul.NT_ALL_RUNS rows on (matmul.nt_row_runs), so a prefill's X @ W^T is one template for every residue
     of m modulo the widest group (choosing the runs by count made one per residue). With a short K (64) and at
-    least 64 rows, AVX-512 runs the product as nn on a transposed copy of the keys: the row count's bound is one
-    more condition of the template, and its nn row groups take the remainder by its bits (matmul.rows_vary)."""
+    least 64 rows, AVX-512 runs the product as nn on a transposed copy of the keys, its nn row groups taking the
+    remainder by its bits (matmul.rows_vary); in a template whose rows vary that choice is a run-time branch with
+    both forms in the text (the row count's bound was a region boundary), so one template serves from 2 rows."""
     for k_dim, kernel in ((512, "pr_nt_"), (64, "pr_tr16")):
         g = prism.Graph("q @ k.T")
         Q, K = g.input("Q", (4, "m", k_dim)), g.input("K", (4, 40, k_dim))
@@ -212,7 +214,8 @@ def test_a_transposed_weight_product_is_one_template_for_every_residue_of_its_ro
             t.validate(g, {}, ia)
             served = [m for m in range(1, 400) if t.holds({"m": m})]
             assert set(range(64, 400)) <= set(served), (name, served[:3])   # every residue of m
-            assert k_dim == 512 or min(served) >= 64, served[:3]   # below 64 rows: the nt kernels
+            assert min(served) <= 2, served[:3]   # below 64 rows the nt kernels, at run time
+            assert k_dim == 512 or ("pr_nt_" in t.marked.source and "pr_tr16" in t.marked.source)
             for m in served[:: max(1, len(served) // 12)] + [142, 143, 144]:
                 assert t.render({"m": m}) == plain_source(g, {}, {"m": m}, ia), (name, m)
             if k_dim == 512:   # a short prompt's few rows: one template from NT_ALL_RUNS = 2 rows (was one per m)
@@ -379,11 +382,57 @@ def test_covers_says_whether_a_value_runs_compiled_code_without_compiling() -> N
     assert not k.covers(n=101)
     k.specialize(n=101)
     misses = cache.STATS.misses
-    inside = [n for n in range(2, 300) if k._templates[0][0].holds({"n": n})]
-    outside = [n for n in range(2, 300) if not any(t.holds({"n": n}) for t, *_ in k._templates)]
+    inside = [n for n in range(1, 300) if k._templates[0][0].holds({"n": n})]
+    outside = [n for n in range(1, 300) if not any(t.holds({"n": n}) for t, *_ in k._templates)]   # (n = 1)
     assert 101 in inside and outside
     assert k.covers(n=101) and all(k.covers(n=n) for n in inside) and not any(k.covers(n=n) for n in outside)
     assert cache.STATS.misses == misses and len(k._templates) == 1
     plain = prism.compile(g, {"g": 2, "F": 1})
     plain.specialize(n=40)
     assert plain.covers(n=40) and not plain.covers(n=41)
+
+
+def prefill_attention(dtype: str = "float32") -> prism.Graph:
+    """O = softmax(Q K^T / sqrt(128)) V for 2 heads of n query rows over n keys (a prompt of length n): Q @ K^T has n
+    rows and n keys, P @ V n rows and K = n."""
+    return online_softmax_attention("prefill attention", (2, "n", 128), (2, "n", 128), ("g",), "F", dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_prefill_attention_is_one_template_for_every_prompt_length(dtype: str, rng: np.random.Generator) -> None:
+    """Boundaries that were region ends for a prompt's length n, each a new template (gcc and checks) when a prompt
+    crossed it: the softmax rows' split at loops.SPLIT_MIN (64), P @ V's bits plan (``M >= 16 or K * N <= 65536``:
+    one guard, traced.any_of) and its K-chunk groups (K > 512), float32's packing of K^T for Q @ K^T (64 rows, 497
+    keys: a run-time branch). Traced at 24, the template holds at every length from 2 to 3000, prints what
+    generation prints at lengths on both sides of each former boundary, and its compiled code agrees with float64
+    on both sides (one template for all)."""
+    g, ia, params = prefill_attention(dtype), get_isa(None), {"g": 2, "F": 1}
+    t = trace(g, params, {"n": 24}, ia)
+    assert all(t.holds({"n": n}) for n in range(2, 3001)), [n for n in range(2, 3001) if not t.holds({"n": n})][:5]
+    for n in (3, 63, 64, 100, 496, 497, 513, 700):
+        assert t.render({"n": n}) == plain_source(g, params, {"n": n}, ia), n
+    k = prism.compile(g, params, templates=True)
+    for n in (20, 70, 530):
+        x = _inputs(g, n, rng)
+        if dtype == "float32":
+            x["K"][1, n // 3] = 1e3   # hostile: one key dominates every row's scores
+        (ref,) = g.evaluate(x, dtype=np.float64, params=params).values()
+        assert k.specialize(n=n).template is not None, k.template_failures
+        assert_close(k(**x), ref, f"n={n}", rtol=1e-4 if dtype == "float32" else 2e-2)
+    assert len(k._templates) == 1 and not k.template_failures
+
+
+def test_a_softmax_row_is_split_at_any_length_in_a_template(rng: np.random.Generator) -> None:
+    """loops.SPLIT_MIN: a row reduction whose length varies (traced.varies) takes the split form at any length in a
+    template (rows of 2-3 elements: no quarters, only the remainder loop), so rows shorter and longer than 64 are
+    one template."""
+    g = prism.Graph("softmax over n")
+    X = g.input("X", (5, "n"))
+    g.output(g.softmax(X, -1), "Y")
+    k = prism.compile(g, {}, templates=True)
+    for n in (2, 3, 5, 63, 64, 65, 200):
+        x = {"X": rng.standard_normal((5, n)).astype(np.float32) * 4}
+        (ref,) = g.evaluate(x, dtype=np.float64).values()
+        assert k.specialize(n=n).template is not None, (n, k.template_failures)
+        assert_close(k(**x), ref, f"n={n}")
+    assert len(k._templates) == 1, [t.trace.guards for t, *_ in k._templates]

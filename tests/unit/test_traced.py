@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from prism.ir.traced import Trace, Traced, lin_c, lin_eval
+from prism.ir.traced import Trace, Traced, any_of, lin_c, lin_eval, varies
 
 pytestmark = pytest.mark.unit
 
@@ -74,3 +74,38 @@ def test_traces_do_not_mix() -> None:
     a, b = Trace({"n": 4}).dims()["n"], Trace({"n": 4}).dims()["n"]
     with pytest.raises(ValueError):
         _ = a + b
+
+
+def test_any_of_is_one_guard_that_holds_wherever_a_true_predicate_still_holds() -> None:
+    """traced.any_of: ``a or b`` on traced ints records the comparison it evaluated (a region that ends where that one
+    flips, though the other would keep the result); any_of records where the result stays true: the union of the
+    true predicates' regions. A false result records every comparison (each must stay false)."""
+    def region(tr: Trace) -> list[int]:
+        return [v for v in range(1, 2000) if tr.holds({"d": v})]
+
+    tr = Trace({"d": 24})
+    d = tr.dims()["d"]
+    assert (d >= 16 or d * 128 <= 65536) and region(tr) == list(range(16, 2000))   # plain `or`: one side only
+    tr = Trace({"d": 24})
+    d = tr.dims()["d"]
+    assert any_of(lambda: d >= 16, lambda: d * 128 <= 65536) and region(tr) == list(range(1, 2000))
+    tr = Trace({"d": 8})   # only the second is true here: its region, not the first's
+    d = tr.dims()["d"]
+    assert any_of(lambda: d >= 16, lambda: d * 128 <= 65536) and region(tr) == list(range(1, 513))
+    tr = Trace({"d": 8})
+    d = tr.dims()["d"]
+    assert not any_of(lambda: d >= 16, lambda: d > 100) and region(tr) == list(range(1, 16))
+    tr = Trace({"d": 8})   # a true predicate that compares nothing traced: true everywhere, no guard
+    d = tr.dims()["d"]
+    assert any_of(lambda: d >= 16, lambda: 3 > 2) and not tr.guards
+    tr = Trace({"d": 24})   # nested: the inner one's guard is one path of the outer
+    d = tr.dims()["d"]
+    assert any_of(lambda: any_of(lambda: d < 10, lambda: d > 20), lambda: d == 1000)
+    assert region(tr) == list(range(21, 2000))
+    assert any_of(lambda: 5 > 6, lambda: 7 > 6)   # plain ints: plain any
+
+
+def test_varies_says_whether_a_size_depends_on_the_dims_without_a_guard() -> None:
+    tr = Trace({"n": 70})
+    n = tr.dims()["n"]
+    assert varies(n) and varies(n // 4 + 1) and not varies(n - n) and not varies(64) and not tr.guards
