@@ -98,6 +98,11 @@ class Options:
 DERIVE_WINDOW = 2.0   # a shape within this factor (each dim) of a tuned one is derived from it for good; a farther
 #                       one is derived too (served at once) and recorded as pending: `prism cache retune` tunes it
 #                       (PRISM_DERIVE_FAR=0: tuned on first use instead)
+# a far fixed-shape twin is an anchor only where every dim that moved is at least this large at both ends: a prefill
+# length is not derived from a decode step's GEMV (the twin at 1 row), but a decode attention at KV length 301 is
+# from its twin at 129 (it was tuned there instead, in the middle of a decode: llama-1b float32 from a 128-token
+# prompt, a 300-token prompt's decode attention, +1-2 s)
+FAR_TWIN_MIN = 16
 DERIVE_SLACK = 1.10   # a derived shape may take a tuning's other candidate measured this close to its winner
 NEAR = 4              # ... or its winner's sGraph with sizes at most this factor from the winner's (api._derived)
 NEAR_ESTIMATE = 2.0   # ... or farther, where the model's seconds per flop of those sizes at the new shape are within
@@ -681,8 +686,9 @@ class SuperKernel:
                 continue
             ratios = [env[k] / aenv[k] for k in env]
             far = not all(1 / DERIVE_WINDOW <= r <= DERIVE_WINDOW for r in ratios)
-            # a far twin is no anchor: a prefill length is not derived from a decode step's GEMV (the twin at 1)
-            if far and (not far_ok or twin):
+            # a far twin is no anchor where a moved dim is small at either end (FAR_TWIN_MIN)
+            if far and (not far_ok or (twin and min(min(aenv[k], env[k]) for k in env if aenv[k] != env[k])
+                                       < FAR_TWIN_MIN)):
                 continue
             dist = sum(abs(math.log(r)) for r in ratios)
             if best is None or dist < best[0]:

@@ -749,7 +749,9 @@ def test_a_symbolic_program_derives_from_its_fixed_shape_twins_tuning() -> None:
     """Under Dynamo's default a prompt length compiles a static graph and the next length a dynamic one whose
     pieces are the same programs over a symbolic length: the symbolic program at a value near a tuned twin's
     takes that twin's winner (api.SuperKernel._twin_anchors: the tuning renumbered to its own sGraphs), compiled
-    and checked, not tuned again; a value more than DERIVE_WINDOW from every twin is tuned."""
+    and checked, not tuned again; a value more than DERIVE_WINDOW from every twin is derived too (served at once,
+    recorded as pending) where the moved dim is at least api.FAR_TWIN_MIN at both ends, and tuned where it is not
+    (a prefill length is not derived from a decode step's GEMV)."""
     clear_memory_caches()
     reset_stats()
     static = prism.superoptimize(_norm(48), limits=LIMITS, derive=True)
@@ -763,8 +765,10 @@ def test_a_symbolic_program_derives_from_its_fixed_shape_twins_tuning() -> None:
     s56 = sym.specialize(n=56)
     assert s56.derived_from == {"n": 48} and s56.check.passed
     assert (STATS.tunings, STATS.tune_derived) == (1, 1)
-    _run_norm(sym, 200)                     # > 2x from 48: its own tuning (a far twin is no anchor)
-    assert sym.specialize(n=200).derived_from is None and STATS.tunings == 2
+    _run_norm(sym, 200)                     # > 2x from 48, both ends >= FAR_TWIN_MIN: derived (far)
+    assert sym.specialize(n=200).derived_from == {"n": 48} and STATS.tunings == 1 and STATS.tune_derived_far == 1
+    _run_norm(sym, 10)                      # > 2x from 48 and below FAR_TWIN_MIN: its own tuning
+    assert sym.specialize(n=10).derived_from is None and STATS.tunings == 2
 
 
 def test_a_shape_called_before_skips_binding_and_keeps_every_check(monkeypatch: pytest.MonkeyPatch) -> None:
