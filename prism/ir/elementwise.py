@@ -352,6 +352,111 @@ unary("mish", "x * tanh(softplus(x))", numpy=lambda x: x * np.tanh(np.logaddexp(
       torch=_torch1("mish", modules=(("Mish", ()),)), jax=lambda m, x: x * m.numpy.tanh(m.nn.softplus(x)),
       onnx=lambda b, x: b.op("Mish", [x]))
 
+# --- rounding and other element-wise functions of PyTorch's (breadth: each left a user's program in PyTorch).
+# Rounding is discontinuous: where a float32 computation lands within its own rounding error of a step, the
+# program's float32 run differs from the float64 reference by a step too, which the numeric check allows at rare
+# elements (verify.numeric: the program's own error). rintf/floorf/ceilf/truncf compile to one vrndscaleps
+# under -fno-math-errno (runtime/cache.py FLAGS), so the loops stay vectorized ---
+
+def _round_np(x: np.ndarray, decimals: float) -> np.ndarray:
+    """torch.round: half to even; ``decimals`` d > 0 as rint(x * 10^d) / 10^d, d < 0 as rint(x / 10^-d) * 10^-d
+    (PyTorch's order, the power of ten in the operand's type)."""
+    d = int(decimals)
+    if d == 0:
+        return np.rint(x)
+    t = x.dtype.type(10.0 ** abs(d))
+    return np.rint(x * t) / t if d > 0 else np.rint(x / t) * t
+
+
+def _round_c(x: str, decimals: float, lit: Any) -> str:
+    d = int(decimals)
+    if d == 0:
+        return f"rintf({x})"
+    t = lit(10.0 ** abs(d))
+    return f"(rintf(({x}) * {t}) / {t})" if d > 0 else f"(rintf(({x}) / {t}) * {t})"
+
+
+def _round_attrs(get: Callable[[str, Any], Any]) -> tuple:
+    d = get("decimals", 0)
+    if isinstance(d, bool) or not isinstance(d, int):
+        raise ValueError(f"round(decimals={d!r}): decimals must be a constant int")
+    if abs(d) > 30:
+        raise ValueError(f"round(decimals={d}): 10^{abs(d)} is not a float32")
+    return (float(d),)
+
+
+def _onnx_round(b: Any, x: str, decimals: float) -> str:
+    d = int(decimals)
+    if d == 0:
+        return b.op("Round", [x])
+    t = b.scalar(10.0 ** abs(d))
+    return (b.op("Div", [b.op("Round", [b.op("Mul", [x, t])]), t]) if d > 0
+            else b.op("Mul", [b.op("Round", [b.op("Div", [x, t])]), t]))
+
+
+def _jax_round(m: Any, x: Any, decimals: float) -> Any:
+    d = int(decimals)
+    if d == 0:
+        return m.numpy.round(x)   # half to even, as torch.round
+    t = np.float32(10.0 ** abs(d))
+    return m.numpy.round(x * t) / t if d > 0 else m.numpy.round(x / t) * t
+
+
+def _sign_np(x: np.ndarray) -> np.ndarray:
+    # PyTorch's sign is (0 < x) - (x < 0): sign(NaN) = 0 (numpy's is NaN)
+    return ((x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)).astype(x.dtype, copy=False)
+
+
+def _onnx_trunc(b: Any, x: str) -> str:
+    return b.op("Where", [b.op("Less", [x, b.scalar(0.0)]), b.op("Ceil", [x]), b.op("Floor", [x])])
+
+
+unary("round", "x rounded to the nearest integer, half to even (decimals d: to multiples of 10^-d)",
+      attrs=("decimals",), defaults=(0.0,), numpy=_round_np, c=_round_c, flops=2,
+      torch=(Torch(("round", "special_round"), ("input", "decimals"), _round_attrs),),
+      jax=_jax_round, onnx=_onnx_round)
+unary("floor", "the largest integer <= x", numpy=np.floor, c=lambda x, lit: f"floorf({x})",
+      torch=_torch1("floor"), jax=lambda m, x: m.numpy.floor(x), onnx=lambda b, x: b.op("Floor", [x]))
+unary("ceil", "the smallest integer >= x", numpy=np.ceil, c=lambda x, lit: f"ceilf({x})",
+      torch=_torch1("ceil"), jax=lambda m, x: m.numpy.ceil(x), onnx=lambda b, x: b.op("Ceil", [x]))
+unary("trunc", "x rounded toward zero", numpy=np.trunc, c=lambda x, lit: f"truncf({x})",
+      torch=_torch1("trunc", "fix"), jax=lambda m, x: m.numpy.trunc(x), onnx=_onnx_trunc)
+unary("frac", "x - trunc(x) (the fractional part, with x's sign)", numpy=lambda x: x - np.trunc(x),
+      c=lambda x, lit: f"(({x}) - truncf({x}))", flops=2, torch=_torch1("frac"),
+      jax=lambda m, x: x - m.numpy.trunc(x), onnx=lambda b, x: b.op("Sub", [x, _onnx_trunc(b, x)]))
+unary("sign", "-1, 0 or 1 by the sign of x (0 for NaN, as PyTorch's)", numpy=_sign_np,
+      c=lambda x, lit: f"(({x}) > 0.0f ? 1.0f : (({x}) < 0.0f ? -1.0f : 0.0f))", flops=2,
+      torch=_torch1("sign", "sgn"),
+      jax=lambda m, x: m.numpy.where(x > 0, 1.0, m.numpy.where(x < 0, -1.0, 0.0)).astype(x.dtype),
+      onnx=lambda b, x: b.op("Sub", [b.op("Cast", [b.op("Greater", [x, b.scalar(0.0)])], to=1),
+                                     b.op("Cast", [b.op("Less", [x, b.scalar(0.0)])], to=1)]))
+unary("reciprocal", "1 / x", numpy=lambda x: x.dtype.type(1) / x, c=lambda x, lit: f"(1.0f / ({x}))", flops=4,
+      torch=_torch1("reciprocal"), jax=lambda m, x: 1 / x, onnx=lambda b, x: b.op("Reciprocal", [x]))
+unary("log1p", "log(1 + x), accurate near 0", numpy=np.log1p, c=lambda x, lit: f"pr_log1p({x})", flops=12,
+      torch=_torch1("log1p", "special_log1p"), jax=lambda m, x: m.numpy.log1p(x),
+      onnx=lambda b, x: b.op("Log", [b.op("Add", [x, b.scalar(1.0)])]))
+unary("expm1", "e**x - 1, accurate near 0", numpy=np.expm1, c=lambda x, lit: f"pr_expm1({x})", flops=10,
+      torch=_torch1("expm1", "special_expm1"), jax=lambda m, x: m.numpy.expm1(x),
+      onnx=lambda b, x: b.op("Sub", [b.op("Exp", [x]), b.scalar(1.0)]))
+unary("exp2", "2**x", numpy=np.exp2, c=lambda x, lit: f"pr_exp2({x})", flops=10,
+      # 2^x = 2^n e^(r ln 2) with n = rint(x) and r = x - n exact: r ln 2 in [-0.35, 0.35] rounds to a few ulps
+      # of the result, where e^(x ln 2) would carry x ln 2's rounding (|x| ulps of 2^x); 2^n as two factors so
+      # that the subnormal results are reached
+      c_defs="PR_INLINE float pr_exp2(float x) { float xc = x > 129.0f ? 129.0f : (x < -151.0f ? -151.0f : x); "
+             "float n = rintf(xc); float r = xc - n; int32_t ni = (int32_t)n; int32_t h = ni / 2; "
+             "float y = pr_exp(r * 0.693147180559945309f) * pr_bits_f((uint32_t)(h + 127) << 23) "
+             "* pr_bits_f((uint32_t)(ni - h + 127) << 23); return x != x ? x : y; }",
+      torch=_torch1("exp2", "special_exp2"), jax=lambda m, x: m.numpy.exp2(x),
+      onnx=lambda b, x: b.op("Pow", [b.scalar(2.0), x]))
+unary("log2", "log base 2 (log2(0) = -inf, of x < 0 NaN)", numpy=np.log2,
+      c=lambda x, lit: f"(pr_log({x}) * {lit(1 / math.log(2))})", flops=11,
+      torch=_torch1("log2"), jax=lambda m, x: m.numpy.log2(x),
+      onnx=lambda b, x: b.op("Mul", [b.op("Log", [x]), b.scalar(1 / math.log(2))]))
+unary("log10", "log base 10 (log10(0) = -inf, of x < 0 NaN)", numpy=np.log10,
+      c=lambda x, lit: f"(pr_log({x}) * {lit(1 / math.log(10))})", flops=11,
+      torch=_torch1("log10"), jax=lambda m, x: m.numpy.log10(x),
+      onnx=lambda b, x: b.op("Mul", [b.op("Log", [x]), b.scalar(1 / math.log(10))]))
+
 binary("add", "a + b", numpy=lambda a, b: a + b, c=lambda a, b: f"({a} + {b})", term_head="Add",
        jax=lambda m, a, b: a + b, onnx="Add")
 binary("sub", "a - b", numpy=lambda a, b: a - b, c=lambda a, b: f"({a} - {b})", term_head="Sub",

@@ -24,7 +24,7 @@ ATTRS: dict[str, list[tuple]] = {
     "gelu": [("none",), ("tanh",)], "mul_scalar": [(2.5,)], "add_scalar": [(-1.25,)],
     "clamp": [(-1.0, 1.0), (0.0, float("inf")), (float("-inf"), 0.5)], "leaky_relu": [(0.01,), (0.2,)],
     "elu": [(1.0, 1.0, 1.0), (1.6732632423543772, 1.0507009873554805, 1.0), (0.5, 1.0, 2.0)],
-    "softplus": [(1.0, 20.0), (2.0, 5.0)],
+    "softplus": [(1.0, 20.0), (2.0, 5.0)], "round": [(0.0,), (2.0,), (-1.0,)],
 }
 UNARY = sorted(n for n, o in OPS.items() if o.group == "unary")
 BINARY = sorted(n for n, o in OPS.items() if o.group == "binary")

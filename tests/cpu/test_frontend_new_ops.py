@@ -37,6 +37,14 @@ PROGRAMS: dict[str, Callable[..., Any]] = {
     "max_values": lambda x, w: torch.max(x @ w.T, dim=-1).values,
     "mean_of_means": lambda x, w: x.mean(-1).mean(),
     "cosine_similarity": lambda x, w: F.cosine_similarity(x, x.abs() + 1, dim=-1),
+    # rounding (2026-11-29): activations fake-quantized to multiples of 1/8 before a Linear (x * 8 is exact, so
+    # no tie falls differently in float32 and float64), and the other new element-wise functions in one chain
+    "fake_quant_linear": lambda x, w: (torch.round(x * 8).clamp(-20, 20) / 8) @ w.T,
+    "floor_ceil_round2": lambda x, w: torch.floor(x * 2) + torch.ceil(x) * 0.5 + torch.round(x, decimals=1),
+    "log1p_expm1_sign_etc": lambda x, w: (torch.sign(x) * torch.log1p(x.abs()) + torch.expm1(-x.abs())
+                                          + torch.frac(x) - torch.trunc(x) * 0.1 + torch.reciprocal(x.abs() + 1)
+                                          + torch.exp2(-x.abs()) + torch.log2(x.abs() + 1)
+                                          + torch.log10(x.abs() + 2)),
 }
 
 
