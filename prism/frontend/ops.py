@@ -489,14 +489,23 @@ for _op in OPS.values():
 def _pow(c: Conv) -> Lowered:
     x, e = c.get("input"), c.get("exponent")
     if not c.is_tensor(x):
-        raise Unsupported("pow: a tensor exponent of a constant base")
+        # a constant base b > 0 to a tensor power: 2^(e log2 b) (exp2 keeps 2^e exact at integer e)
+        if not c.is_tensor(e):
+            raise Unsupported("pow: no tensor operand")
+        b = c.number(x, "the base")
+        if not b > 0 or math.isinf(b):
+            raise Unsupported(f"pow: a tensor power of the base {b:g} (supported: a finite base > 0)")
+        j, l2 = c.tensor(e), math.log2(b)
+        return Lowered("pow", "compute", c.operands,
+                       lambda g, t: g.exp2(t[j] if l2 == 1.0 else g.mul_scalar(t[j], l2)), ("exp2",))
     p = c.number(e, "the exponent")
     i = c.tensor(x)
     table: dict[float, Callable[[OpMethods, Tensor], Tensor]] = {
         2.0: lambda g, v: g.square(v), 0.5: lambda g, v: g.sqrt(v), -0.5: lambda g, v: g.rsqrt(v),
-        1.0: lambda g, v: v, 3.0: lambda g, v: g.mul(v, g.square(v))}
+        1.0: lambda g, v: v, 3.0: lambda g, v: g.mul(v, g.square(v)), 4.0: lambda g, v: g.square(g.square(v)),
+        -1.0: lambda g, v: g.reciprocal(v), -2.0: lambda g, v: g.reciprocal(g.square(v))}
     if p not in table:
-        raise Unsupported(f"pow: exponent {p:g} (supported: 2, 3, 0.5, -0.5, 1)")
+        raise Unsupported(f"pow: exponent {p:g} (supported: 4, 3, 2, 1, 0.5, -0.5, -1, -2)")
     f = table[p]
     return Lowered("pow", "compute", c.operands, lambda g, t: f(g, t[i]), ("square",) if p == 2.0 else ())
 

@@ -76,6 +76,12 @@ ELEMENTWISE: dict[str, Callable[..., Any]] = {
     + torch.tanh(y) - x,
     "activations": lambda x, y: F.silu(x) + F.gelu(y) + F.gelu(x, approximate="tanh") + F.relu(y) + x.clamp(min=0),
     "powers": lambda x, y: x ** 2 + y.pow(3) + torch.square(x) + x.exp().pow(0.5) + y.exp() ** -0.5,
+    "more_powers": lambda x, y: x ** 4 + (y.exp() + 1) ** -1 + torch.pow(x.exp(), -2) + 2 ** x + torch.pow(3.5, y)
+    + 0.5 ** x,
+    "rounding_and_logs": lambda x, y: torch.round(x * 3) + torch.floor(y) - torch.ceil(x) + torch.trunc(y * 2)
+    + torch.frac(x) + torch.sign(y) + torch.round(x, decimals=1) + torch.log1p(x.abs()) + torch.expm1(y)
+    + torch.exp2(x) + torch.log2(y.abs() + 1) + torch.log10(x.abs() + 1) + torch.reciprocal(y.abs() + 1)
+    + x.round() + y.floor() + x.sgn() + torch.fix(y),
     "maximum": lambda x, y: torch.maximum(x, y) * y,
     "broadcast": lambda x, y: x * y[:1] + x[:, :1],
 }
