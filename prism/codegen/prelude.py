@@ -160,6 +160,14 @@ PR_INLINE float pr_round_f16(float x) {
   return pr_bits_f(s | (a >= 0x477ff000u ? big : a < 0x38800000u ? sub : nrm));
 }
 PR_INLINE float pr_ld_i8(int8_t q) { return (float)q; }
+/* a float value quantized to int8 as the IR's cast (ir/elementwise.py): truncated toward zero, saturated at -128 and
+   127, NaN -> 0 (a NaN fails both comparisons and is selected away at the end) */
+PR_INLINE float pr_round_i8(float x) {
+  float t = truncf(x);
+  t = t < -128.0f ? -128.0f : (t > 127.0f ? 127.0f : t);
+  return x != x ? 0.0f : t;
+}
+PR_INLINE int8_t pr_st_i8(float x) { return (int8_t)pr_round_i8(x); }
 #if defined(__AVX2__)
 PR_INLINE __m256 pr_v8_bf16(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));

@@ -53,9 +53,7 @@ def st(elem: str, value: str) -> str:
     """The C value to store for float ``value`` in an element of type ``ctype(elem)`` (rounded to nearest)."""
     if elem == "f32":
         return value
-    if elem == "i8":
-        raise UnsupportedError("code generation does not store int8 values (quantize outside the program)")
-    return f"pr_st_{elem}({value})"
+    return f"pr_st_{elem}({value})"   # i8: an int8 value of the program (a cast's), integral: truncated, saturated
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ def static_shape(node: Any) -> tuple[int, ...] | None:
 FLOAT_DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
 
 
-STORED = {**FLOAT_DTYPES, "torch.int8": "int8"}   # int8: quantized weights, only ever cast (prism.quantize_weights)
+STORED = {**FLOAT_DTYPES, "torch.int8": "int8"}   # int8: quantized weights and values (a cast), only ever cast back
 
 
 def prism_dtype(v: Any) -> str:
@@ -416,6 +416,9 @@ def _check_rank2(c: Conv, *vs: Any) -> None:
     for v in vs:
         if c.rank(v) < 2:
             raise Unsupported(f"{c.call.name}: operands of rank < 2 (vector products) are not supported")
+        if c.is_tensor(v) and str(meta_value(v).dtype) not in FLOAT_DTYPES:
+            raise Unsupported(f"{c.call.name}: a product of {meta_value(v).dtype} operands (PyTorch's own integer "
+                              "matmul; cast the operands to a float dtype, as a dequantization does)")
 
 
 @_conv("matmul", "mm", "bmm")
@@ -1190,6 +1193,8 @@ def _identity_conv(c: Conv) -> Lowered:
         i = c.tensor(x)
         if kinds == ("torch.float32", "torch.bool"):  # x.bool(): a mask, x != 0
             return Lowered(name, "compute", c.operands, lambda g, t: g.compare(t[i], "ne", 0.0))
+        if kinds[0] in FLOAT_DTYPES and kinds[1] == "torch.int8":   # a quantizer's x.to(torch.int8)
+            return Lowered(name, "compute", c.operands, lambda g, t: g.cast(t[i], "int8"), ("cast", "int8"))
         if kinds[0] != kinds[1] and kinds[0] != "torch.bool":
             if kinds[0] not in STORED or kinds[1] not in FLOAT_DTYPES:
                 raise Unsupported(f"{name}: a conversion from {kinds[0]} to {kinds[1]} (Prism stores "

@@ -1,7 +1,10 @@
 """Element types.
 
 Storage types: ``float32`` (the working type), ``bfloat16`` and ``float16`` (low-precision storage) and
-``int8`` (quantized weights, ``w = q * scale``); ``float64`` exists for reference and accuracy graphs.
+``int8`` (quantized weights, ``w = q * scale``, and since 2026-11-29 quantized values of the program: a cast of a
+float to int8 truncates toward zero and saturates, as a quantizer's ``round(x / s).clamp(-127, 127).to(torch.int8)``
+needs; int8 values never compute element-wise, and a matmul of two int8 operands sums its exact products in
+float32); ``float64`` exists for reference and accuracy graphs.
 
 The mixed-precision rule: a tensor's dtype is how it is *stored* when it is stored (a program's inputs and
 outputs). Every operator computes in float32 (or float64 in the reference's accuracy mode) on the values
@@ -113,8 +116,8 @@ _SIGNIFICAND = {"bfloat16": 8, "float16": 11, "float32": 24, "float64": 53}
 
 def exact_cast(src: DType | str, dst: DType | str) -> bool:
     """Whether ``cast(x, dst)`` of any value of an operand of dtype ``src`` is the identity on values. A cast to
-    float32/float64 is (every operator computes in float32, the rule above); int8 (-128..127: 8 bits, and only
-    a program input holds int8) is exact in every float type, bfloat16's 8 significant bits included
+    float32/float64 is (every operator computes in float32, the rule above); int8 (-128..127: 8 bits: a program
+    input or a cast's integral value) is exact in every float type, bfloat16's 8 significant bits included
     (``q.to(torch.bfloat16)`` of int8 weight-only on a bfloat16 model). A cast to bfloat16 or float16 of a float
     is not, even from the same dtype: an operator's result labelled bfloat16 holds its float32 value until it
     is stored, and the cast is where it rounds (``cast(rms_norm(x), bfloat16)`` of a bfloat16 x)."""

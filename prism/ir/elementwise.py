@@ -522,26 +522,41 @@ def _cast_dtype(dtypes: tuple[DType, ...], arg: tuple) -> DType:
         # the verifier's rule cast-to-float32 = x holds because no value is wider than float32
         raise DTypeError("cast from float64: Prism programs hold float32 values at most (float64 is the "
                          "reference's type); evaluate with dtype=numpy.float64 instead")
+    if t.name == "int8":
+        if src not in FLOATS:
+            raise DTypeError(f"cast of {src or 'a non-float'} to int8: only a float value is quantized to int8")
+        return t
     if t.name not in FLOATS and t.name != "float64":   # (float64: reference graphs; code generation has none)
-        raise DTypeError(f"cast to {t} is not supported: a program computes in {list(FLOATS)}; quantize weights "
-                         "outside the program (int8 with a float scale) and cast them to float32 inside it")
+        raise DTypeError(f"cast to {t} is not supported: a program computes in {list(FLOATS)} and quantizes to "
+                         "int8 (cast(round(x / scale), int8)); other integer types stay outside the program")
     return t
 
 
 def _cast_np(x: np.ndarray, target: str) -> np.ndarray:
     """A widening cast is the identity (also in the float64 accuracy mode, where operands may carry more
     digits than float32: what the program computes is the value, not its float32 rounding); a narrowing one
-    rounds to the target's precision."""
+    rounds to the target's precision; int8 truncates toward zero as PyTorch's ``.to(torch.int8)``, saturating at
+    -128 and 127 and taking NaN to 0 (PyTorch leaves both undefined: a quantizer clamps and rounds first)."""
+    if target == "int8":
+        with np.errstate(invalid="ignore"):
+            q = np.clip(np.trunc(x), x.dtype.type(-128), x.dtype.type(127))
+        return np.where(np.isnan(x), x.dtype.type(0), q).astype(x.dtype, copy=False)
     return x if target in ("float32", "float64") else round_to(x, as_dtype(target))
 
 
 def _cast_c(x: str, target: str, lit: Any) -> str:
     return {"float32": f"({x})", "float64": f"({x})", "bfloat16": f"pr_round_bf16({x})",
-            "float16": f"pr_round_f16({x})"}[target]
+            "float16": f"pr_round_f16({x})", "int8": f"pr_round_i8({x})"}[target]
 
 
 def _onnx_cast(b: Any, x: str, target: str) -> str:
-    return b.op("Cast", [x], to={"float32": 1, "float16": 10, "bfloat16": 16}[target])
+    return b.op("Cast", [x], to={"float32": 1, "float16": 10, "bfloat16": 16, "int8": 3}[target])
+
+
+def _jax_cast(m: Any, x: Any, target: str) -> Any:
+    if target == "int8":   # the value (trunc, saturated) in x's float type, as _cast_np
+        return m.numpy.where(m.numpy.isnan(x), 0.0, m.numpy.clip(m.numpy.trunc(x), -128, 127)).astype(x.dtype)
+    return x.astype(getattr(m.numpy, target))
 
 
 def is_exact_cast(n: Any) -> bool:
@@ -564,5 +579,5 @@ unary("cast", "x stored as dtype (rounded to its precision; exact when it widens
       # sound on values: every dtype a program holds (bfloat16, float16, int8, float32) widens to float32
       # exactly, and a cast from float64 is rejected by the dtype rule
       rules=(OpRule("op.cast-float32", '(Un "cast" x)', "x", both=False),),
-      jax=lambda m, x, target: x.astype(getattr(m.numpy, target)), onnx=_onnx_cast, method=False)
+      jax=_jax_cast, onnx=_onnx_cast, method=False)
 

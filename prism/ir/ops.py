@@ -126,6 +126,11 @@ class OpDef:
             return self.dtype_fn(dtypes, arg)
         first = dtypes[0]
         if all(d == first for d in dtypes[1:]):
+            if self.group == "contraction" and getattr(first, "name", "") == "int8":
+                # int8 values on both sides (quantized activations and weights, whose casts to float the search
+                # drops as exact): every product is exact in float32 and the sum accumulates as any matmul's; the
+                # result is float32. (The frontend refuses PyTorch's own integer matmuls, which wrap at int8.)
+                return float32
             if not getattr(first, "is_float", True) and self.group not in ("layout", "io"):  # (search: dtype-free)
                 raise DTypeError(f"{self.name}: operands of dtype {first} hold integers; cast them to a float "
                                  f"dtype first (g.cast(q, 'float32'), then multiply by the scale)")

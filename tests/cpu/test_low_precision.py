@@ -421,3 +421,80 @@ def test_superoptimize_low_precision_programs(build) -> None:  # type: ignore[no
     # weight; kept, it was a kernel of its own writing a bfloat16 copy of the weight
     for impl in k.implementations:
         assert not any(n.op == "cast" and n.src[0].dtype.name == "int8" for n in impl.graph.nodes), impl.graph
+
+
+# --- int8 values of a program: a quantizer's cast (2026-11-29) ---------------------------------------------------
+
+def _quantizer(n: int = 64, k: int = 256) -> prism.Graph:
+    """q = int8(clamp(round(x / s), -127, 127)) with s = max |x_row| / 127, and its dequantization q * s."""
+    g = prism.Graph("dynamic int8 quantizer")
+    x = g.input("x", (n, k))
+    s = g.mul_scalar(g.max(g.abs(x), dim=-1), 1 / 127)
+    q = g.cast(g.clamp(g.round(g.div(x, s)), -127.0, 127.0), "int8")
+    g.output(q, "q")
+    g.output(g.mul(g.cast(q, "float32"), s), "y")
+    return g
+
+
+def test_a_cast_to_int8_truncates_saturates_and_takes_nan_to_zero() -> None:
+    """The IR's cast to int8 (ir/elementwise.py): PyTorch's ``.to(torch.int8)`` truncates toward zero; out of range
+    and NaN (undefined in PyTorch) saturate and give 0. The reference and the C lowering (``pr_round_i8``, stored
+    with ``pr_st_i8``) agree on every path this machine runs."""
+    vals = np.array([0.99, -0.99, 127.5, 128.0, -128.7, -129.0, 1e30, -1e30, np.inf, -np.inf, np.nan, 3.0, -3.5],
+                    np.float32)
+    want = np.array([0, 0, 127, 127, -128, -128, 127, -128, 127, -128, 0, 3, -3], np.int8)
+    g = prism.Graph("cast to int8")
+    x = g.input("x", (1, vals.size))
+    g.output(g.cast(x, "int8"), "q")
+    g.output(g.cast(g.cast(x, "int8"), "float32"), "f")
+    ref = g.evaluate({"x": vals[None]})
+    assert np.array_equal(ref["q"].astype(np.int8)[0], want) and np.array_equal(ref["f"][0], want.astype(np.float32))
+    for isa in supported_isas():
+        got = prism.compile(g, isa=isa)(x=vals[None])
+        assert got["q"].dtype == np.int8 and np.array_equal(got["q"][0], want), isa
+        assert np.array_equal(got["f"][0], want.astype(np.float32)), isa
+
+
+def test_a_dynamic_quantizer_compiles_and_superoptimizes_to_pytorchs_values() -> None:
+    """The quantizer of int8 dynamic activations, as a program: compiled (every ISA path) and through the search,
+    its int8 output equal to the reference's and to PyTorch's, its dequantization within float32 of it."""
+    torch = pytest.importorskip("torch")
+    g = _quantizer()
+    xx = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    ref = g.evaluate({"x": xx})
+    xt = torch.from_numpy(xx)
+    s = xt.abs().amax(-1, keepdim=True) * (1 / 127)
+    tq = torch.round(xt / s).clamp(-127, 127).to(torch.int8).numpy()
+    assert np.array_equal(ref["q"].astype(np.int8), tq)
+    for isa in supported_isas():
+        got = prism.compile(_quantizer(), isa=isa)(x=xx)
+        assert np.array_equal(got["q"], tq) and np.allclose(got["y"], ref["y"], rtol=1e-6, atol=0), isa
+    k = prism.superoptimize(_quantizer(), measure_machine=False, time_limit=60)
+    got = k(x=xx)
+    assert np.array_equal(np.asarray(got["q"]), tq) and np.allclose(np.asarray(got["y"]), ref["y"], rtol=1e-6)
+
+
+def test_a_linear_with_int8_dynamic_activations_runs_on_prism() -> None:
+    """The W8A8 form as PyTorch code (torchao's int8 dynamic activation, int8 weight, written out): the row scale,
+    the quantizer's round and ``.to(torch.int8)``, and the product of the two int8 operands cast to float (the
+    search drops those casts as exact: an int8 x int8 matmul sums in float32). Every piece with a contraction or
+    a reduction runs on Prism and the result matches eager (the quantized values are the same: same float32 ops).
+    Not yet one kernel nor a ``vpdpbusd`` micro-kernel (issue 15)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 512), torch.randn(256, 512) * 0.05
+    sw = w.abs().amax(-1) / 127
+    wq = torch.round(w / sw[:, None]).clamp(-127, 127).to(torch.int8)
+
+    def lin(x: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+        s = x.abs().amax(-1, keepdim=True).clamp(min=1e-5) / 127
+        xq = torch.round(x / s).clamp(-127, 127).to(torch.int8)
+        return (xq.to(torch.float32) @ wq.to(torch.float32).t()) * s * sw
+
+    opt = prism.optimize(lin, (x, wq, sw), measure_machine=False, time_limit=60)
+    assert not [f for r in opt.report for f in r.fallbacks]
+    with torch.no_grad():
+        got, ref = opt(x, wq, sw), lin(x, wq, sw)
+    assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+    pieces = opt.prism_pieces()
+    assert any("matmul" in p.label for p in pieces) and all(p.runner.prism_calls for p in pieces)

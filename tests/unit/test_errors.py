@@ -114,9 +114,11 @@ def test_unknown_dtypes_and_mixed_precision_errors() -> None:
     with pytest.raises(DTypeError) as e:
         g.exp(q)
     assert_mentions(message(e), "exp", "int8", "cast")
-    with pytest.raises(DTypeError) as e:
-        g.cast(x, "int8")
-    assert_mentions(message(e), "cast", "int8", "quantize")
+    with pytest.raises(DTypeError) as e:   # only a float value is quantized
+        g.cast(q, "int8")
+    assert_mentions(message(e), "cast", "int8", "float")
+    xq = g.cast(x, "int8")                 # a quantizer's cast: an int8 value of the program
+    assert xq.dtype.name == "int8" and g.matmul(xq, q).dtype.name == "float32"   # int8 x int8 sums in float32
     assert g.cast(q, "float32").dtype.name == "float32" and g.permute(q, (1, 0)).dtype.name == "int8"
 
 
