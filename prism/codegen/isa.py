@@ -129,3 +129,12 @@ def bf16_dot(isa: ISA) -> bool:
     if isa.name != "avx512" or os.environ.get("PRISM_BF16_DOT", "").strip() == "0":
         return False
     return "avx512_bf16" in cpu_flags()
+
+
+def i8_dot(isa: ISA) -> bool:
+    """Whether the kernels of ``isa`` may use ``vpdpbusd`` (AVX512_VNNI: 64 u8 x s8 products summed in fours into
+    16 int32 lanes per instruction) for int8 x int8 contractions. ``PRISM_I8_DOT=0`` turns it off (the tests run
+    both paths on a machine that has it)."""
+    if isa.name != "avx512" or os.environ.get("PRISM_I8_DOT", "").strip() == "0":
+        return False
+    return "avx512_vnni" in cpu_flags()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from prism.codegen.isa import ISA, bf16_dot, l1d_bytes
+from prism.codegen.isa import ISA, bf16_dot, i8_dot, l1d_bytes
 from prism.codegen.tiles import ctype, ld
 
 # Software prefetch of B, PF_ROWS rows ahead, into L2 (prefetcht1). A weight tile is a column strip of a
@@ -535,6 +535,12 @@ def nt_dot(isa: ISA, elems: tuple[str, str]) -> bool:
     return elems == ("bf16", "bf16") and bf16_dot(isa)
 
 
+def nt_idot(isa: ISA, elems: tuple[str, str]) -> bool:
+    """Whether the nt kernels of ``elems`` sum with ``vpdpbusd``: int8 on both sides (quantized activations times
+    int8 weights) on a machine with AVX512_VNNI (:func:`_nt_kernel_idot`)."""
+    return elems == ("i8", "i8") and i8_dot(isa)
+
+
 def nt_row_stream(isa: ISA, elems: tuple[str, str], whole_k: bool, K: int | str) -> bool:
     """Whether a single-row nt product over a whole K whose row and keys are stored as ``elems`` takes one
     key at a time, prefetching along the keys PF_AHEAD bytes ahead (``nt_kernel``'s single dot product): on
@@ -650,7 +656,8 @@ def nt_name(isa: ISA, r: int, j: int, elems: tuple[str, str] = F32, prefetch: bo
         flag = "_pfa" if prefetch and isa.vector else ""
     else:
         flag = "" if prefetch or not isa.vector else "_npf"
-    return f"pr_nt_{isa.name}_{r}x{j}" + _suffix(elems) + ("_dp" if nt_dot(isa, elems) else "") + flag
+    return (f"pr_nt_{isa.name}_{r}x{j}" + _suffix(elems) + ("_dp" if nt_dot(isa, elems) else "")
+            + ("_vnni" if nt_idot(isa, elems) else "") + flag)
 
 
 def nt_helpers(isa: ISA) -> tuple[str, str]:
@@ -686,6 +693,8 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     float* c = C + {r} * sc0 + {j};
     {update.format(r=r)} }}""")
         return f"PR_INLINE void {name}{sig} {{\n" + "\n".join(rows) + "\n}\n"
+    if nt_idot(isa, elems):
+        return _nt_kernel_idot(R, J, prefetch, name, sig, update)
     v, W = _V(isa), isa.width
     vt = isa.vtype
     hs = "pr_hsum16" if W == 16 else "pr_hsum8"
@@ -809,6 +818,99 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     L.append("  }")
     L.append(f"  float t[{W}] __attribute__((aligned(64)));")
     L.append(f"  {v.store('t', 'tot')}")
+    for r in range(R):
+        for j in range(J):
+            t = f"t[{j}] + t[{J + j}]" if pairs else f"t[{r * J + j}]"
+            L.append(f"  {{ const float s = {t}; float* c = C + {r} * sc0 + {j}; " + update.format(r=r) + " }")
+    L.append("}")
+    return "\n".join(L) + "\n"
+
+
+def _nt_kernel_idot(R: int, J: int, prefetch: bool, name: str, sig: str, update: str) -> str:
+    """nt_kernel for int8 rows against int8 keys with ``vpdpbusd`` (AVX512_VNNI; 16 lanes, 64 int8 per step).
+    ``vpdpbusd`` multiplies unsigned by signed bytes, so each key is read as ``b + 128`` (its sign bit flipped: u8
+    in [0, 255], every int8 value) against the signed row, and each row's sum is taken beside it with a vector of
+    ones: ``sum (b + 128) a - 128 sum a = sum a b``, exact for every pair of int8 values (the sign trick -- |a|
+    against b negated where a < 0 -- would be wrong for b = -128). One correction per row, not per key: a 1 x 16
+    kernel keeps 16 accumulators and one correction in registers. The products of a chunk (W * ACC_CHUNK values
+    of K, 64 per lane: |sum| < 2^20) are summed exactly in int32, converted to float32 exactly, then reduced and
+    added in the float levels of the other nt kernels. Per 64 values of K and key: one load, one flip and R
+    ``vpdpbusd``, where widening both sides costs two widening loads and an FMA per 16 values."""
+    W, S = 16, 64
+    ch, gr = W * ACC_CHUNK, W * ACC_ROWS
+    single = R * J == 1
+    pairs = R == 1 and 2 * J == W
+    assert single or pairs or R * J == W
+    nacc = 4 if single else W
+    ncor = 4 if single else R   # one per row (single: one per unrolled step, so no chain of dependent adds)
+    U = 4 if single else (2 if pairs else 1)
+    L = [f"PR_INLINE void {name}{sig} {{",
+         "  const __m512i x80 = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8(1);",
+         "  float s = 0.0f, g = 0.0f;" if single else "  __m512 tot = _mm512_setzero_ps(), grp = _mm512_setzero_ps();",
+         f"  for (long k0 = 0; k0 < K; k0 += {ch}) {{",
+         f"    const long k1 = pr_minl(K, k0 + {ch}), K0 = k1 - (k1 - k0) % {S};",
+         "    __m512i " + ", ".join(f"acc{i} = _mm512_setzero_si512()" for i in range(nacc)) + ";",
+         "    __m512i " + ", ".join(f"cor{j} = _mm512_setzero_si512()" for j in range(ncor)) + ";",
+         "    long k = k0;"]
+
+    def step(k: str, u: int, masked: bool) -> None:
+        load = (lambda p: f"_mm512_maskz_loadu_epi8(km, {p})") if masked else (lambda p: f"_mm512_loadu_si512({p})")
+        L.append("     {")
+        rows = 1 if single else R
+        for r in range(rows):
+            c = u if single else r
+            L.append(f"      __m512i a{r} = {load(f'A + {r} * sa0 + {k}')};")
+            L.append(f"      cor{c} = _mm512_dpbusd_epi32(cor{c}, ones, a{r});")
+        if rows > 1:   # keep the rows in registers (as the other nt kernels)
+            L.append("      __asm__(\"\" : " + ", ".join(f'\"+v\"(a{r})' for r in range(rows)) + ");")
+        for j in range(1 if single else J):
+            if prefetch and not masked:
+                pf = (f"(const char*)(Bt + {k}) + {PF_AHEAD}" if single else f"Bt + {PF_KEYS + j} * sb0 + {k}")
+                L.append(f"      __builtin_prefetch({pf}, 0, {1 if single else 2});")
+            # (a masked key loads zeros, +128 after the flip, against the masked row's zeros: nothing added)
+            L.append(f"      {{ const __m512i b = _mm512_xor_si512({load(f'Bt + {j} * sb0 + {k}')}, x80);")
+            for r in range(rows):
+                a = u if single else (j + (u % 2) * J if pairs else r * J + j)
+                L.append(f"        acc{a} = _mm512_dpbusd_epi32(acc{a}, b, a{r});")
+            L.append("      }")
+        L.append("     }")
+    L.append(f"    for (; k + {S * U} <= K0; k += {S * U}) {{")
+    for u in range(U):
+        step(f"k + {u * S}" if u else "k", u, False)
+    L.append("    }")
+    if U > 1:
+        L.append(f"    for (; k < K0; k += {S}) {{")
+        step("k", 0, False)
+        L.append("    }")
+    L.append("    if (K0 < k1) {")
+    L.append("      const __mmask64 km = (__mmask64)((1ull << (k1 - K0)) - 1);")
+    step("K0", 0, True)
+    L.append("    }")
+    if single:
+        L.append("    const __m512i ai = _mm512_add_epi32(_mm512_add_epi32(acc0, acc1), _mm512_add_epi32(acc2, acc3));")
+        L.append("    const __m512i ci = _mm512_add_epi32(_mm512_add_epi32(cor0, cor1), _mm512_add_epi32(cor2, cor3));")
+        L.append("    const float cs_ = _mm512_reduce_add_ps(_mm512_cvtepi32_ps("
+                 "_mm512_sub_epi32(ai, _mm512_slli_epi32(ci, 7))));")
+        L.append(f"    g = k0 % {gr} ? g + cs_ : cs_;")
+        L.append(f"    if (k1 == K || k1 % {gr} == 0) s = k0 < {gr} ? g : s + g;")
+        L.append("  }")
+        L.append("  float* c = C;")
+        L.append("  " + update.format(r=0))
+        L.append("}")
+        return "\n".join(L) + "\n"
+    vals = []
+    for i in range(W):
+        r = 0 if pairs else i // J
+        owns = not pairs or i < J   # pairs: key j's two accumulators take the row's correction once
+        vals.append(f"_mm512_cvtepi32_ps(_mm512_sub_epi32(acc{i}, _mm512_slli_epi32(cor{r}, 7)))" if owns
+                    else f"_mm512_cvtepi32_ps(acc{i})")
+    L.append("    const __m512 v[16] = {" + ", ".join(vals) + "};")
+    L.append("    const __m512 cs_ = pr_hsum16(v);")
+    L.append(f"    grp = k0 % {gr} ? _mm512_add_ps(grp, cs_) : cs_;")
+    L.append(f"    if (k1 == K || k1 % {gr} == 0) tot = k0 < {gr} ? grp : _mm512_add_ps(tot, grp);")
+    L.append("  }")
+    L.append("  float t[16] __attribute__((aligned(64)));")
+    L.append("  _mm512_store_ps(t, tot);")
     for r in range(R):
         for j in range(J):
             t = f"t[{j}] + t[{J + j}]" if pairs else f"t[{r * J + j}]"

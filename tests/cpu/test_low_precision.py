@@ -498,3 +498,41 @@ def test_a_linear_with_int8_dynamic_activations_runs_on_prism() -> None:
     assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
     pieces = opt.prism_pieces()
     assert any("matmul" in p.label for p in pieces) and all(p.runner.prism_calls for p in pieces)
+
+
+def _i8_product(m: int, k: int, n: int = 40) -> prism.Graph:
+    """Y = X[m, k] @ W[n, k]^T * 0.5 for int8 X and W (quantized activations and weights) in one block (nt)."""
+    g = prism.Graph("int8 x int8")
+    X, W = g.input("X", (m, k), "int8"), g.input("W", (n, k), "int8")
+    bb = BlockBuilder(grid=(1,), forloop=1, inputs=[X, W])
+    x, w = bb.iter(0, imap=(None,)), bb.iter(1, imap=(None,))
+    bb.save(bb.mul_scalar(bb.matmul(x, bb.transpose(w, -1, -2)), 0.5), omap=(None,))
+    (y,) = g.customized(bb.build(), [X, W])
+    g.output(y, "Y")
+    return g
+
+
+@pytest.mark.parametrize("vnni", ["1", "0"])
+def test_int8_by_int8_products_are_exact_with_and_without_vpdpbusd(vnni: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """microkernels._nt_kernel_idot: rows read as a + 128 against the keys with ``vpdpbusd`` and each key's sum
+    beside them (sum (a + 128) b - 128 sum b), every int8 value included (-128 on both sides), at row counts that
+    take the single-key, 2 x 8, 4 x 4 and tail kernels and K with and without a masked tail and over a chunk;
+    ``PRISM_I8_DOT=0`` takes the widening kernels. The sums are integers: within float32's rounding of the
+    result of the float64 product."""
+    from prism.codegen.isa import get as get_isa
+    from prism.codegen.isa import i8_dot
+    monkeypatch.setenv("PRISM_I8_DOT", vnni)
+    if vnni == "1" and not i8_dot(get_isa(None)):
+        pytest.skip("this machine has no AVX512_VNNI (or no AVX-512)")
+    rng = np.random.default_rng(0)
+    for m in (1, 2, 3, 5, 8, 16, 17):
+        for k in (64, 130, 1100, 2100):
+            a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+            b = rng.integers(-128, 128, (40, k)).astype(np.int8)
+            a[0, :7], b[:, :7] = -128, -128
+            a[-1, 7:11], b[-1, 7:11] = 127, -128
+            kern = compile_graph(_i8_product(m, k))
+            assert ("_vnni" in kern.source_at({})) == (vnni == "1"), (m, k)
+            ref = (a.astype(np.float64) @ b.astype(np.float64).T) * 0.5
+            got = kern(X=a, W=b)
+            assert np.allclose(got, ref, rtol=2 ** -23, atol=0), (m, k, float(np.abs(got - ref).max()))
