@@ -124,9 +124,11 @@ class BlockLowering:
         """How a value materialized for several consumers is stored: bfloat16 when every consumer is a
         matmul that reads it as a bfloat16 operand (``operands``), else float32."""
         cs = self.cons[n]
-        ok = bool(cs) and n.dtype.name == "bfloat16" and mk.nt_dot(self.sup.isa, ("bf16", "bf16"))
-        return "bf16" if ok and all(c.op == "matmul" and all(s.dtype.name == "bfloat16" for s in c.src)
-                                    for c in cs) else "f32"
+        for name, elem, fast in (("bfloat16", "bf16", mk.nt_dot), ("int8", "i8", mk.nt_idot)):
+            if (cs and n.dtype.name == name and fast(self.sup.isa, (elem, elem))
+                    and all(c.op == "matmul" and all(s.dtype.name == name for s in c.src) for c in cs)):
+                return elem
+        return "f32"
 
     def operands(self, n: Node, phase: str) -> tuple[View, View]:
         """The two operands of matmul ``n`` as views. Where both are bfloat16 values of the program and the
@@ -136,9 +138,13 @@ class BlockLowering:
         Llama's MLP: rms_norm(x) * w is the gate and up projections' operand). The numeric check's allowance
         for a low-precision program counts this rounding (``verify.numeric.rounding_allowance``)."""
         vals = [self.vals[s] for s in n.src]
-        bf16 = [s.dtype.name == "bfloat16" and (not isinstance(v, View) or v.elem == "bf16")
-                for s, v in zip(n.src, vals)]
-        elem = "bf16" if all(bf16) and mk.nt_dot(self.sup.isa, ("bf16", "bf16")) else "f32"
+        elem = "f32"
+        # (int8: a quantizer's values -- cast(round(x / s), int8), integral -- against int8 weights, stored as int8
+        # for vpdpbusd: mk.nt_idot; the store truncates an integral value exactly)
+        for name, e, fast in (("bfloat16", "bf16", mk.nt_dot), ("int8", "i8", mk.nt_idot)):
+            if all(s.dtype.name == name and (not isinstance(v, View) or v.elem == e) for s, v in zip(n.src, vals)) \
+                    and fast(self.sup.isa, (e, e)):
+                elem = e
         a, b = (self.view(v, phase, elem) for v in vals)
         return a, b
 

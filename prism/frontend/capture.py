@@ -41,6 +41,7 @@ from prism.frontend.ops import (
 from prism.frontend.symbolic import SymbolEnv, identify, symbol_env, to_shape
 from prism.ir import dims as D
 from prism.ir.builder import Tensor
+from prism.ir.elementwise import is_exact_cast
 from prism.ir.graph import Graph
 from prism.ir.node import Node, toposort
 from prism.ir.ops import OPS
@@ -293,6 +294,26 @@ def lower_split_linear(gm: Any) -> None:
         g.erase_node(user)
         g.erase_node(node)
         changed = True
+    if changed:
+        gm.recompile()
+
+
+def drop_metadata_asserts(gm: Any) -> None:
+    """Remove ``aten._assert_tensor_metadata`` calls (in place): ``torch.export`` puts one after each ``.to`` to
+    check the dtype and device of a value the graph computes, whose dtype and device the graph fixes anyway (and
+    the pieces check their inputs). As a user of the value it ended pieces there: the quantizer of int8 dynamic
+    activations became ``div+round+clamp`` and a lone ``.to(torch.int8)`` left to PyTorch, because its input and
+    its output each had a user (the assert) outside the piece."""
+    import torch
+    target = getattr(torch.ops.aten, "_assert_tensor_metadata", None)
+    if target is None:
+        return
+    targets = {target, getattr(target, "default", None)} - {None}
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in targets and not node.users:
+            gm.graph.erase_node(node)
+            changed = True
     if changed:
         gm.recompile()
 
@@ -873,6 +894,7 @@ def capture(gm: Any, example_inputs: list[Any] | None = None, dynamic: Any = Non
     lower_split_linear(gm)
     lower_causal(gm)
     lower_cross_entropy(gm)
+    drop_metadata_asserts(gm)
     env = SymbolEnv()
     for _ in range(_MAX_IDENTIFY + 1):
         with symbol_env(env):
@@ -1025,7 +1047,10 @@ def _trial(gm: Any, units: list[Unit], env: SymbolEnv
             failed.append(Fallback(u.node, display_name(u.node), f"{u.op}: {e}"))
             continue
         new = _new_ops(b, res, operands)
-        u.ops = sum(1 for n in new if n.op != "reshape")
+        # (the exact cast of a quantizer's int8 value back to a float is no operator the search keeps: it counted
+        # against the piece's budget and left the W8A8 linear's last scale to PyTorch. The int8 weight's own cast
+        # still counts: not counting it would change every int8 weight-only model's pieces, unmeasured)
+        u.ops = sum(1 for n in new if n.op != "reshape" and not (is_exact_cast(n) and n.src[0].op == "cast"))
         u.matmuls = sum(1 for n in new if n.op == "matmul")
         u.heavy = any(n.op in HEAVY for n in new)
         u.norm = any(n.op == "rms_norm" for n in new)

@@ -477,9 +477,11 @@ def test_a_dynamic_quantizer_compiles_and_superoptimizes_to_pytorchs_values() ->
 def test_a_linear_with_int8_dynamic_activations_runs_on_prism() -> None:
     """The W8A8 form as PyTorch code (torchao's int8 dynamic activation, int8 weight, written out): the row scale,
     the quantizer's round and ``.to(torch.int8)``, and the product of the two int8 operands cast to float (the
-    search drops those casts as exact: an int8 x int8 matmul sums in float32). Every piece with a contraction or
-    a reduction runs on Prism and the result matches eager (the quantized values are the same: same float32 ops).
-    Not yet one kernel nor a ``vpdpbusd`` micro-kernel (issue 15)."""
+    search drops those casts as exact: an int8 x int8 matmul sums in float32). Two pieces, both on Prism -- the
+    row scale, then the quantizer with the product and its scales, the quantized row stored as int8 in the kernel
+    and multiplied with ``vpdpbusd`` where the machine has it -- and the result matches eager (the quantized values
+    are the same: same float32 ops). Before capture.drop_metadata_asserts the export's ``_assert_tensor_metadata``
+    after each ``.to`` ended pieces (a lone ``.to(torch.int8)`` ran in PyTorch)."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     x, w = torch.randn(4, 512), torch.randn(256, 512) * 0.05
@@ -497,7 +499,12 @@ def test_a_linear_with_int8_dynamic_activations_runs_on_prism() -> None:
         got, ref = opt(x, wq, sw), lin(x, wq, sw)
     assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
     pieces = opt.prism_pieces()
-    assert any("matmul" in p.label for p in pieces) and all(p.runner.prism_calls for p in pieces)
+    assert len(pieces) == 2 and all(p.runner.prism_calls for p in pieces), opt.explain()
+    assert "[small]" not in opt.explain() and "matmul" in pieces[1].label
+    from prism.codegen.isa import get as get_isa
+    from prism.codegen.isa import i8_dot
+    if i8_dot(get_isa(None)):
+        assert "_i8_i8_vnni" in opt.explain(kernels=True)
 
 
 def _i8_product(m: int, k: int, n: int = 40) -> prism.Graph:
