@@ -81,6 +81,11 @@ def consumers(nodes: list[Node]) -> dict[Node, list[Node]]:
     return out
 
 
+# The program dtypes whose values a block stores in their own type as matmul operands, where the machine has the
+# product's dot instruction (mk.nt_dot: vdpbf16ps; mk.nt_idot: vpdpbusd): (dtype, storage, predicate)
+_DOT_OPERANDS = (("bfloat16", "bf16", mk.nt_dot), ("int8", "i8", mk.nt_idot))
+
+
 class BlockLowering:
     def __init__(self, bg: BlockGraph, name: str, sup: Support, nm: Namer, in_elems: list[str] | None = None,
                  out_elems: list[str] | None = None) -> None:
@@ -124,7 +129,7 @@ class BlockLowering:
         """How a value materialized for several consumers is stored: bfloat16 when every consumer is a
         matmul that reads it as a bfloat16 operand (``operands``), else float32."""
         cs = self.cons[n]
-        for name, elem, fast in (("bfloat16", "bf16", mk.nt_dot), ("int8", "i8", mk.nt_idot)):
+        for name, elem, fast in _DOT_OPERANDS:
             if (cs and n.dtype.name == name and fast(self.sup.isa, (elem, elem))
                     and all(c.op == "matmul" and all(s.dtype.name == name for s in c.src) for c in cs)):
                 return elem
@@ -141,7 +146,7 @@ class BlockLowering:
         elem = "f32"
         # (int8: a quantizer's values -- cast(round(x / s), int8), integral -- against int8 weights, stored as int8
         # for vpdpbusd: mk.nt_idot; the store truncates an integral value exactly)
-        for name, e, fast in (("bfloat16", "bf16", mk.nt_dot), ("int8", "i8", mk.nt_idot)):
+        for name, e, fast in _DOT_OPERANDS:
             if all(s.dtype.name == name and (not isinstance(v, View) or v.elem == e) for s, v in zip(n.src, vals)) \
                     and fast(self.sup.isa, (e, e)):
                 elem = e

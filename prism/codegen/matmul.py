@@ -462,7 +462,7 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     it, F = outer if outer else ("0", 1)
     # a K that varies in a template (the prefill attention's P @ V over a prompt's length) sums its chunks in groups
     # at any K: more chunks than one group was a region boundary (a new template at 513 tokens after 128)
-    grouped = (p is not None and chunk_loop and varies(K) and scratch is not None) or -(-K // kr) * F > grp
+    grouped = (chunk_loop and varies(K) and scratch is not None) or -(-K // kr) * F > grp   # (chunk_loop: nn)
     pbase = ""
     # one scratch area: the packed B first, then the group sums (a template's branch: the most any packed B takes,
     # where K * ldp, growing with the keys, would reserve for key counts the branch never runs at)

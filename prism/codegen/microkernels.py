@@ -667,6 +667,33 @@ def nt_helpers(isa: ISA) -> tuple[str, str]:
     return "pr_hsum8", _HSUM_AVX2
 
 
+def _nt_levels(tot: str, grp: str, chunk: str, add: Callable[[str, str], str], gr: int) -> str:
+    """The chunk loop's last two levels, stated once for every nt kernel form: the chunk sum starts or joins its
+    group (of ``gr`` values of K); a finished group starts or joins the total."""
+    return (f"{grp} = k0 % {gr} ? {add(grp, chunk)} : {chunk};\n"
+            f"    if (k1 == K || k1 % {gr} == 0) {tot} = k0 < {gr} ? {grp} : {add(tot, grp)};")
+
+
+def _scalar_add(x: str, y: str) -> str:
+    return f"{x} + {y}"
+
+
+def _zmm_add(x: str, y: str) -> str:
+    return f"_mm512_add_ps({x}, {y})"
+
+
+def _nt_outputs(L: list[str], R: int, J: int, pairs: bool, W: int, store: str, update: str) -> None:
+    """The end of a multi-key nt kernel: the total's lanes (``store``: into ``t``) into C, each R x J output its
+    lane (``pairs``: key j's two lanes j and J + j added)."""
+    L.append(f"  float t[{W}] __attribute__((aligned(64)));")
+    L.append(f"  {store}")
+    for r in range(R):
+        for j in range(J):
+            t = f"t[{j}] + t[{J + j}]" if pairs else f"t[{r * J + j}]"
+            L.append(f"  {{ const float s = {t}; float* c = C + {r} * sc0 + {j}; " + update.format(r=r) + " }")
+    L.append("}")
+
+
 def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: bool = True) -> str:
     """C[r, j] (beta) sum_k A[r*sa0 + k] * Bt[j*sb0 + k] for r < R, j < J (K contiguous in both).
 
@@ -712,12 +739,6 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     pairs = R == 1 and 2 * J == W
     if pairs:
         U = max(U, 2)
-
-    def levels(tot: str, grp: str, chunk: str, add: Callable[[str, str], str]) -> str:
-        """The chunk loop's last two levels, stated once for both kernel forms: the chunk sum starts or
-        joins its group; a finished group starts or joins the total."""
-        return (f"{grp} = k0 % {gr} ? {add(grp, chunk)} : {chunk};\n"
-                f"    if (k1 == K || k1 % {gr} == 0) {tot} = k0 < {gr} ? {grp} : {add(tot, grp)};")
 
     def mload_of(elem: str) -> str:
         """A masked load of the K tail (``km``: the float32 mask; typed storage: the count K - K0)."""
@@ -768,7 +789,7 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     {v.store("t", "acc")}
     float cs_ = 0.0f;
     for (int i = 0; i < {W}; i++) cs_ += t[i];
-    {levels("s", "g", "cs_", lambda x, y: f"{x} + {y}")}
+    {_nt_levels("s", "g", "cs_", _scalar_add, gr)}
   }}
   float* c = C;
   {update.format(r=0)}
@@ -814,15 +835,9 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
     L.append("    }")
     L.append(f"    const {vt} v[{W}] = {{" + ", ".join(f"acc{i}" for i in range(W)) + "};")
     L.append(f"    const {vt} cs_ = {hs}(v);")
-    L.append(f"    {levels('tot', 'grp', 'cs_', v.add)}")
+    L.append(f"    {_nt_levels('tot', 'grp', 'cs_', v.add, gr)}")
     L.append("  }")
-    L.append(f"  float t[{W}] __attribute__((aligned(64)));")
-    L.append(f"  {v.store('t', 'tot')}")
-    for r in range(R):
-        for j in range(J):
-            t = f"t[{j}] + t[{J + j}]" if pairs else f"t[{r * J + j}]"
-            L.append(f"  {{ const float s = {t}; float* c = C + {r} * sc0 + {j}; " + update.format(r=r) + " }")
-    L.append("}")
+    _nt_outputs(L, R, J, pairs, W, v.store("t", "tot"), update)
     return "\n".join(L) + "\n"
 
 
@@ -891,8 +906,7 @@ def _nt_kernel_idot(R: int, J: int, prefetch: bool, name: str, sig: str, update:
         L.append("    const __m512i ci = _mm512_add_epi32(_mm512_add_epi32(cor0, cor1), _mm512_add_epi32(cor2, cor3));")
         L.append("    const float cs_ = _mm512_reduce_add_ps(_mm512_cvtepi32_ps("
                  "_mm512_sub_epi32(ai, _mm512_slli_epi32(ci, 7))));")
-        L.append(f"    g = k0 % {gr} ? g + cs_ : cs_;")
-        L.append(f"    if (k1 == K || k1 % {gr} == 0) s = k0 < {gr} ? g : s + g;")
+        L.append(f"    {_nt_levels('s', 'g', 'cs_', _scalar_add, gr)}")
         L.append("  }")
         L.append("  float* c = C;")
         L.append("  " + update.format(r=0))
@@ -906,16 +920,9 @@ def _nt_kernel_idot(R: int, J: int, prefetch: bool, name: str, sig: str, update:
                     else f"_mm512_cvtepi32_ps(acc{i})")
     L.append("    const __m512 v[16] = {" + ", ".join(vals) + "};")
     L.append("    const __m512 cs_ = pr_hsum16(v);")
-    L.append(f"    grp = k0 % {gr} ? _mm512_add_ps(grp, cs_) : cs_;")
-    L.append(f"    if (k1 == K || k1 % {gr} == 0) tot = k0 < {gr} ? grp : _mm512_add_ps(tot, grp);")
+    L.append(f"    {_nt_levels('tot', 'grp', 'cs_', _zmm_add, gr)}")
     L.append("  }")
-    L.append("  float t[16] __attribute__((aligned(64)));")
-    L.append("  _mm512_store_ps(t, tot);")
-    for r in range(R):
-        for j in range(J):
-            t = f"t[{j}] + t[{J + j}]" if pairs else f"t[{r * J + j}]"
-            L.append(f"  {{ const float s = {t}; float* c = C + {r} * sc0 + {j}; " + update.format(r=r) + " }")
-    L.append("}")
+    _nt_outputs(L, R, J, pairs, W, "_mm512_store_ps(t, tot);", update)
     return "\n".join(L) + "\n"
 
 

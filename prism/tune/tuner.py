@@ -27,7 +27,7 @@ from prism.tune.candidates import Instance, Instantiation, instantiate, working_
 from prism.tune.contention import WARN_CORES, CpuMeter
 from prism.tune.machine import Machine
 from prism.tune.stats import STATS
-from prism.verify.numeric import float32_program, max_error, normal_reference
+from prism.verify.numeric import Float32Program, max_error, normal_reference
 
 # tune/3: the nt lowering changed (whole-K GEMV calls, W @ x emitted transposed): winners measured under
 # the old one may rank differently; tune/4: a tile permuted into a right matmul operand (an input view's
@@ -313,7 +313,7 @@ def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Ma
     inputs = MS.typed_inputs(program, draw)
     tol = MS.reference_tolerance(program, env)
     kernels: dict[int, Kernel] = {}
-    own = float32_program(program, draw, env)   # the program's own float32 error, for every candidate (max_error)
+    own = Float32Program(program, draw, env)   # the program's own float32 error, for every candidate (max_error)
     out: dict[str, np.ndarray] | None = None  # one set of output buffers for every candidate: bounded memory
     for i, (row, k) in enumerate(zip(rows, compiled)):
         if isinstance(k, BaseException):

@@ -657,8 +657,9 @@ def _nonfinite_mismatch(c: np.ndarray, r: np.ndarray, judged: np.ndarray) -> tup
     return None
 
 
-class _Float32Program:
-    """The reference program run in float32 on one run's inputs, evaluated on first use only."""
+class Float32Program:
+    """The reference program run in float32 on one run's inputs, evaluated on first use only: the allowance for the
+    program's own float32 error in numeric_check and in the tuner's :func:`max_error` (one per draw, shared)."""
 
     def __init__(self, reference: Graph, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> None:
         self.reference, self.inputs, self.env = reference, inputs, env
@@ -676,8 +677,6 @@ class _Float32Program:
         out = self.outputs.get(name)
         return None if out is None else np.asarray(out)
 
-
-Float32Program = _Float32Program
 
 COMPARE_CHUNK = 1 << 18   # elements compared at a time: ~10 MB of temporaries, never a float64 copy of a whole output
 # A candidate may err by up to OWN_ERROR_FACTOR times what the program itself errs at each element when run in
@@ -803,7 +802,7 @@ def _compare(c: np.ndarray, r: np.ndarray, program32: Callable[[], np.ndarray | 
 def max_error(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray],
               program: Float32Program | None = None) -> float:
     """max over outputs of :func:`_compare`'s error (inf when the non-finite positions differ): the measure
-    the tuner checks each candidate with. ``program`` (:func:`float32_program` of the reference on the same
+    the tuner checks each candidate with. ``program`` (:class:`Float32Program` of the reference on the same
     inputs; share one between candidates: it runs once, and only where some error is above its output's
     ``OWN_ERROR_FROM``) gives the allowance numeric_check gives: a candidate may err where the program itself,
     run in float32, errs at rare elements. Measured need: ``round(x * 1000.3) * 0.001`` -- every candidate
@@ -819,11 +818,6 @@ def max_error(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray],
         own_from = max(OWN_ERROR_FROM, rounding_allowance(program.reference, name))
         worst = max(worst, _compare(c, np.asarray(r), functools.partial(program, name), own_from, stored=stored)[0])
     return worst
-
-
-def float32_program(reference: Graph, inputs: Mapping[str, np.ndarray], env: Mapping[str, int]) -> Float32Program:
-    """The reference run in float32 on ``inputs`` (lazily, once): :func:`max_error`'s allowance."""
-    return _Float32Program(reference, inputs, env)
 
 
 def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequence[Mapping[str, int]] | None = None,
@@ -883,7 +877,7 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
             else:
                 with np.errstate(all="ignore"):  # non-finite results are judged below, not warned about
                     ref = reference.evaluate(x, dtype=np.float64, params=env)
-            program32 = _Float32Program(reference, x, env)
+            program32 = Float32Program(reference, x, env)
             label = ",".join(changed)
             for runner in runners:
                 try:
@@ -912,6 +906,6 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
 
 
 __all__ = ["KINDS", "RTOL", "SEEDS", "SMALL_INPUT", "Check", "Float32Program", "NumericResult", "Runner",
-           "choose_instantiations", "compiled_runner", "float32_program", "generalized", "interpreter_runner",
+           "choose_instantiations", "compiled_runner", "generalized", "interpreter_runner",
            "make_inputs", "max_error", "numeric_check", "reduction_length", "rounding_allowance",
            "standard_normal_inputs", "to_dtype", "to_float32", "tolerance"]

@@ -307,7 +307,7 @@ def test_the_tuners_filter_allows_a_rounding_programs_own_float32_steps() -> Non
     from the float64 reference where x * 1000.3 rounds across a half in float32 (~0.1 % of the elements); a
     candidate that rounds as the program does passes, where without the allowance it failed every candidate; a
     candidate that floors instead (off by a step at half of the elements) still fails."""
-    from prism.verify.numeric import float32_program, max_error
+    from prism.verify.numeric import Float32Program, max_error
     g = prism.Graph("round")
     x = g.input("x", (256, 1024))
     g.output(g.mul_scalar(g.round(g.mul_scalar(x, 1000.3)), 0.001), "y")
@@ -316,10 +316,10 @@ def test_the_tuners_filter_allows_a_rounding_programs_own_float32_steps() -> Non
     same = g.evaluate({"x": draw["x"].astype(np.float32)}, dtype=np.float32)
     tol = 1e-4
     assert max_error(same, ref) > tol                                   # plain: one step at rare elements
-    assert max_error(same, ref, float32_program(g, draw, {})) <= tol
+    assert max_error(same, ref, Float32Program(g, draw, {})) <= tol
     x32 = draw["x"].astype(np.float32)
     floored = {"y": (np.floor(x32 * np.float32(1000.3)) * np.float32(0.001)).astype(np.float32)}
-    assert max_error(floored, ref, float32_program(g, draw, {})) > tol
+    assert max_error(floored, ref, Float32Program(g, draw, {})) > tol
 
 
 def test_a_small_output_may_have_one_element_where_the_program_itself_errs() -> None:
