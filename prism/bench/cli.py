@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from prism.console import console
 from prism.errors import PrismError
 from prism.host import usable_cores
-from prism.workloads.precision import PRECISIONS
+from prism.workloads.precision import MODEL_PRECISIONS, PRECISIONS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -32,11 +32,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="one small shape per workload, few rounds (~2 min)")
     p.add_argument("--shape", default=None, metavar="K=V[,K=V]",
                    help="only the cases whose shape has these dims, e.g. n=1 (the decode cases)")
-    p.add_argument("--dtype", default="float32", choices=PRECISIONS,
+    p.add_argument("--dtype", default="float32", choices=MODEL_PRECISIONS,
                    help="precision of the suite's programs: bfloat16 / float16 (every tensor, as "
                         "model.to(torch.bfloat16)) "
                         "or int8w (int8 weight-only, per-channel scales: W1-W3, W7; with --models every Linear; "
-                        "int8w-bf16: the same in a bfloat16 model); "
+                        "int8w-bf16: the same in a bfloat16 model; w8a8, --models only: int8 activations too, "
+                        "quantized per row at each call); "
                         "every system runs the same values (default float32)")
     p.add_argument("--threads", type=int, default=None, help="threads for every system (default: usable cores)")
     p.add_argument("--block-ms", type=float, default=50.0, help="timed block per system per round (ms)")
@@ -128,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings = configure_threads(threads)
         systems = select(args.systems, prism=not args.no_prism)
         from prism.bench.run import Config, default_workloads, run, select_cases
+        if args.dtype not in PRECISIONS:
+            raise PrismError(f"--dtype {args.dtype} is for --models only (the suite's workloads have the precisions "
+                             f"{', '.join(PRECISIONS)})")
         wl = ([w.strip().upper() for w in args.workloads.split(",") if w.strip()] if args.workloads else
               default_workloads(args.dtype, args.quick))
         rounds = args.rounds if args.rounds is not None else (3 if args.quick else 5)

@@ -9,7 +9,8 @@ and times it with ``llama-bench`` between its own rounds:
   tokenizer (``sentencepiece`` must be installed; llama.cpp's converter pads the vocabulary to the model's),
   and the tree's own ``convert_hf_to_gguf.py`` (with its in-tree ``gguf-py``) writes the GGUF in the
   precision of the run: ``f32`` for float32, ``bf16`` for bfloat16, ``q8_0`` for int8w (llama.cpp's 8-bit
-  format; it also quantizes the activations of its dot products, which Prism's int8 weight-only does not);
+  format; it also quantizes the activations of its dot products, in blocks of 32, which Prism's int8
+  weight-only does not and its ``w8a8`` does per row);
 * ``llama-bench`` measures the prompt (``-p <prompt> -n 0``) and decode after the prompt
   (``-p 0 -n <new> -d <prompt>``, the KV cache as deep as Prism's) with the bench's thread count.
 
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-OUTTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8w": "q8_0", "int8w-bf16": "q8_0"}
+OUTTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8w": "q8_0", "int8w-bf16": "q8_0",
+           "w8a8": "q8_0"}
 
 
 @dataclass(frozen=True)

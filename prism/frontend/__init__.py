@@ -28,13 +28,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from prism.frontend.api import Optimized
     from prism.frontend.compiler import Options
 
-__all__ = ["SUPPORTED", "Budget", "GraphReport", "Int8Linear", "Optimized", "Options", "PieceReport",
+__all__ = ["SUPPORTED", "Budget", "GraphReport", "Int8DynLinear", "Int8Linear", "Optimized", "Options", "PieceReport",
            "clear_reports", "compile_fx", "optimize", "prism_backend", "quantize_weights", "register", "reports"]
 
 _LAZY = {"Optimized": "prism.frontend.api", "compile_fx": "prism.frontend.api", "Options": "prism.frontend.compiler",
          "SUPPORTED": "prism.frontend.ops", "prism_backend": "prism.frontend.dynamo",
          "register": "prism.frontend.dynamo", "quantize_weights": "prism.frontend.quantize",
-         "Int8Linear": "prism.frontend.quantize"}
+         "Int8Linear": "prism.frontend.quantize", "Int8DynLinear": "prism.frontend.quantize"}
 
 
 def __getattr__(name: str) -> Any:

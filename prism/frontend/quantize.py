@@ -1,4 +1,4 @@
-"""``prism.quantize_weights``: int8 weight-only quantization of a model's Linear layers.
+"""``prism.quantize_weights``: int8 quantization of a model's Linear layers (weight-only, or W8A8).
 
 Each ``nn.Linear`` becomes an :class:`Int8Linear` holding the weight as int8 ``[out, in]`` with one float
 scale per output channel (symmetric, ``scale = max |w_row| / 127``), the layout torchao's int8 weight-only
@@ -6,6 +6,14 @@ config produces. Its forward scales after the product, ``F.linear(x, q.to(x.dtyp
 ``F.linear(x, q * scale, bias)``): eager PyTorch runs it as written (a float copy of the weight per call), and
 under ``prism.optimize`` or ``torch.compile(backend="prism")`` the cast, the product and the scale are one
 Prism piece that reads the int8 weight as stored (converted in registers, accumulated in float32).
+
+``activations="int8"`` (W8A8: torchao's int8 dynamic activation, int8 weight; what llama.cpp's ``q8_0`` does
+with its activations) makes each layer an :class:`Int8DynLinear`: each row of the input is quantized too, at
+every call, symmetric with its own scale (``s_x = max |x_row| / 127``), and the product is of the two int8
+tensors, exact in float32, then scaled by ``s_x * s_w``. Under Prism the row scale is one piece and the
+quantizer with the product and its scales another, multiplying 64 int8 pairs per instruction with
+``vpdpbusd`` where the machine has AVX512_VNNI. It is less accurate than weight-only (a row with one large
+value quantizes the others coarsely: per-row scales, not llama.cpp's blocks of 32).
 """
 
 from __future__ import annotations
@@ -51,14 +59,47 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only"
 
 
+ACT_SCALE_FLOOR = 1e-5   # of max |x_row|: a row of zeros (or nearly) quantizes against this
+
+
+class Int8DynLinear(Int8Linear):
+    """W8A8: an :class:`Int8Linear` whose input rows are quantized to int8 at each call (per-row symmetric
+    scales; dynamic, as torchao's int8 dynamic-activation int8-weight layout), multiplied as int8 x int8."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # written as the program Prism captures (tests/cpu/test_low_precision.py): the row scale (a zero row
+        # gets the floor's scale, so it quantizes to zeros), the quantizer -- round half to even, saturating,
+        # .to(int8) -- and the product of the two int8 tensors cast to float, which the search takes as an
+        # int8 x int8 matmul (exact: every product and sum of up to 2^10 of them fits float32's 24 bits in the
+        # chunks the kernels sum in int32)
+        sx = x.abs().amax(-1, keepdim=True).clamp(min=ACT_SCALE_FLOOR) * (1 / 127)
+        xq = torch.round(x / sx).clamp(-127, 127).to(torch.int8)
+        s = self.scale if self.scale.dtype == x.dtype else self.scale.to(x.dtype)
+        y = (xq.to(x.dtype) @ self.qweight.to(x.dtype).t()) * sx * s
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights and activations"
+
+
+ACTIVATIONS = (None, "int8")
+
+
 def quantize_weights(model: nn.Module, dtype: str = "int8",
-                     include: Callable[[str, nn.Linear], bool] | None = None) -> nn.Module:
-    """Replace the ``nn.Linear`` layers of ``model`` (in place; returned) by :class:`Int8Linear`.
+                     include: Callable[[str, nn.Linear], bool] | None = None,
+                     activations: str | None = None) -> nn.Module:
+    """Replace the ``nn.Linear`` layers of ``model`` (in place; returned) by :class:`Int8Linear`
+    (int8 weight-only), or with ``activations="int8"`` by :class:`Int8DynLinear` (W8A8: each input row is
+    quantized to int8 at every call too).
 
     ``include(name, layer)`` chooses the layers (default: every Linear). Returns ``model``. Quantization is
-    per output channel and symmetric; the float weights are dropped."""
+    per output channel (per input row for activations) and symmetric; the float weights are dropped."""
     if dtype != "int8":
-        raise ValueError(f"quantize_weights: dtype {dtype!r} is not supported (int8 weight-only)")
+        raise ValueError(f"quantize_weights: dtype {dtype!r} is not supported (int8 weights)")
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"quantize_weights: activations={activations!r} is not supported: None (weight-only) or "
+                         "'int8' (W8A8, dynamic per-row activation scales)")
+    layer = Int8DynLinear if activations == "int8" else Int8Linear
     targets: list[tuple[nn.Module, str, nn.Linear]] = []
     for name, mod in model.named_modules():
         for child_name, child in mod.named_children():
@@ -66,6 +107,6 @@ def quantize_weights(model: nn.Module, dtype: str = "int8",
             if isinstance(child, nn.Linear) and (include is None or include(full, child)):
                 targets.append((mod, child_name, child))
     for parent, child_name, lin in targets:
-        setattr(parent, child_name, Int8Linear.from_linear(lin))
+        setattr(parent, child_name, layer.from_linear(lin))
     return model
 

@@ -75,6 +75,14 @@ class BlockContext:
     def __hash__(self) -> int:
         return hash((self.inputs, self.final))
 
+    @property
+    def gridless(self) -> bool:
+        """Whether a block may have no grid: every input has at most one dim of size above 1. A structure
+        that reduces that dim (a vector's max, a row's scale at one row, [1, K]) has nothing to split over the
+        grid -- reductions are never split across blocks -- and without this had no implementation at all
+        (the W8A8 row scale at one row ran in PyTorch). Wider inputs always leave a dim to split."""
+        return all(sum(not _is_one(s) for s in shape) <= 1 for _, shape in self.inputs)
+
     def domains(self) -> dict[M.Var, tuple[int, ...]]:
         dom: dict[M.Var, tuple[int, ...]] = {}
         for i, (_, shape) in enumerate(self.inputs):
@@ -187,7 +195,7 @@ class BlockSearch:
     def run(self, ctx: BlockContext) -> list[BlockStruct]:
         """Symbolic mode: one DFS for the context."""
         self.stats.block_searches += 1
-        csp = M.MapCSP(ctx.domains(), len(ctx.inputs))
+        csp = M.MapCSP(ctx.domains(), len(ctx.inputs), gridless=ctx.gridless)
         out = list(self._start(ctx, csp, None, ()))
         self.stats.csp_solves += csp.solves
         return out

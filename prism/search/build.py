@@ -34,7 +34,7 @@ Assignment = tuple  # (grid columns, loop column): one solution of each column p
 def assignments(s: BlockStruct) -> Iterator[Assignment]:
     """Map assignments of a structure, one per grid-permutation class."""
     n = len(s.ctx.inputs)
-    csp = M.MapCSP(s.domains(), n)
+    csp = M.MapCSP(s.domains(), n, gridless=s.ctx.gridless)
     if s.fixed is not None:  # concrete mode: inputs fixed up front, solve the savers per column
         grid, loop = s.fixed
         gcons = [c for c in s.cons if M.column(c) == M.G]
@@ -49,7 +49,8 @@ def assignments(s: BlockStruct) -> Iterator[Assignment]:
         return
     cols = csp.grid_columns(s.cons, len(s.outputs))
     loops = csp.loop_columns(s.cons)
-    for grid in M.grid_choices(cols, n):
+    one = csp.gridless_column(s.cons, len(s.outputs)) if not cols else None
+    for grid in M.grid_choices(cols, n) if one is None else [(one,)]:
         for loop in loops:
             yield grid, loop
 
@@ -99,6 +100,8 @@ def build_block_graph(s: BlockStruct, a: Assignment, inputs: Sequence[Tensor], i
     else:
         grid = gnames[:len(grid_cols)]
         floop = fname if looped else 1
+    if len(grid_cols) == 1 and all(grid_cols[0][M.mvar(i, M.G)] == M.NONE for i in range(n)):
+        grid = [1]   # no grid: one block (MapCSP.gridless_column)
     bb = BlockBuilder(grid=grid, forloop=floop, inputs=list(inputs))
     where = list(slots) if slots is not None else list(range(len(inputs)))
     vals: list[Tensor | _Scaled] = []

@@ -222,10 +222,11 @@ class MapCSP:
     """
 
     def __init__(self, domains: Mapping[Var, tuple[int, ...]], n_inputs: int,
-                 fixed: tuple[tuple[Assignment, ...], Assignment] | None = None) -> None:
+                 fixed: tuple[tuple[Assignment, ...], Assignment] | None = None, gridless: bool = False) -> None:
         self.domains = dict(domains)
         self.n_inputs = n_inputs
         self.fixed = fixed
+        self.gridless = gridless   # a block may have no grid (see gridless_context)
         self.solves = 0
         self._memo: dict[frozenset, bool] = {}
 
@@ -246,7 +247,8 @@ class MapCSP:
         gcons = [c for c in cons if column(c) == G]
         lcons = [c for c in cons if column(c) == L]
         if self.fixed is None:
-            grid = next(solve_column([*gcons, self._grid_used()], self.domains), None) is not None
+            used = [] if self.gridless else [self._grid_used()]
+            grid = next(solve_column([*gcons, *used], self.domains), None) is not None
             return grid and next(solve_column(lcons, self.domains), None) is not None
         cols, loop = self.fixed
         for col in cols:
@@ -262,6 +264,16 @@ class MapCSP:
                 if any(a[mvar(i, G)] != NONE for i in range(self.n_inputs))]
         sols.sort(key=lambda a: signature(a, self.n_inputs))
         return sols
+
+    def gridless_column(self, cons: frozenset[Constraint], n_outputs: int) -> Assignment | None:
+        """The grid column of a block with no grid (every input and saver unmapped: one block), where the
+        context allows it (``gridless``) and the structure has no used grid column, else None."""
+        if not self.gridless:
+            return None
+        gcons = [c for c in cons if column(c) == G]
+        dom = {**self.domains, **{mvar(i, G): (NONE,) for i in range(self.n_inputs)}}
+        order = [mvar(i, G) for i in range(self.n_inputs)] + [ovar(k) for k in range(n_outputs)]
+        return next(solve_column(gcons, dom, order), None)
 
     def loop_columns(self, cons: frozenset[Constraint]) -> list[Assignment]:
         lcons = [c for c in cons if column(c) == L]

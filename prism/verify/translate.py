@@ -231,6 +231,10 @@ class Translator:
         add, size = self.dag.add, self.dag.size
         grid = [("P", Str(f"{name}.g{p}"), size(g)) for p, g in enumerate(bg.grid)]
         loop = ("P", Str(f"{name}.L"), size(bg.forloop))
+        # a grid dim of size 1 (a block graph with no grid: search.maps.MapCSP.gridless_column) is one block: its
+        # partition and combine are the whole tensor, its replicate and reduce the value itself. Written as
+        # terms they would prove only with a rule for size-1 parallel dims (Reduce (Replicate x p) p = x |p|)
+        one = [isinstance(g, int) and g == 1 for g in bg.grid]
         vals: dict[Node, Var] = {}
         inloop: dict[Node, bool] = {}
 
@@ -246,7 +250,8 @@ class Translator:
                 r = len(spec.shape)
                 t = inputs[idx]
                 for p, e in enumerate(imap):
-                    t = add(("Partition", t, e - r, grid[p]) if e is not None else ("Replicate", t, grid[p]))
+                    if not one[p]:
+                        t = add(("Partition", t, e - r, grid[p]) if e is not None else ("Replicate", t, grid[p]))
                 if fmap is not None:
                     t = add(("Partition", t, fmap - r, loop))
                 vals[n], inloop[n] = self.dag.shaped(t, n.shape), fmap is not None
@@ -260,6 +265,8 @@ class Translator:
                     t = add(("Combine", t, fmap - r, loop))
                 for p in reversed(range(len(bg.grid))):
                     e = omap[p]
+                    if one[p]:
+                        continue
                     t = add(("Combine", t, e - r, grid[p]) if e is not None else ("Reduce", t, grid[p]))
                 outs.append(t)
             else:

@@ -72,6 +72,18 @@ def test_int8w_bf16_models_keep_int8_weights_in_a_bfloat16_model() -> None:
     assert decode_bytes(m) == linear + others
 
 
+def test_w8a8_models_quantize_activations_too() -> None:
+    """``--dtype w8a8``: the int8 weights of int8w in a float32 model, each Linear an Int8DynLinear (its input rows
+    quantized at each call); llama.cpp's GGUF for it is q8_0."""
+    from prism.bench.llamacpp import OUTTYPE
+    from prism.frontend.quantize import Int8DynLinear
+    m = build(MODELS["llama-tiny"], dtype="w8a8")
+    q = [x for x in m.modules() if isinstance(x, Int8DynLinear)]
+    assert q and m.get_output_embeddings() in q and not [x for x in m.modules() if isinstance(x, torch.nn.Linear)]
+    assert {x.qweight.dtype for x in q} == {torch.int8} and {p.dtype for p in m.parameters()} == {torch.float32}
+    assert OUTTYPE["w8a8"] == "q8_0"
+
+
 def test_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="matplotlib is in the bench extra: pip install -e '.[bench]'")
     from prism.bench.models import ModelResult, SystemResult, plot
@@ -94,6 +106,11 @@ def test_plot_without_matplotlib_is_refused_before_the_run(monkeypatch: pytest.M
 def test_unknown_model_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--models", "gpt-17"]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+def test_w8a8_is_a_models_precision_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--workloads", "W1", "--dtype", "w8a8", "--quick"]) == 2
+    assert "--models only" in capsys.readouterr().err
 
 
 def test_a_refused_recompile_is_counted() -> None:

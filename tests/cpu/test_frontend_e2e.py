@@ -15,7 +15,7 @@ F = torch.nn.functional
 nn = torch.nn
 
 import prism  # noqa: E402
-from prism.frontend import reports  # noqa: E402
+from prism.frontend import clear_reports, reports  # noqa: E402
 from prism.tune import STATS  # noqa: E402
 
 pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("fresh_dynamo")]
@@ -442,6 +442,45 @@ def test_int8_weight_only_on_a_bfloat16_model_reads_the_int8_weights() -> None:
         graph = p.runner.kernel.implementations[0].graph
         assert not any(n.op == "cast" and n.src[0].dtype.name == "int8" for n in graph.nodes), p.label
     assert any(s.dtype == torch.int8 for p in rep.prism_pieces() for s in p.runner.specs if s is not None)
+
+
+def test_w8a8_models_quantize_each_row_and_run_on_prism() -> None:
+    """``quantize_weights(activations="int8")``: each Linear an Int8DynLinear, whose input rows are quantized to int8
+    at each call (per-row symmetric scale, round half to even, saturating) and multiplied as int8 x int8. Its
+    forward equals the float64 product of the same quantized values (hostile rows: zeros, one huge value, a
+    half-way value), and under prism.optimize every piece runs on Prism, one row included (the row scale at one
+    row had no implementation in the search's space before the gridless blocks: it ran in PyTorch)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 128, bias=True), nn.SiLU(), nn.Linear(128, 64, bias=False)).eval()
+    prism.quantize_weights(m, activations="int8")
+    assert all(isinstance(layer, prism.frontend.Int8DynLinear) for layer in (m[0], m[2]))
+    x = _x(4)
+    x[1] = 0.0
+    x[2, 3] = 1e6
+    x[3, :2] = torch.tensor([127.0, 0.5])   # scale 1: 0.5 rounds to 0 (half to even)
+
+    def reference(layer: prism.frontend.Int8DynLinear, v: torch.Tensor) -> torch.Tensor:
+        sx = v.double().abs().amax(-1, keepdim=True).clamp(min=1e-5).float() * (1 / 127)
+        xq = torch.round(v / sx).clamp(-127, 127)
+        y = (xq.double() @ layer.qweight.double().t()) * sx.double() * layer.scale.double()
+        return y + layer.bias.double() if layer.bias is not None else y
+
+    assert float(torch.round(x[3, 1] / (x[3].abs().amax() * (1 / 127)))) == 0.0
+    with torch.no_grad():
+        h = reference(m[0], x).float()
+        ref = reference(m[2], h * torch.sigmoid(h))
+        _close(m(x).double(), ref)
+        for rows in (x, x[:1]):
+            clear_reports()
+            opt = prism.optimize(m, (rows,), **OPTS)
+            got = opt(rows)
+            _close(got.double(), ref[: len(rows)])
+            (rep,) = reports()
+            assert not rep.fallbacks and rep.prism_pieces(), rep.table()
+            assert all(p.runner.prism_calls >= 1 for p in rep.prism_pieces()), rep.table()
+            assert any("amax" in p.label for p in rep.prism_pieces()), rep.table()
+    with pytest.raises(ValueError, match="activations"):
+        prism.quantize_weights(nn.Linear(4, 4), activations="int4")
 
 
 def test_float64_runs_in_pytorch(caplog: pytest.LogCaptureFixture) -> None:

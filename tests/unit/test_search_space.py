@@ -139,3 +139,30 @@ def test_search_reports_the_stop_reason() -> None:
     r = search(w.program(s), Limits(time_limit=1e-3, max_results=1), env=w.env(s), cache=False)
     assert r.stop_reason is StopReason.TIME_LIMIT
     assert all(c.verdict.ok for c in r.candidates)  # whatever is returned is verified
+
+
+def _vector_max(shape: tuple) -> Graph:
+    g = Graph("row scale")
+    x = g.input("X", shape)
+    g.output(g.mul_scalar(g.max(g.abs(x), 1), 1 / 127), "S")
+    return g
+
+
+def test_a_reduction_of_a_vector_is_one_block_without_a_grid() -> None:
+    """A block whose inputs have at most one dim above 1 may have no grid (block.BlockContext.gridless): the max of
+    a row at one row ([1, K], the W8A8 row scale at decode) has no dim left to split over blocks -- reductions are
+    never split across them -- so before it the space held no implementation and the piece ran in PyTorch. The
+    search now returns verified one-block candidates (grid (1,), proved: translate drops a size-1 grid dim), while
+    a context with a dim to split keeps requiring a used grid."""
+    from prism.ir.block import BlockGraph
+    from prism.search import search
+    structs, _ = _structs(_vector_max((1, 2048)), Limits(max_kernel_ops=1, max_block_ops=4))
+    assert structs and all(s.ctx.gridless for s in structs)
+    assert all(len(g) == 1 and all(v == M.NONE for v in g[0].values()) for s in structs for g, _ in assignments(s))
+    r = search(_vector_max((1, 2048)), Limits(max_results=4), cache=False)
+    assert r.candidates and all(c.verdict.ok and "formal" in c.verdict.how for c in r.candidates)
+    blocks = [n.arg[0] for c in r.candidates for n in c.graph.nodes if isinstance(n.arg and n.arg[0], BlockGraph)]
+    assert blocks and all(b.grid == (1,) for b in blocks)
+    structs, _ = _structs(_vector_max((4, 2048)), Limits(max_kernel_ops=1, max_block_ops=4))
+    assert structs and not any(s.ctx.gridless for s in structs)
+    assert all(any(v != M.NONE for v in g[0].values()) for s in structs for g, _ in assignments(s))
