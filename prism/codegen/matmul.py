@@ -50,10 +50,18 @@ TN_MIN_K = 256
 # 4 837 against 596, 2 540 against 513 -- converting a key (two widenings and a vcvtne2ps2bf16 per 32) costs
 # more than widening it for the one or two row groups that use it
 TN_MIN_ROWS_I8 = NT_WHOLE_K_ROWS + 1
+# int8 rows against int8 keys (W8A8) take it from 48 rows: one block of 64 packed rows whatever their count
+# (mk.tn_shape), so below that the lanes past the rows cost more than the nt kernels' tile reductions. Measured on
+# the Zen 4 VM, one thread, int8 [m, 2048] @ int8 [2048, 2048]^T (one block, alternating), nt against tn: m = 16
+# 0.51 / 1.30 ms, 32 1.04 / 1.38, 48 1.37 / 1.35, 64 1.90 / 1.42, 96 2.77 / 2.66, 128 3.73 / 2.69 (nt ~140 G int8
+# MAC/s, tn 190-200 at whole blocks; vpdpbusd's own peak measured beside it 235)
+TN_MIN_ROWS_I8_I8 = 48
 
 
 def tn_min_rows(elems: tuple[str, str]) -> int:
     """The rows from which a product of row and key storage ``elems`` takes the tn form (emit_tn)."""
+    if elems == ("i8", "i8"):
+        return TN_MIN_ROWS_I8_I8
     return TN_MIN_ROWS_I8 if elems == ("bf16", "i8") else TN_MIN_ROWS
 
 # K chunk = B rows per micro-kernel call (see emit_nn): 4 rows per C row, at least 8. Measured on W1
@@ -426,6 +434,7 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
     tn_ok = path == "nt" and (
         (elems[0] == "bf16" and elems[1] in ("bf16", "i8") and mk.nt_dot(sup.isa, ("bf16", "bf16"))
          and sa0 % 2 == 0 and K % 2 == 0)
+        or (mk.nt_idot(sup.isa, elems) and sa0 % 4 == 0 and K % 4 == 0)
         or (set(elems) <= {"f32", "f16"} and sup.isa.name == "avx512"))
     tn = (tn_ok and scratch is not None and rowscale is None and (beta == "0" or outer is not None)
           and par is None and not vars_ and K >= TN_MIN_K and N >= mk.TN_RN and M >= tn_min_rows(elems))
@@ -630,14 +639,15 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     from zero, ACC_GROUP chunks into a group sum, groups into C (here Ct). ``beta`` (0, or the iteration's of a
     block's for-loop that accumulates the product, with each iteration's part of K): C = Ct^T, or C += Ct^T where
     it is non-zero. Measured: docs/codegen.md, "tn"."""
-    RN, MV = mk.tn_shape(elems[1])
+    RN, MV = mk.tn_shape(elems[1], elems[0])
     mt = 16 * MV
     ldm = (M + mt - 1) // mt * mt
     G = mk.ACC_ROWS
     pairs = elems[0] == "bf16"
-    xp_n = (min(K, G) // 2 if pairs else min(K, G)) * ldm
+    quads = elems == ("i8", "i8")   # int8 x int8: A packed in k quads, vpdpbusd (mk.tn_kernel_i8)
+    xp_n = (min(K, G) // 2 if pairs else min(K, G) // 4 if quads else min(K, G)) * ldm
     # the panel of a block's keys converted (float32 floats; bfloat16 pairs: half as many floats)
-    panel = (RN * min(K, G) // (2 if pairs else 1)) if elems[1] in ("f16", "i8") else 0
+    panel = (RN * min(K, G) // (2 if pairs else 1)) if elems[1] in ("f16", "i8") and not quads else 0
     base = scratch(xp_n + N * ldm + panel)
     xp, ct = nm("Xp"), nm("Ct")
     w.line(f"float* {xp} = {base};")
@@ -650,11 +660,11 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     n_full = N // RN * RN
     rn_tail = N - n_full
     esz = mk.ITEMSIZE[elems[1]]
-    form = ("bf16_dp" if esz == 2 else f"bf16_dp_pf{esz}") if pairs else f"f32_pf{esz}"
+    form = ("bf16_dp" if esz == 2 else f"bf16_dp_pf{esz}") if pairs else "i8_dp" if quads else f"f32_pf{esz}"
 
     def kernel(rn: int) -> str:
-        return sup.need(mk.tn_name(rn, MV, form),
-                        mk.tn_kernel(rn, MV, esz) if pairs else mk.tn_kernel_f32(rn, MV, esz))
+        return sup.need(mk.tn_name(rn, MV, form), mk.tn_kernel(rn, MV, esz) if pairs else
+                        mk.tn_kernel_i8(rn, MV) if quads else mk.tn_kernel_f32(rn, MV, esz))
 
     kern = kernel(RN)
     tail = kernel(rn_tail) if rn_tail else ""
@@ -678,6 +688,11 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     def group(g0: str, gn: int, beta: str) -> None:
         if pairs:
             _emit_transpose(w, nm, sup, f"((const float*)({a} + {g0}))", sa0 // 2, xp, ldm, M, gn // 2)
+        elif quads:   # 4 int8 of a row as one 32-bit element, then every byte's sign bit flipped (a + 128)
+            _emit_transpose(w, nm, sup, f"((const float*)({a} + {g0}))", sa0 // 4, xp, ldm, M, gn // 4)
+            q = nm("q")
+            with w.block(f"for (long {q} = 0; {q} < {gn // 4 * ldm}; {q}++)"):
+                w.line(f"((uint32_t*){xp})[{q}] ^= 0x80808080u;")
         else:
             _emit_transpose(w, nm, sup, f"({a} + {g0})", sa0, xp, ldm, M, gn, elem=elems[0])
         # packed rows in chunks of TN_MC, every block of keys against a chunk's row vectors: a key block is read

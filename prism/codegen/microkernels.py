@@ -884,9 +884,11 @@ def _nt_kernel_idot(R: int, J: int, prefetch: bool, name: str, sig: str, update:
                 L.append(f"      __builtin_prefetch({pf}, 0, {1 if single else 2});")
             # (a masked key loads zeros, +128 after the flip, against the masked row's zeros: nothing added)
             L.append(f"      {{ const __m512i b = _mm512_xor_si512({load(f'Bt + {j} * sb0 + {k}')}, x80);")
-            for r in range(rows):
-                a = u if single else (j + (u % 2) * J if pairs else r * J + j)
+            accs = [u if single else (j + (u % 2) * J if pairs else r * J + j) for r in range(rows)]
+            for r, a in enumerate(accs):
                 L.append(f"        acc{a} = _mm512_dpbusd_epi32(acc{a}, b, a{r});")
+            if not single:   # as in tn_kernel_i8: without it gcc 12 kept the 4 x 4 and 2 x 8 sums on the stack
+                L.append("        __asm__(\"\" : " + ", ".join(f'\"+v\"(acc{a})' for a in accs) + ");")
             L.append("      }")
         L.append("     }")
     L.append(f"    for (; k + {S * U} <= K0; k += {S * U}) {{")
@@ -937,7 +939,7 @@ TN_MV = 4   # vectors of 16 rows of A per micro-kernel
 TN_MC = 256   # packed rows per chunk, against which every block of keys runs (matmul.emit_tn)
 
 
-def tn_shape(keys: str) -> tuple[int, int]:
+def tn_shape(keys: str, rows: str = "bf16") -> tuple[int, int]:
     """(keys per micro-kernel, vectors of 16 rows) of the tn form whose keys are stored as ``keys``: TN_RN x TN_MV,
     but 12 keys against one vector of 16 rows for int8 keys (converted a block at a time into a bfloat16 panel),
     the kernel called once per 16 rows whatever their count (the lanes past the rows compute nothing used).
@@ -951,8 +953,9 @@ def tn_shape(keys: str) -> tuple[int, int]:
     count (12 x 1 to 16 rows, 12 x 2 to 32, 8 x 3 to 48, 6 x 4 from 64) made each crossing a new template of every
     product (llama-1b int8w-bf16 from a 24-token prompt: new lengths 36 and 60 +4.8 and +4.3 s).
     (Vectors of 8 rows, 256-bit ``vdpbf16ps``, for 8 rows against int8 keys: 1372 us against the nt kernels'
-    1167 -- the same instruction count as 16 rows, so no faster than them; not kept.)"""
-    return (12, 1) if keys == "i8" else (TN_RN, TN_MV)
+    1167 -- the same instruction count as 16 rows, so no faster than them; not kept.) int8 rows against int8 keys
+    (``vpdpbusd``, :func:`tn_kernel_i8`) keep TN_RN x TN_MV: their keys are broadcast in place, as bfloat16's."""
+    return (12, 1) if keys == "i8" and rows != "i8" else (TN_RN, TN_MV)
 
 
 def _tn_prefetch(rn: int, step: int, elem_bytes: int) -> str:
@@ -994,6 +997,65 @@ def tn_kernel(rn: int, mv: int, pf_bytes: int = 2) -> str:
             for r in range(rn)]
     return _tn_text(tn_name(rn, mv, "bf16_dp" if pf_bytes == 2 else f"bf16_dp_pf{pf_bytes}"), "uint16_t", rn, mv,
                     2, pf_bytes, "(k >> 1) * ldm", "__m512bh", keys)
+
+
+def tn_kernel_i8(rn: int, mv: int) -> str:
+    """The tn kernel of int8 rows against int8 keys with ``vpdpbusd`` (AVX512_VNNI; the W8A8 form over many rows):
+    Ct[r * sct + m] (beta) sum_k Bt[r * sb0 + k] * A[m, k] for r < rn, m < 16 * mv, over K <= ACC_ROWS (one
+    group; K a multiple of 4). ``Xp`` holds A's k quads, quad q of row m at ``Xp[q * ldm + m]`` (32 bits), each byte
+    stored as ``a + 128`` (its sign bit flipped by the packing: matmul.emit_tn), the unsigned operand; each key's
+    4 bytes are broadcast as they are, the signed one, so a lane sums ``(a + 128) b`` over 4 k per instruction and
+    ``sum (a + 128) b - 128 sum b = sum a b``: each key's sum over the call's K is taken after the products (64
+    bytes per ``vpdpbusd`` against ones: 1/(16 mv) of the products' instructions) and subtracted once. Exact for
+    every int8 value incl. -128: the call's products sum in int32 (|sum (a + 128) b| <= 255 * 128 * 512 < 2^31)
+    to |sum a b| <= 2^23, converted exactly; the calls' sums (groups of K) are added in float into Ct as the other
+    tn kernels'. Per 4 k: mv row loads, rn broadcasts and rn * mv ``vpdpbusd`` of 64 products -- twice the
+    products per instruction of ``vdpbf16ps`` -- where the nt kernels end every tile with a transpose-and-add."""
+    cells = [(r, v) for r in range(rn) for v in range(mv)]
+    L = [f"PR_INLINE void {tn_name(rn, mv, 'i8_dp')}(long K, const int8_t* restrict Bt, long sb0, const char* pf, "
+         "long spf, const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta) {",
+         "  " + " ".join(f"__m512i a{r}_{v} = _mm512_setzero_si512();" for r, v in cells),
+         "  for (long k = 0; k < K; k += 4) {",
+         "    const float* xp = Xp + (k >> 2) * ldm;",
+         _tn_prefetch(rn, 4, 1).replace("      ", "    ", 1)]
+    L.extend(f"    const __m512i x{v} = _mm512_loadu_si512(xp + {16 * v});" for v in range(mv))
+    for r in range(rn):
+        L.append(f"    {{ int32_t p; memcpy(&p, Bt + {r} * sb0 + k, 4);")
+        L.append("      const __m512i b = _mm512_set1_epi32(p);")
+        L.extend(f"      a{r}_{v} = _mm512_dpbusd_epi32(a{r}_{v}, x{v}, b);" for v in range(mv))
+        # the key's accumulators in registers after its products (an empty asm that reads and writes them):
+        # inlined into its caller's loops, gcc 12 otherwise kept them on the stack (a load and a store per
+        # vpdpbusd)
+        L.append("      __asm__(\"\" : " + ", ".join(f'\"+v\"(a{r}_{v})' for v in range(mv)) + ");")
+        L.append("    }")
+    L.append("  }")
+    # the sums are stored as they are, then each key's sum is taken and subtracted in a loop over the keys that gcc
+    # does not unroll: with the keys' corrections in registers through the products (their broadcasts hoisted)
+    # or the sums kept in registers through the key sums' loops (the array replaced by its scalars), gcc 12 kept
+    # the accumulators on the stack inside the product loop (a load and a store per vpdpbusd: 101 G MAC/s)
+    L.append(f"  __m512i s_[{rn * mv}];")
+    L.extend(f"  s_[{i}] = a{r}_{v};" for i, (r, v) in enumerate(cells))
+    L += ["  const __m512i ones = _mm512_set1_epi8(1);",
+          "  #pragma GCC unroll 1",
+          f"  for (long r = 0; r < {rn}; r++) {{",
+          "    const int8_t* b = Bt + r * sb0;",
+          "    __m512i t0 = _mm512_setzero_si512(), t1 = _mm512_setzero_si512();",
+          "    long k = 0;",
+          "    for (; k + 128 <= K; k += 128) {",
+          "      t0 = _mm512_dpbusd_epi32(t0, ones, _mm512_loadu_si512(b + k));",
+          "      t1 = _mm512_dpbusd_epi32(t1, ones, _mm512_loadu_si512(b + k + 64));",
+          "    }",
+          "    for (; k < K; k += 64) t0 = _mm512_dpbusd_epi32(t0, ones, _mm512_maskz_loadu_epi8("
+          "K - k >= 64 ? ~0ull : (__mmask64)((1ull << (K - k)) - 1), b + k));",
+          "    const __m512i c = _mm512_set1_epi32(_mm512_reduce_add_epi32(_mm512_add_epi32(t0, t1)) * 128);",
+          f"    for (long v = 0; v < {mv}; v++) {{",
+          "      float* p = Ct + r * sct + 16 * v;",
+          f"      const __m512 g = _mm512_cvtepi32_ps(_mm512_sub_epi32(s_[r * {mv} + v], c));",
+          "      _mm512_storeu_ps(p, beta ? _mm512_add_ps(_mm512_loadu_ps(p), g) : g);",
+          "    }",
+          "  }"]
+    L.append("}")
+    return "\n".join(L) + "\n"
 
 
 def _tn_text(name: str, bt: str, rn: int, mv: int, kstep: int, pf_bytes: int, xrow: str, xtype: str,

@@ -71,18 +71,26 @@ LAYOUT = ("reshape", "permute", "iter", "save", "split")
 # vdpbf16ps loop 1150; bf16 [1024, 2048] x [5632, 2048]^T tn 950-1030, nt 845-864 (docs/codegen.md, "tn").
 PAIR_TN = 1.8
 PAIR_NT = 1.55
+# int8 x int8 products with vpdpbusd (W8A8), over the same FMA peak. Measured on the Zen 4 VM, one thread: the float32
+# tn kernel 110 GFLOP/s from L2; int8 [128, 2048] @ [1024, 2048]^T tn 187-198 G int8 MAC/s (2 "flops" each: 3.6x),
+# nt 76-80 (1.4x) (matmul.TN_MIN_ROWS_I8_I8)
+QUAD_TN = 3.5
+QUAD_NT = 1.4
 
 
 def _pair_rate(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> float:
     """The rate of matmul ``n`` over the FMA peak: 1, or PAIR_TN / PAIR_NT for a bfloat16 product against a
     transposed operand on a machine with vdpbf16ps (the module docstring). Against int8 keys (int8 weight-only
     on a bfloat16 model) PAIR_TN where the tn form converts the keys to bfloat16 (from ``tn_min_rows``' rows),
-    1 elsewhere (the nt kernels widen them and use FMA)."""
+    1 elsewhere (the nt kernels widen them and use FMA). int8 rows against int8 keys on a machine with vpdpbusd:
+    QUAD_TN in the tn form, QUAD_NT in the nt kernels."""
     a, b = n.src
     keys = str(b.dtype)
-    if not (m.pair_dot and b.op == "permute" and str(a.dtype) == "bfloat16" and keys in ("bfloat16", "int8")):
+    quad = m.quad_dot and b.op == "permute" and str(a.dtype) == keys == "int8"
+    if not quad and not (m.pair_dot and b.op == "permute" and str(a.dtype) == "bfloat16"
+                         and keys in ("bfloat16", "int8")):
         return 1.0
-    other = 1.0 if keys == "int8" else PAIR_NT
+    other = QUAD_NT if quad else 1.0 if keys == "int8" else PAIR_NT
     tile = S(a.shape)
     if len(tile) < 2:
         return other
@@ -93,7 +101,8 @@ def _pair_rate(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> float:
         # whole rows of every sequence. Otherwise a loop over the batch, each product in the nt kernels
         fold = len(b.shape) == 2 and (a.op != "iter" or tile[-2] == S(bg.inputs[a.arg[0]].shape)[-2])
         rows = numel(tile[:-1]) if fold else 0
-    return PAIR_TN if rows >= tn_min_rows((elem_of(a.dtype), elem_of(b.dtype))) and tile[-1] >= TN_MIN_K else other
+    tn = rows >= tn_min_rows((elem_of(a.dtype), elem_of(b.dtype))) and tile[-1] >= TN_MIN_K
+    return (QUAD_TN if quad else PAIR_TN) if tn and not (quad and tile[-1] % 4) else other
 
 
 def numel(shape: tuple) -> int:

@@ -56,6 +56,8 @@ class Machine:
     # bfloat16 x bfloat16 products with vdpbf16ps (codegen.isa.bf16_dot): two products per float32 lane and
     # instruction, so such a product's flops run at up to twice ``peak_flops`` (an FMA loop's; cost.block_cost)
     pair_dot: bool = False
+    # int8 x int8 products with vpdpbusd (codegen.isa.i8_dot): 64 int8 products per instruction (cost._pair_rate)
+    quad_dot: bool = False
 
     @property
     def core_flops(self) -> float:
@@ -128,7 +130,7 @@ def detect(measure: bool | None = None) -> Machine:
         if m is not None:
             return m
         base = dict(cores=cores, threads=threads, l1=caches[1], l2=caches[2], l3=caches[3], simd=isa.width,
-                    isa=isa.name, fingerprint=fp, pair_dot=ISA.bf16_dot(isa))
+                    isa=isa.name, fingerprint=fp, pair_dot=ISA.bf16_dot(isa), quad_dot=ISA.i8_dot(isa))
         if not measure:
             m = Machine(**base, bandwidth=DEFAULT_BANDWIDTH, bandwidth_1=DEFAULT_BANDWIDTH_1,
                         cache_bandwidth=2 * DEFAULT_BANDWIDTH, peak_flops=DEFAULT_CORE_FLOPS * threads, measured=False)

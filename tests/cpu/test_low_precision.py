@@ -519,6 +519,46 @@ def _i8_product(m: int, k: int, n: int = 40) -> prism.Graph:
     return g
 
 
+def _i8_looped_product(m: int, k: int, f: int, n: int = 40) -> prism.Graph:
+    """_i8_product with K split over a block for-loop of ``f`` iterations (each one's product added into the sum:
+    the tn form's beta path)."""
+    g = prism.Graph("int8 x int8 looped")
+    X, W = g.input("X", (m, k), "int8"), g.input("W", (n, k), "int8")
+    bb = BlockBuilder(grid=(1,), forloop=f, inputs=[X, W])
+    x, w = bb.iter(0, imap=(None,), fmap=1), bb.iter(1, imap=(None,), fmap=1)
+    bb.save(bb.mul_scalar(bb.accumulate("sum", bb.matmul(x, bb.transpose(w, -1, -2))), 0.5), omap=(None,))
+    (y,) = g.customized(bb.build(), [X, W])
+    g.output(y, "Y")
+    return g
+
+
+def test_int8_by_int8_products_over_many_rows_take_the_tn_form_exactly() -> None:
+    """matmul.emit_tn for int8 x int8 (mk.tn_kernel_i8): from TN_MIN_ROWS_I8_I8 rows the rows are packed in k quads
+    with their sign bits flipped (a + 128) and the keys broadcast against them with ``vpdpbusd``, each key's sum
+    subtracted once per call. Exact for every int8 value (-128 and 127 on both sides), at row counts below, at and
+    past one block of 64 packed rows, K within one group, over groups (the later ones added into the sum) and with
+    a block for-loop over K (beta); a K that is not a multiple of 4 stays nt."""
+    from prism.codegen.isa import get as get_isa
+    from prism.codegen.isa import i8_dot
+    from prism.codegen.matmul import TN_MIN_ROWS_I8_I8
+    if not i8_dot(get_isa(None)):
+        pytest.skip("this machine has no AVX512_VNNI (or no AVX-512)")
+    rng = np.random.default_rng(1)
+    cases = [(m, k, 1) for m in (TN_MIN_ROWS_I8_I8, 64, 100) for k in (256, 1100, 2052)] + [(70, 1024, 2), (33, 774, 1)]
+    for m, k, f in cases:
+        a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+        b = rng.integers(-128, 128, (40, k)).astype(np.int8)
+        a[0, :9], b[:, :9] = -128, -128
+        a[-1, 9:13], b[-1, 9:13] = 127, -128
+        a[1], b[2] = 127, 127   # a row and a key at the extreme all along
+        kern = compile_graph(_i8_product(m, k) if f == 1 else _i8_looped_product(m, k, f))
+        assert ("i8_dp" in kern.source_at({})) == (k % 4 == 0), (m, k)
+        ref = (a.astype(np.float64) @ b.astype(np.float64).T) * 0.5
+        got = kern(X=a, W=b)
+        assert np.allclose(got, ref, rtol=2 ** -23, atol=0), (m, k, f, float(np.abs(got - ref).max()))
+    assert "i8_dp" not in compile_graph(_i8_product(TN_MIN_ROWS_I8_I8 - 1, 1024)).source_at({})
+
+
 @pytest.mark.parametrize("vnni", ["1", "0"])
 def test_int8_by_int8_products_are_exact_with_and_without_vpdpbusd(vnni: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """microkernels._nt_kernel_idot: rows read as a + 128 against the keys with ``vpdpbusd`` and each key's sum

@@ -321,7 +321,7 @@ def test_a_bf16_linear_counts_the_pair_instruction_and_the_kernel_its_tile_gets(
     the instruction or for float32; against int8 keys PAIR_TN from 9 rows and the FMA peak in the nt kernels.
     The tuner had measured only the second kind for a prefill's linear+add
     (all predicted equal; measured 11.2-11.7 ms where the first kind takes ~9.2)."""
-    from prism.tune.cost import PAIR_NT, PAIR_TN
+    from prism.tune.cost import PAIR_NT, PAIR_TN, QUAD_NT, QUAD_TN
 
     def linear(dtype: str, grid_rows: bool) -> prism.BlockGraph:
         xdt, wdt = (dtype.split("/") * 2)[:2]
@@ -344,3 +344,11 @@ def test_a_bf16_linear_counts_the_pair_instruction_and_the_kernel_its_tile_gets(
         core = machine.core_flops
         assert whole.compute_s == pytest.approx(flops * busiest / core / rate_seq), (dtype, machine.pair_dot)
         assert strips.compute_s == pytest.approx(flops * busiest / core / rate_rows), (dtype, machine.pair_dot)
+    # int8 rows against int8 keys (W8A8) with vpdpbusd: QUAD_TN in the tn form (whole sequences), QUAD_NT in the nt
+    # kernels (16 rows of each); the FMA rate without the instruction
+    quad = dataclasses.replace(MACHINE, quad_dot=True)
+    for machine, rate_seq, rate_rows in ((quad, QUAD_TN, QUAD_NT), (MACHINE, 1.0, 1.0)):
+        whole, strips = block_cost(linear("int8", True), machine), block_cost(linear("int8", False), machine)
+        core = machine.core_flops
+        assert whole.compute_s == pytest.approx(flops * busiest / core / rate_seq), machine.quad_dot
+        assert strips.compute_s == pytest.approx(flops * busiest / core / rate_rows), machine.quad_dot
