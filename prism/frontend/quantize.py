@@ -12,7 +12,8 @@ with its activations) makes each layer an :class:`Int8DynLinear`: each row of th
 every call, symmetric with its own scale (``s_x = max |x_row| / 127``), and the product is of the two int8
 tensors, exact in float32, then scaled by ``s_x * s_w``. Under Prism the row scale is one piece and the
 quantizer with the product and its scales another, multiplying 64 int8 pairs per instruction with
-``vpdpbusd`` where the machine has AVX512_VNNI. It is less accurate than weight-only (a row with one large
+``vpdpbusd`` where the machine has AVX512_VNNI. The quantizer and the product run in float32 whatever the
+input's dtype (a bfloat16 model's layers return bfloat16). It is less accurate than weight-only (a row with one large
 value quantizes the others coarsely: per-row scales, not llama.cpp's blocks of 32).
 """
 
@@ -72,10 +73,14 @@ class Int8DynLinear(Int8Linear):
         # .to(int8) -- and the product of the two int8 tensors cast to float, which the search takes as an
         # int8 x int8 matmul (exact: every product and sum of up to 2^10 of them fits float32's 24 bits in the
         # chunks the kernels sum in int32)
-        sx = x.abs().amax(-1, keepdim=True).clamp(min=ACT_SCALE_FLOOR) * (1 / 127)
-        xq = torch.round(x / sx).clamp(-127, 127).to(torch.int8)
-        s = self.scale if self.scale.dtype == x.dtype else self.scale.to(x.dtype)
-        y = (xq.to(x.dtype) @ self.qweight.to(x.dtype).t()) * sx * s
+        # In float32 whatever x's dtype (a bfloat16 model): eager bfloat16 would round x / s to 8 significant bits
+        # before rounding to an integer -- a step off for many values -- and Prism computes element-wise operators
+        # in float32, so the search's checks rejected every implementation of the bfloat16 form (its pieces ran in
+        # PyTorch). For float32 x the casts are no-ops.
+        xf = x.float()
+        sx = xf.abs().amax(-1, keepdim=True).clamp(min=ACT_SCALE_FLOOR) * (1 / 127)
+        xq = torch.round(xf / sx).clamp(-127, 127).to(torch.int8)
+        y = ((xq.float() @ self.qweight.float().t()) * sx * self.scale.float()).to(x.dtype)
         return y + self.bias if self.bias is not None else y
 
     def extra_repr(self) -> str:

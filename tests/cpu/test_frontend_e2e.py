@@ -483,6 +483,35 @@ def test_w8a8_models_quantize_each_row_and_run_on_prism() -> None:
         prism.quantize_weights(nn.Linear(4, 4), activations="int4")
 
 
+def test_w8a8_on_a_bfloat16_model_quantizes_in_float32_on_prism() -> None:
+    """``quantize_weights(activations="int8")`` then ``.to(torch.bfloat16)``: the layer quantizes its rows in float32
+    (eager bfloat16 would round x / s to 8 significant bits before rounding to an integer, and the search's checks
+    rejected every implementation of that form: its products ran in PyTorch) and returns bfloat16. Every product
+    piece runs on Prism; the result is within bfloat16's rounding of the float64 product of the same quantized
+    values."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 128, bias=False), nn.SiLU(), nn.Linear(128, 64, bias=False)).eval()
+    m = prism.quantize_weights(m, activations="int8").to(torch.bfloat16)
+    x = _x(4).to(torch.bfloat16)
+
+    def reference(layer: prism.frontend.Int8DynLinear, v: torch.Tensor) -> torch.Tensor:
+        sx = v.float().abs().amax(-1, keepdim=True).clamp(min=1e-5) * (1 / 127)
+        xq = torch.round(v.float() / sx).clamp(-127, 127)
+        return (xq.double() @ layer.qweight.double().t()) * sx.double() * layer.scale.double()
+
+    with torch.no_grad():
+        opt = prism.optimize(m, (x,), **OPTS)
+        got = opt(x)
+        h = reference(m[0], x).to(torch.bfloat16)
+        ref = reference(m[2], (h.float() * torch.sigmoid(h.float())).to(torch.bfloat16))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), ref, rtol=3e-2, atol=3e-2 * float(ref.abs().max()))
+    (rep,) = reports()
+    assert not rep.fallbacks, rep.table()
+    products = [p for p in rep.prism_pieces() if "matmul" in p.label]
+    assert len(products) == 2 and all(p.runner.prism_calls >= 1 for p in products), rep.table()
+
+
 def test_float64_runs_in_pytorch(caplog: pytest.LogCaptureFixture) -> None:
     m = MLP().double()
     x = _x(3).double()
