@@ -54,7 +54,7 @@ def unary(name: str, doc: str, *, numpy: Callable[..., Any], c: Callable[..., st
           abstract: Callable[..., Any] | None = None, rules: tuple[OpRule, ...] = (),
           torch: Torch | tuple[Torch, ...] = (),
           jax: Callable[..., Any] | None = None, onnx: Callable[..., Any] | None = None,
-          method: bool = True, dtype_fn: Callable[..., Any] | None = None) -> None:
+          method: bool = True, dtype_fn: Callable[..., Any] | None = None, steps: bool = False) -> None:
     """Register a unary element-wise operator. ``numpy(x, *attrs)``; ``c(x, *attrs, lit=)`` gives the C
     expression of C argument ``x`` (``lit(v)`` is the exact float32 literal of ``v``); ``jax(jax, x,
     *attrs)``; ``onnx(b, x, *attrs)`` with ``b.op(kind, inputs, **attributes)`` and ``b.scalar(v)``."""
@@ -64,7 +64,7 @@ def unary(name: str, doc: str, *, numpy: Callable[..., Any], c: Callable[..., st
              c=lambda args, arg, lit: c(args[0], *arg, lit=lit),
              c_defs=c_defs, flops=flops, linear=linear, abstract=abstract, rules=rules, torch=torch,
              jax=(lambda m, a, arg: jax(m, a[0], *arg)) if jax else None,
-             onnx=(lambda b, ins, arg: onnx(b, ins[0], *arg)) if onnx else None, dtype_fn=dtype_fn)
+             onnx=(lambda b, ins, arg: onnx(b, ins[0], *arg)) if onnx else None, dtype_fn=dtype_fn, steps=steps)
     if method and not hasattr(OpMethods, name):
         def build(self: OpMethods, x: Tensor, *values: Any) -> Tensor:
             if len(values) > len(attrs):
@@ -414,22 +414,22 @@ def _onnx_trunc(b: Any, x: str) -> str:
 unary("round", "x rounded to the nearest integer, half to even (decimals d: to multiples of 10^-d)",
       attrs=("decimals",), defaults=(0.0,), numpy=_round_np, c=_round_c, flops=2,
       torch=(Torch(("round", "special_round"), ("input", "decimals"), _round_attrs),),
-      jax=_jax_round, onnx=_onnx_round)
+      jax=_jax_round, onnx=_onnx_round, steps=True)
 unary("floor", "the largest integer <= x", numpy=np.floor, c=lambda x, lit: f"floorf({x})",
-      torch=_torch1("floor"), jax=lambda m, x: m.numpy.floor(x), onnx=lambda b, x: b.op("Floor", [x]))
+      torch=_torch1("floor"), jax=lambda m, x: m.numpy.floor(x), onnx=lambda b, x: b.op("Floor", [x]), steps=True)
 unary("ceil", "the smallest integer >= x", numpy=np.ceil, c=lambda x, lit: f"ceilf({x})",
-      torch=_torch1("ceil"), jax=lambda m, x: m.numpy.ceil(x), onnx=lambda b, x: b.op("Ceil", [x]))
+      torch=_torch1("ceil"), jax=lambda m, x: m.numpy.ceil(x), onnx=lambda b, x: b.op("Ceil", [x]), steps=True)
 unary("trunc", "x rounded toward zero", numpy=np.trunc, c=lambda x, lit: f"truncf({x})",
-      torch=_torch1("trunc", "fix"), jax=lambda m, x: m.numpy.trunc(x), onnx=_onnx_trunc)
+      torch=_torch1("trunc", "fix"), jax=lambda m, x: m.numpy.trunc(x), onnx=_onnx_trunc, steps=True)
 unary("frac", "x - trunc(x) (the fractional part, with x's sign)", numpy=lambda x: x - np.trunc(x),
       c=lambda x, lit: f"(({x}) - truncf({x}))", flops=2, torch=_torch1("frac"),
-      jax=lambda m, x: x - m.numpy.trunc(x), onnx=lambda b, x: b.op("Sub", [x, _onnx_trunc(b, x)]))
+      jax=lambda m, x: x - m.numpy.trunc(x), onnx=lambda b, x: b.op("Sub", [x, _onnx_trunc(b, x)]), steps=True)
 unary("sign", "-1, 0 or 1 by the sign of x (0 for NaN, as PyTorch's)", numpy=_sign_np,
       c=lambda x, lit: f"(({x}) > 0.0f ? 1.0f : (({x}) < 0.0f ? -1.0f : 0.0f))", flops=2,
       torch=_torch1("sign", "sgn"),
       jax=lambda m, x: m.numpy.where(x > 0, 1.0, m.numpy.where(x < 0, -1.0, 0.0)).astype(x.dtype),
       onnx=lambda b, x: b.op("Sub", [b.op("Cast", [b.op("Greater", [x, b.scalar(0.0)])], to=1),
-                                     b.op("Cast", [b.op("Less", [x, b.scalar(0.0)])], to=1)]))
+                                     b.op("Cast", [b.op("Less", [x, b.scalar(0.0)])], to=1)]), steps=True)
 unary("reciprocal", "1 / x", numpy=lambda x: x.dtype.type(1) / x, c=lambda x, lit: f"(1.0f / ({x}))", flops=4,
       torch=_torch1("reciprocal"), jax=lambda m, x: 1 / x, onnx=lambda b, x: b.op("Reciprocal", [x]))
 unary("log1p", "log(1 + x), accurate near 0", numpy=np.log1p, c=lambda x, lit: f"pr_log1p({x})", flops=12,

@@ -94,6 +94,8 @@ class OpDef:
     c_defs: str = ""                     # C helper functions the expression calls (prelude)
     flops: int = 1                       # cost model: flops per element (a transcendental counts its polynomial)
     linear: bool = False                 # f(a*x) == a*f(x) for a scalar a (search: splitting a reduction past it)
+    steps: bool = False                  # piecewise constant (round, floor, ...): a float32 rounding of its operand
+    #                                      can move its value by a whole step (verify.numeric.steps)
     term_head: str = ""                  # binary: the verifier's term constructor ("Add", ...)
     abstract: Callable[..., Any] | None = None  # (alg, arg, srcs) -> abstract value; default: opaque by name
     rules: tuple[OpRule, ...] = ()

@@ -322,6 +322,36 @@ def test_the_tuners_filter_allows_a_rounding_programs_own_float32_steps() -> Non
     assert max_error(floored, ref, Float32Program(g, draw, {})) > tol
 
 
+def test_a_rounding_step_carried_through_a_product_is_the_programs_own_error() -> None:
+    """steps(): a quantizer before a product (W8A8) -- one value rounds across a half in float32 (0.35f / 0.1f is
+    3.4999998882 in float64, 3.5 in float32: 3 against 4) and the step reaches every output of its row, 1/8 of the
+    outputs, more than the rare elements the allowance excuses elsewhere (OWN_ERROR_MAX_FRACTION). The program has
+    a piecewise-constant operator, so the candidate that rounds as the program's float32 run does passes the
+    tuner's filter and the numeric check's comparison; one that floors instead still fails."""
+    from prism.verify.numeric import OWN_ERROR_MAX_FRACTION, Float32Program, max_error, steps
+    g = prism.Graph("quantized product")
+    x, s, w = g.input("x", (8, 64)), g.input("s", (8, 1)), g.input("w", (64, 256))
+    g.output(g.matmul(g.round(g.div(x, s)), w), "y")
+    rng = np.random.default_rng(0)
+    xv = np.round(rng.standard_normal((8, 64)) * 20) + 0.75   # over a scale of 1: exact in both precisions
+    sv = np.ones((8, 1))
+    xv[2], sv[2] = 0.0, np.float32(0.1)
+    xv[2, 5] = np.float32(0.35)
+    draw = {"x": xv, "s": sv, "w": rng.standard_normal((64, 256))}
+    ref = g.evaluate(draw, dtype=np.float64)
+    same = g.evaluate({k: v.astype(np.float32) for k, v in draw.items()}, dtype=np.float32)
+    off = np.abs(same["y"] - ref["y"]) > 1e-5 * np.abs(ref["y"]).max()   # the step: w[5] times 1
+    assert off[2].mean() > 0.9 and not off[[0, 1, 3, 4, 5, 6, 7]].any() and off.mean() > OWN_ERROR_MAX_FRACTION
+    plain = prism.Graph("plain product")
+    plain.output(plain.matmul(plain.input("x", (8, 64)), plain.input("w", (64, 256))), "y")
+    assert steps(g) and not steps(plain)
+    tol = 1e-4
+    assert max_error(same, ref, Float32Program(g, draw, {})) <= tol
+    x32, s32, w32 = (draw[k].astype(np.float32) for k in ("x", "s", "w"))
+    floored = {"y": np.floor(x32 / s32) @ w32}
+    assert max_error(floored, ref, Float32Program(g, draw, {})) > tol
+
+
 def test_a_small_output_may_have_one_element_where_the_program_itself_errs() -> None:
     """A check at a small instantiation has outputs of a few elements: one element in float32's subnormal range
     (where the program itself, run in float32, is off by 1.6e-4) no longer rejects a candidate exactly as
