@@ -662,18 +662,29 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     esz = mk.ITEMSIZE[elems[1]]
     form = ("bf16_dp" if esz == 2 else f"bf16_dp_pf{esz}") if pairs else "i8_dp" if quads else f"f32_pf{esz}"
 
-    def kernel(rn: int) -> str:
-        return sup.need(mk.tn_name(rn, MV, form), mk.tn_kernel(rn, MV, esz) if pairs else
-                        mk.tn_kernel_i8(rn, MV) if quads else mk.tn_kernel_f32(rn, MV, esz))
+    def kernel(rn: int, mv: int = MV) -> str:
+        return sup.need(mk.tn_name(rn, mv, form), mk.tn_kernel(rn, mv, esz) if pairs else
+                        mk.tn_kernel_i8(rn, mv) if quads else mk.tn_kernel_f32(rn, mv, esz))
 
     kern = kernel(RN)
     tail = kernel(rn_tail) if rn_tail else ""
+    # int8 x int8: a last block of rows with at most half of its 16 * MV lanes used takes the kernel of MV / 2
+    # vectors (chosen at run time where the rows vary: a template over a prompt's length). Measured on the Zen 4 VM,
+    # one thread, int8 [m, 2048] @ [2048, 2048]^T, two alternations: m = 80 2.89-2.97 -> 2.28-2.45 ms, 96
+    # 2.82-2.97 -> 2.28-2.30; at whole blocks (64, 128 rows) the text with the branch was 3-8 % slower in both
+    # alternations (not understood: the path run is the same), so a fixed row count emits it only where it is taken
+    half = quads and MV > 1 and (varies(M) or 0 < M % mt <= mt // 2)
+    kern_h = kernel(RN, MV // 2) if half else ""
+    tail_h = kernel(rn_tail, MV // 2) if half and rn_tail else ""
+    m_full = M // mt * mt   # rows in whole blocks
     if panel:
         cvt = sup.need("pr_i8_bf16_panel", I8_BF16_PANEL) if pairs else sup.need("pr_f16_panel", F16_PANEL)
 
-    def keys(fn: str, rn: int, n0: str, nxt: str, g0: str, gn: int, m0: str, mc: str, beta: str) -> None:
+    def keys(fn: str, rn: int, n0: str, nxt: str, g0: str, gn: int, m0: str, mc: str, beta: str,
+             fn_h: str = "") -> None:
         """The calls of the rn keys from ``n0`` for the packed rows [mc, mc + TN_MC), prefetching rn keys from
-        ``nxt`` (every one of them a key of B)."""
+        ``nxt`` (every one of them a key of B); ``fn_h``: the kernel of half the rows, for a last block of rows
+        that fills at most half of ``fn``'s."""
         src = f"{bt} + {n0} * {sbt} + {g0}"
         pf = f"(const char*)({bt} + {nxt} * {sbt} + {g0})"
         if panel:   # the block's keys as float32 or bfloat16 (rn rows of gn, row stride gn)
@@ -681,9 +692,21 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
             src, sb = bf, gn
         else:
             sb = sbt
-        with w.block(f"for (long {m0} = {mc}; {m0} < pr_minl({ldm}, {mc} + {mk.TN_MC}); {m0} += {mt})"):
-            w.line(f"{fn}({gn}, {src}, {sb}, {pf}, {sbt * esz}, {xp} + {m0}, {ldm}, {ct} + {n0} * {ldm} + {m0}, "
+
+        def call(f: str, at: str) -> None:
+            w.line(f"{f}({gn}, {src}, {sb}, {pf}, {sbt * esz}, {xp} + {at}, {ldm}, {ct} + {n0} * {ldm} + {at}, "
                    f"{ldm}, {beta});")
+        if not fn_h:
+            with w.block(f"for (long {m0} = {mc}; {m0} < pr_minl({ldm}, {mc} + {mk.TN_MC}); {m0} += {mt})"):
+                call(fn, m0)
+            return
+        with w.block(f"for (long {m0} = {mc}; {m0} < pr_minl({m_full}, {mc} + {mk.TN_MC}); {m0} += {mt})"):
+            call(fn, m0)
+        with w.block(f"if ({m_full} < {ldm} && {m_full} >= {mc} && {m_full} < {mc} + {mk.TN_MC})"):
+            with w.block(f"if ({M} - {m_full} > {mt // 2})"):
+                call(fn, str(m_full))
+            with w.block("else"):
+                call(fn_h, str(m_full))
 
     def group(g0: str, gn: int, beta: str) -> None:
         if pairs:
@@ -702,9 +725,9 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
             with w.block(f"for (long {n0} = 0; {n0} < {n_full}; {n0} += {RN})"):
                 # the next block's keys, the last RN keys of B at most: a full block ahead of the tail keys (or of
                 # nothing) would prefetch past B's last key
-                keys(kern, RN, n0, f"pr_minl({n0} + {RN}, {N - RN})", g0, gn, m0, mc, beta)
+                keys(kern, RN, n0, f"pr_minl({n0} + {RN}, {N - RN})", g0, gn, m0, mc, beta, kern_h)
             if rn_tail:
-                keys(tail, rn_tail, str(n_full), str(n_full), g0, gn, m0, mc, beta)
+                keys(tail, rn_tail, str(n_full), str(n_full), g0, gn, m0, mc, beta, tail_h)
 
     full, rem = K // G, K % G
     if full:

@@ -544,7 +544,8 @@ def test_int8_by_int8_products_over_many_rows_take_the_tn_form_exactly() -> None
     if not i8_dot(get_isa(None)):
         pytest.skip("this machine has no AVX512_VNNI (or no AVX-512)")
     rng = np.random.default_rng(1)
-    cases = [(m, k, 1) for m in (TN_MIN_ROWS_I8_I8, 64, 100) for k in (256, 1100, 2052)] + [(70, 1024, 2), (33, 774, 1)]
+    cases = ([(m, k, 1) for m in (TN_MIN_ROWS_I8_I8, 64, 96, 100) for k in (256, 1100, 2052)]
+             + [(70, 1024, 2), (80, 516, 1), (33, 774, 1)])   # 70, 80, 96: a last block of rows half full or less
     for m, k, f in cases:
         a = rng.integers(-128, 128, (m, k)).astype(np.int8)
         b = rng.integers(-128, 128, (40, k)).astype(np.int8)
@@ -557,6 +558,18 @@ def test_int8_by_int8_products_over_many_rows_take_the_tn_form_exactly() -> None
         got = kern(X=a, W=b)
         assert np.allclose(got, ref, rtol=2 ** -23, atol=0), (m, k, f, float(np.abs(got - ref).max()))
     assert "i8_dp" not in compile_graph(_i8_product(TN_MIN_ROWS_I8_I8 - 1, 1024)).source_at({})
+    # over a varying row count (a prompt's length) the text holds both last-block kernels, chosen at run time
+    g = prism.Graph("int8 x int8 over m rows")
+    X, W = g.input("X", ("m", 1024), "int8"), g.input("W", (40, 1024), "int8")
+    bb = BlockBuilder(grid=(1,), forloop=1, inputs=[X, W])
+    bb.save(bb.matmul(bb.iter(0, imap=(None,)), bb.transpose(bb.iter(1, imap=(None,)), -1, -2)), omap=(None,))
+    (y,) = g.customized(bb.build(), [X, W])
+    g.output(y, "Y")
+    kern = compile_graph(g)
+    b = rng.integers(-128, 128, (40, 1024)).astype(np.int8)
+    for m in (48, 70, 96, 100, 128, 150):
+        a = rng.integers(-128, 128, (m, 1024)).astype(np.int8)
+        assert np.allclose(kern(X=a, W=b), a.astype(np.float64) @ b.astype(np.float64).T, rtol=2 ** -23, atol=0), m
 
 
 @pytest.mark.parametrize("vnni", ["1", "0"])
