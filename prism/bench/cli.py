@@ -124,14 +124,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_threads(threads)
         return corpus_main(args, threads)
     try:
+        if args.dtype not in PRECISIONS:
+            raise PrismError(f"--dtype {args.dtype} is for --models only (the suite's workloads have the precisions "
+                             f"{', '.join(PRECISIONS)})")
         # thread flags must be in the environment before jax/torch spin up their pools
         from prism.bench.systems import configure_threads, select
         warnings = configure_threads(threads)
         systems = select(args.systems, prism=not args.no_prism)
         from prism.bench.run import Config, default_workloads, run, select_cases
-        if args.dtype not in PRECISIONS:
-            raise PrismError(f"--dtype {args.dtype} is for --models only (the suite's workloads have the precisions "
-                             f"{', '.join(PRECISIONS)})")
         wl = ([w.strip().upper() for w in args.workloads.split(",") if w.strip()] if args.workloads else
               default_workloads(args.dtype, args.quick))
         rounds = args.rounds if args.rounds is not None else (3 if args.quick else 5)

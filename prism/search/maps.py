@@ -226,7 +226,7 @@ class MapCSP:
         self.domains = dict(domains)
         self.n_inputs = n_inputs
         self.fixed = fixed
-        self.gridless = gridless   # a block may have no grid (see gridless_context)
+        self.gridless = gridless   # a block may have no grid (search.block.BlockContext.gridless)
         self.solves = 0
         self._memo: dict[frozenset, bool] = {}
 
