@@ -63,7 +63,7 @@ Source = tuple[str, int]
 
 # the C type's bounds (prism/runtime/fastcall.py, CHAIN_MAX_*): a longer run is cut into several chains
 MAX_STEPS = 512
-MAX_EXTERNAL = 128
+MAX_EXTERNAL = 512
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import torch
 from prism.errors import PrismError
 from prism.frontend import ops as O
 from prism.frontend.capture import Captured, Unit, capture
+from prism.frontend.chain import MAX_ELEMENTS as CHAIN_MAX_ELEMENTS
 from prism.frontend.chain import form_chains
 from prism.frontend.ops import Operand, meta_value
 from prism.frontend.partition import Budget, Piece, PlanUnit, plan
@@ -353,7 +354,8 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
         log.info("prism: graph %d assumes %s", report.index, a)
     report.layout = len(cap.layout_units)
     pieces = plan_pieces(cap, opts.budget)
-    built = [b for k, piece in enumerate(pieces) if (b := _build(cap, report, k, piece)) is not None]
+    built = [b for k, piece in enumerate(pieces)
+             if (b := _build(cap, report, k, piece, joins=opts.chains)) is not None]
     replaced: dict[Any, Any] = {}
     order = _order(cap)
     total = len(built)
@@ -384,7 +386,8 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
             why = pr.reason.removeprefix("prism.superoptimize raised ")
             pr.status = "split"
             first = len(report.pieces)
-            again = [b for part in parts if (b := _build(cap, report, len(report.pieces), part)) is not None]
+            again = [b for part in parts
+                     if (b := _build(cap, report, len(report.pieces), part, joins=opts.chains)) is not None]
             pr.reason = (f"no kernel as one piece of {piece.ops} operators ({why}); planned again as piece(s) "
                          + ", ".join(str(k) for k in range(first, len(report.pieces))))
             log.warning("prism: piece %d (%s): %s", pr.index, pr.label, pr.reason)
@@ -625,15 +628,46 @@ def _kept(node: Any) -> bool:
     return node.op != "get_attr"
 
 
-def _build(cap: Captured, report: GraphReport, k: int, piece: Piece
+def _between_pieces(cap: Captured, piece: Piece) -> bool:
+    """Whether a lone element-wise operator (a piece too small to search) reads a value another compute unit
+    makes and has one as a user, at a static shape a chain takes (``chain.MAX_ELEMENTS``): a decode step's
+    residual add between two pieces that could not absorb it (measured: llama-1b W8A8, whose quantizing products
+    are 9 operators, more than a piece with a contraction may have with the add; the 16 adds in PyTorch cut the
+    decode graph into 17 chains, each return to Python ~10-50 µs in a step whose weight stream evicts the
+    caches). Searched, it is one more piece, and the chain runs on through it."""
+    if len(piece.members) != 1:
+        return False
+    u = cap.units[piece.members[0]]
+    shape = O.static_shape(u.node)
+    if shape is None or not 0 < math.prod(shape) <= CHAIN_MAX_ELEMENTS:
+        return False
+
+    def compute(n: Any, up: bool, depth: int = 0) -> bool:
+        # a compute unit's value, seen through a few views or identity casts (a layout unit or none: one tensor
+        # in, such as the slice before a model's last norm)
+        v = cap.unit_of.get(n)
+        if v is not None and v.kind == "compute":
+            return v.id != u.id
+        if depth >= 4:
+            return False
+        if up:
+            ins = [a for a in n.all_input_nodes if O.is_tensor_meta(O.meta_value(a))]
+            return len(ins) == 1 and compute(ins[0], up, depth + 1)
+        return any(compute(c, up, depth + 1) for c in n.users)
+    return (any(compute(o.node, True) for o in u.lowered.operands)
+            and any(compute(c, False) for c in u.node.users))
+
+
+def _build(cap: Captured, report: GraphReport, k: int, piece: Piece, joins: bool = False
            ) -> tuple[PieceReport, PieceProgram, Any, Piece] | None:
     """Piece ``k``'s report (appended to ``report``) and, when it is searched and its program forms, its
     program and PyTorch fallback module. Called for every piece before the graph changes (a wide piece's
-    re-planned parts later: their members are still in the graph)."""
+    re-planned parts later: their members are still in the graph). ``joins``: chains are formed, so a lone
+    element-wise operator between pieces is searched too (:func:`_between_pieces`)."""
     units = [cap.units[i] for i in piece.members]
     pr = PieceReport(k, [u.op for u in units], piece.ops, [], "small")
     report.pieces.append(pr)
-    if not piece.searched:
+    if not piece.searched and not (joins and _between_pieces(cap, piece)):
         pr.reason = "a single element-wise operator: nothing to fuse"
         return None
     try:

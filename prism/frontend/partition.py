@@ -24,7 +24,9 @@ or one per recognized pattern such as a written-out RMSNorm) in topological orde
   hidden sizes 64 and 2048, in float32 and bfloat16, while ``linear+add`` and ``rms_norm+mul+...`` search in
   seconds each (a norm *feeding* contractions, W1/W2, stays one piece).
 * A piece is sent to the search if it has a contraction, a reduction or a row-wise operator, or at least
-  two operators; a lone element-wise operator is already one pass in PyTorch and stays there.
+  two operators; a lone element-wise operator is already one pass in PyTorch and stays there (the compiler
+  searches one that sits between pieces at a decode step's sizes, so that their chain is not cut:
+  ``compiler._between_pieces``).
 
 Single-output pieces cannot form cycles: a piece's only output feeds only the piece it joins.
 Nothing here imports torch; ``plan`` works on plain ids.

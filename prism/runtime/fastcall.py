@@ -589,7 +589,7 @@ static PyTypeObject GuardType = {
    output; anything not as expected answers None and nothing has run. Phase 2: the kernels and copies in order
    with the GIL released once, under the chain's lock (one call at a time: the buffers are shared). results:
    the step indices whose outputs are returned; counters: dicts whose "prism_calls" is incremented per call. */
-#define CHAIN_MAX_EXT 128
+#define CHAIN_MAX_EXT 512
 #define CHAIN_MAX_STEPS 512
 #define CHAIN_MAX_SRC 16
 #define CHAIN_MAX_RANK 8
@@ -706,7 +706,7 @@ static int Chain_init(Chain* self, PyObject* args, PyObject* kw) {
     if (self->steps != NULL || self->ext_arg != NULL) return chain_bad("Chain: already initialized");
     Py_ssize_t next = PyTuple_GET_SIZE(ext), nsteps = PyTuple_GET_SIZE(steps);
     if (next > CHAIN_MAX_EXT || nsteps > CHAIN_MAX_STEPS || nsteps < 1)
-        return chain_bad("Chain: 1 to 512 steps and at most 128 external inputs");
+        return chain_bad("Chain: 1 to 512 steps and at most 512 external inputs");
     self->ext_dtype = PyTuple_New(next);
     self->ext_arg = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(next ? next : 1));
     self->ext_rank = PyMem_Malloc(sizeof(int) * (size_t)(next ? next : 1));

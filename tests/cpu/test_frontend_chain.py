@@ -154,6 +154,65 @@ def test_options_turn_chains_off_and_large_outputs_do_not_chain() -> None:
         assert _err(big(x), _f64(m, x)) <= 1e-5
 
 
+class Residuals(nn.Module):
+    """A residual stream whose adds the pieces around them cannot absorb (with ``Budget(max_ops=3)`` a Linear
+    with its bias and ReLU fills a piece): each add but the last reads a piece's value and feeds the next Linear
+    and the next add (two users: no consumer piece takes it)."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.ls = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for lin in self.ls:
+            x = x + torch.relu(lin(x))
+        return x
+
+
+def test_a_lone_add_between_pieces_is_searched_so_the_chain_runs_through_it() -> None:
+    from prism.frontend.partition import Budget
+    m = Residuals()
+    opt = prism.optimize(m, (_x(1, 64),), capture="export", budget=Budget(max_ops=3), **OPTS)
+    rep = opt.report[-1]
+    adds = [p for p in rep.pieces if p.ops == ["add"]]
+    # the first two between pieces; the last one's value leaves the graph: no piece after it, nothing to join
+    assert [p.status for p in adds] == ["prism", "prism", "small"], rep.table()
+    assert len(rep.chains) == 1, rep.table()
+    (chain,) = rep.chains
+    assert len(chain.runners) == len(opt.prism_pieces()) == 5
+    with torch.inference_mode():
+        for seed in range(1, 4):
+            x = _x(1, 64, seed=seed)
+            assert _err(opt(x), _f64(m, x)) <= 1e-5
+        assert chain._fast is not None, chain._why_not
+    assert all(p.runner.prism_calls >= 3 for p in adds[:2])
+    # without chains, or above a chain's sizes, a lone add is not worth a search: it stays in PyTorch
+    off = prism.optimize(m, (_x(1, 64),), capture="export", budget=Budget(max_ops=3), chains=False, **OPTS)
+    rows = MAX_ELEMENTS // 64 + 1
+    big = prism.optimize(m, (_x(rows, 64),), capture="export", budget=Budget(max_ops=3), **OPTS)
+    for o in (off, big):
+        lone = [p for p in o.report[-1].pieces if p.ops == ["add"]]
+        assert [p.status for p in lone] == ["small"] * 3, o.report[-1].table()
+
+
+def test_a_lone_operator_of_values_from_outside_the_pieces_stays_in_pytorch() -> None:
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            z = x * y   # two pieces read it, no piece's value goes in
+            return torch.relu(self.a(z)) * torch.sigmoid(self.b(z))
+
+    m = Scaled()
+    opt = prism.optimize(m, (_x(1, 64), _x(1, 64, seed=1)), capture="export", **OPTS)
+    (mul,) = [p for p in opt.report[-1].pieces if p.ops == ["mul"]]
+    assert mul.status == "small", opt.report[-1].table()
+
+
 class DecodeAttention(nn.Module):
     """One decode step of attention with a KV cache, as transformers writes it: the cache's cat and the
     attention (dynamic KV length) between Linears (static shapes)."""
