@@ -279,3 +279,45 @@ def test_auto_captures_through_dynamo_what_does_not_export() -> None:
         for v in (x, -x.abs() - 1):
             assert _err(opt(v), fn(v.double())) <= 1e-5
     assert opt.prism_pieces()
+
+
+def test_units_computing_the_same_expression_count_their_operators_as_the_whole_graph_rule(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """W8A8's q, k and v projections each quantize the same rows: interned Prism nodes met again. The
+    capture's walk (``capture._new_ops``, bounded by when each node was first met) gives every unit the
+    operators the whole-graph rule gives: reachable from its result, not from its operands."""
+    from prism.frontend import capture as cap_mod
+    from prism.frontend.quantize import quantize_weights
+    from prism.ir.node import toposort
+
+    class QKV(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.q, self.k, self.v = nn.Linear(64, 64), nn.Linear(64, 32), nn.Linear(64, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.rms_norm(x, (64,))
+            return self.q(h)[..., :32] * self.k(h) + self.v(h)
+
+    m = quantize_weights(QKV(), activations="int8")
+    walked, checked = cap_mod._new_ops, []
+
+    def both(b: Any, result: Any, operands: list[Any]) -> list[Any]:
+        res = result if isinstance(result, tuple) else (result,)
+        roots = [r.node for r in res if isinstance(r, cap_mod.Tensor)]
+        stop = {o.node for o in operands if isinstance(o, cap_mod.Tensor)}
+        before = set(toposort(list(stop)))
+        want = {n for n in toposort(roots) if n not in before and n.op not in ("input", "output")}
+        got = walked(b, result, operands)
+        checked.append((set(got) == want, len(want), len(got) == len(set(got))))
+        return got
+
+    monkeypatch.setattr(cap_mod, "_new_ops", both)
+    opt = prism.optimize(m, (_x(2, 64),), capture="export", **OPTS)
+    assert checked and all(same and unique for same, _, unique in checked), checked
+    assert sum(n for _, n, _ in checked) > 0
+    x = _x(2, 64, seed=1)
+    with torch.inference_mode():
+        want = m(x)
+        assert _err(opt(x), want) <= 1e-5
