@@ -281,6 +281,36 @@ def test_whole_k_gemv_streams_one_key_at_a_time_where_its_row_fits_in_l1(
     assert "_pfa(" not in src and "_1x16_" in src
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_a_one_key_kernel_adds_its_lanes_by_a_shuffle_tree(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-key kernel (GEMV rows one key at a time on AVX-512, tails on AVX2) adds each chunk's lanes by a
+    shuffle tree, not a store and W dependent scalar adds (an int8-key GEMV from L3: paired 0.87 of the time);
+    exact to float32's reassociation against float64, with a long K (several chunks) and large values."""
+    monkeypatch.setattr(mk, "l1d_bytes", lambda: 48 << 10)
+    rng = np.random.default_rng(5)
+    K = 5001
+    g = _x_wt(K, dtype)
+    w = (rng.integers(-127, 128, (37, K)).astype(np.int8) if dtype == "int8" else
+         rng.standard_normal((37, K)).astype(np.float32))
+    if dtype == "bfloat16":
+        w = w.astype(ml_dtypes.bfloat16)
+    x = (rng.standard_normal((1, K)) * np.where(np.arange(K) % 97 == 0, 1e4, 1.0)).astype(np.float32)
+    ref = x.astype(np.float64) @ np.asarray(w, np.float64).T
+    isas = [i for i in supported_isas() if i in ("avx512", "avx2")]
+    if not isas:
+        pytest.skip("no AVX2 or AVX-512 on this machine")
+    for isa in isas:
+        src = compile_kernel(g, isa=isa).source
+        one_key = any("_1x1_" in ln and "PR_INLINE void" in ln for ln in src.splitlines())
+        # AVX-512: the row streams one key at a time; AVX2: the last keys of a block, where a tail takes them
+        assert one_key or isa == "avx2", src
+        assert "cs_ += t[i]" not in src
+        if one_key:
+            assert ("_mm512_reduce_add_ps(acc)" if isa == "avx512" else "_mm_movehdup_ps(h_)") in src
+        got = np.asarray(prism.compile(g, isa=isa)(W=w, x=x), np.float64)
+        assert_close(got, ref, f"{dtype} on {isa}", rtol=1e-5)
+
+
 def test_a_bfloat16_row_against_int8_keys_keeps_the_key_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """int8 weight-only on a bfloat16 model: one key at a time would widen the bfloat16 row for every key, so the
     16-key blocks (the row widened once per block) stay at every row length (microkernels.nt_row_stream:
