@@ -118,6 +118,15 @@ class _V:
     def add(self, a: str, b: str) -> str:
         return f"{self.p}_add_ps({a}, {b})"
 
+    def sum_lanes(self, dst: str, v: str) -> str:
+        """C statements declaring ``float dst``, the sum of vector ``v``'s lanes by a shuffle tree."""
+        if self.isa.name == "avx512":
+            return f"float {dst} = _mm512_reduce_add_ps({v});"
+        h = f"{dst}_h"
+        return (f"__m128 {h} = _mm_add_ps(_mm256_castps256_ps128({v}), _mm256_extractf128_ps({v}, 1));\n"
+                f"    {h} = _mm_add_ps({h}, _mm_movehl_ps({h}, {h}));\n"
+                f"    float {dst} = _mm_cvtss_f32(_mm_add_ss({h}, _mm_movehdup_ps({h})));")
+
 
 F32 = ("f32", "f32")
 
@@ -774,12 +783,6 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
         # other), not stored and added one by one (16 dependent scalar adds per key and chunk). Both forms in one
         # process, interleaved, 2 threads: an int8-key GEMV 5632 x 2048 from L3 292 -> 254 us (paired 0.87),
         # 11008 x 4096 from DRAM 0.93, bfloat16 keys 0.95, float32 keys level
-        if W == 16:
-            hsum1 = "float cs_ = _mm512_reduce_add_ps(acc);"
-        else:
-            hsum1 = ("__m128 h_ = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));\n"
-                     "    h_ = _mm_add_ps(h_, _mm_movehl_ps(h_, h_));\n"
-                     "    float cs_ = _mm_cvtss_f32(_mm_add_ss(h_, _mm_movehdup_ps(h_)));")
         return f"""PR_INLINE void {name}{sig} {{
   float s = 0.0f, g = 0.0f;
   for (long k0 = 0; k0 < K; k0 += {ch}) {{
@@ -795,7 +798,7 @@ def nt_kernel(isa: ISA, R: int, J: int, elems: tuple[str, str] = F32, prefetch: 
       acc = {fma(mload_of(ea).format(p="A + K0"), mload_of(eb).format(p="Bt + K0"), "acc")};
     }}
     acc = {v.add(v.add("acc", "acc1"), v.add("acc2", "acc3"))};
-    {hsum1}
+    {v.sum_lanes("cs_", "acc")}
     {_nt_levels("s", "g", "cs_", _scalar_add, gr)}
   }}
   float* c = C;

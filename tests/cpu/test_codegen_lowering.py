@@ -306,7 +306,7 @@ def test_a_one_key_kernel_adds_its_lanes_by_a_shuffle_tree(dtype: str, monkeypat
         assert one_key or isa == "avx2", src
         assert "cs_ += t[i]" not in src
         if one_key:
-            assert ("_mm512_reduce_add_ps(acc)" if isa == "avx512" else "_mm_movehdup_ps(h_)") in src
+            assert ("_mm512_reduce_add_ps(acc)" if isa == "avx512" else "_mm_movehdup_ps(cs__h)") in src
         got = np.asarray(prism.compile(g, isa=isa)(W=w, x=x), np.float64)
         assert_close(got, ref, f"{dtype} on {isa}", rtol=1e-5)
 
