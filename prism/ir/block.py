@@ -212,10 +212,14 @@ class BlockGraph:
         """
         return _rebuild(self, env)
 
-    def generalize(self, sizes: Mapping[int, DimLike]) -> BlockGraph:
+    def generalize(self, sizes: Mapping[int, DimLike],
+                   shapes: Sequence[tuple[DimLike, ...]] | None = None) -> BlockGraph:
         """A copy whose inputs' fixed sizes (and reshape/split sizes) in ``sizes`` are replaced (``{2048: K}``),
-        every tile and constraint derived again (see :meth:`prism.Graph.generalize`)."""
-        return _rebuild(self, {}, sizes)
+        every tile and constraint derived again (see :meth:`prism.Graph.generalize`). ``shapes``: the inputs'
+        shapes instead (their operands', where single axes of the kernel graph's inputs were generalized)."""
+        if shapes is not None and len(shapes) != len(self.inputs):
+            raise MapError(f"generalize: {len(shapes)} input shapes for a block graph of {len(self.inputs)} inputs")
+        return _rebuild(self, {}, sizes, shapes)
 
     def __str__(self) -> str:
         from prism.ir.printer import format_block_graph
@@ -433,7 +437,8 @@ def generalized_size(sizes: Mapping[int, DimLike]) -> Callable[[DimLike], DimLik
     return fn
 
 
-def _rebuild(bg: BlockGraph, env: Mapping[str, object], sizes: Mapping[int, DimLike] | None = None) -> BlockGraph:
+def _rebuild(bg: BlockGraph, env: Mapping[str, object], sizes: Mapping[int, DimLike] | None = None,
+             shapes: Sequence[tuple[DimLike, ...]] | None = None) -> BlockGraph:
     for name in bg.map_symbols():
         if name in env and env[name] is not None and not isinstance(env[name], int):
             raise MapError(f"map symbol {name} must be set to a data dim (int) or None, got {env[name]!r}")
@@ -442,8 +447,9 @@ def _rebuild(bg: BlockGraph, env: Mapping[str, object], sizes: Mapping[int, DimL
         free = {s for g in grid for s in D.symbols(g)}
         size = generalized_size(sizes or {})
         bb = BlockBuilder(grid, D.subs(bg.forloop, env),
-                          tuple(InputSpec(tuple(size(D.subs(d, env)) for d in s.shape), s.dtype, s.name)
-                                for s in bg.inputs), sorted(bg.splits & free))
+                          tuple(InputSpec(tuple(shapes[i]) if shapes is not None else
+                                          tuple(size(D.subs(d, env)) for d in s.shape), s.dtype, s.name)
+                                for i, s in enumerate(bg.inputs)), sorted(bg.splits & free))
     except D.DimError as e:
         raise MapError(f"cannot instantiate block graph: {e}") from None
     new: dict[Node, Tensor] = {}

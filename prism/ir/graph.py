@@ -175,32 +175,47 @@ class Graph(OpMethods):
         """A copy with symbols substituted (kernel dims and block-graph parameters alike)."""
         return self._copy(env, {})
 
-    def generalize(self, sizes: Mapping[int, DimLike]) -> Graph:
+    def generalize(self, sizes: Mapping[int, DimLike],
+                   axes: Mapping[tuple[str, int], DimLike] | None = None) -> Graph:
         """A copy with the fixed sizes in ``sizes`` replaced, e.g. ``{2048: D.sym("K")}``: in input shapes,
         reshape/split sizes and block-graph inputs; every other shape, tile and constraint is derived again.
         ``copy.instantiate({"K": 2048})`` computes what this graph does. A size that only coincides with a
         derived one (a reshape to ``[4096]`` of two ``[2048]`` halves, with 2048 generalized and 4096 not)
-        makes the copy inconsistent: ShapeError or MapError, never a different graph."""
-        return self._copy({}, sizes)
+        makes the copy inconsistent: ShapeError or MapError, never a different graph.
 
-    def _copy(self, env: Mapping[str, object], sizes: Mapping[int, DimLike]) -> Graph:
+        ``axes``: single input axes replaced, ``{("x", 2): D.sym("S")}`` -- input ``x``'s axis 2 whatever its
+        size, every other occurrence of that size kept (RoPE at a prompt length equal to the head dim, 128: the
+        sequence axis generalizes, the head dim that ``rotate_half`` halves cannot). Block graphs take their
+        operands' new shapes; sizes inside ops are ``sizes``' only."""
+        return self._copy({}, sizes, axes or {})
+
+    def _copy(self, env: Mapping[str, object], sizes: Mapping[int, DimLike],
+              axes: Mapping[tuple[str, int], DimLike] | None = None) -> Graph:
         size = generalized_size(sizes)
+        axes = axes or {}
 
         def arg_of(n: Node) -> tuple:
             a = _subs_arg(n.arg, env)
             return O.map_sizes(O.get(n.op), a, size) if sizes else a
+
+        def shape_of(name: str, shape: tuple[DimLike, ...]) -> tuple[DimLike, ...]:
+            return tuple(axes[name, i] if (name, i) in axes else size(D.subs(d, env)) for i, d in enumerate(shape))
         g = Graph(self.name)
         new: dict[Node, Node] = {}
         results: dict[Node, tuple[Tensor, ...]] = {}
         for n in self.nodes:
             if n.op == "input":
                 name, shape, dt = n.arg
-                new[n] = g.input(name, tuple(size(D.subs(d, env)) for d in shape), dt).node
+                new[n] = g.input(name, shape_of(name, shape), dt).node
             elif n.op == "output":
                 g.output(Tensor(g, new[n.src[0]]), n.arg[0])
             elif n.op == "customized":
                 bg = n.arg[0].instantiate(env) if env else n.arg[0]
-                res = g.customized(bg.generalize(sizes) if sizes else bg, [Tensor(g, new[s]) for s in n.src])
+                if axes:   # the block graph's inputs are its operands' (new) shapes
+                    bg = bg.generalize(sizes, tuple(new[s].shape for s in n.src))
+                elif sizes:
+                    bg = bg.generalize(sizes)
+                res = g.customized(bg, [Tensor(g, new[s]) for s in n.src])
                 new[n] = res[0].node.src[0]
                 results[n] = res
             elif n.op == "result":
@@ -210,6 +225,6 @@ class Graph(OpMethods):
         # keep declared-but-unused inputs, in declaration order
         for name, node in self._inputs.items():
             if name not in g._inputs:
-                g.input(name, tuple(size(D.subs(d, env)) for d in node.shape), node.dtype)
+                g.input(name, shape_of(name, node.shape), node.dtype)
         g._inputs = {k: g._inputs[k] for k in self._inputs}
         return g

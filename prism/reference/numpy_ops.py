@@ -68,10 +68,17 @@ _POOL_LOCK = threading.Lock()
 _IN_PART = threading.local()   # set in the pool's threads: what runs there runs whole (no nesting)
 
 
+def _mark_part_thread() -> None:
+    _IN_PART.on = True
+
+
 def _pool() -> ThreadPoolExecutor:
     with _POOL_LOCK:
         if _POOL[0] is None:
-            _POOL[0] = ThreadPoolExecutor(max_workers=usable_cores(), thread_name_prefix="prism-ref")
+            # every pool thread is marked from its start (not only once it has run a part: a thread that first ran
+            # something else would cut it again and wait on the pool from inside it)
+            _POOL[0] = ThreadPoolExecutor(max_workers=usable_cores(), thread_name_prefix="prism-ref",
+                                          initializer=_mark_part_thread)
         return _POOL[0]
 
 

@@ -140,6 +140,16 @@ def _generalized(candidate: Graph, program: Graph) -> tuple[Graph, Graph, dict[s
     return generalized(candidate, program)
 
 
+def _generalization(program: Graph) -> Any:
+    """The program's big fixed sizes made symbols (:func:`prism.verify.numeric.generalization`), None when
+    none can be or the verifier is not there."""
+    try:
+        from prism.verify.numeric import generalization
+    except ImportError:
+        return None
+    return generalization(program, program)
+
+
 def generalized_pair(candidate: Graph, program: Graph) -> tuple[Graph, Graph]:
     """The candidate and the program with their big fixed sizes made symbols when the verifier is there
     and both graphs stay consistent (:func:`prism.verify.numeric.generalized`), else the two as given."""
@@ -279,10 +289,11 @@ class UnsplitCheck:
     GENERAL_VALUE = 6   # the value of a generalized fixed size here (any value fits: nothing is split)
 
     def __init__(self, program: Graph, seed: int = 0) -> None:
-        gen = _generalized(program, program)   # the big fixed sizes made symbols, as in verify()
-        for sizes in ([gen[2]] if gen is not None else []) + [{}]:
-            self.sizes = {v: D.sym(name) for name, v in sizes.items()}
-            self.program = program.generalize(self.sizes) if sizes else program
+        found = _generalization(program)   # the big fixed sizes made symbols, as in verify()
+        for gen in ([found] if found is not None else []) + [None]:
+            self.gen = gen
+            sizes = gen.fixed if gen is not None else {}
+            self.program = gen.apply(program) if gen is not None else program
             self.env = {**dict.fromkeys(sorted(program.symbols()), 2), **dict.fromkeys(sizes, self.GENERAL_VALUE)}
             # at a big fixed shape one float64 run per structure costs seconds and gigabytes (a 1 GB output:
             # the reference, the candidate and their difference in float64): the check is skipped there,
@@ -302,9 +313,9 @@ class UnsplitCheck:
             return
 
     def __call__(self, candidate: Graph) -> bool:
-        if self.sizes:
+        if self.gen is not None:
             try:
-                candidate = candidate.generalize(self.sizes)
+                candidate = self.gen.apply(candidate)
             except PrismError:
                 return True   # a pre-filter only: the gate verifies every candidate returned
         params = {s: 1 for bg in candidate.customized_ops() for s in bg.symbols() - bg.map_symbols()
