@@ -671,6 +671,27 @@ def test_a_far_shape_is_derived_at_once_recorded_pending_and_tuned_by_retune(tmp
     assert STATS.tunings == 3 and k4.specialize(n=306).derived_from is None
 
 
+def test_far_shapes_record_one_pending_entry_per_octave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dim that moves one step at a time far from its tuning (a decode past twice its tuned KV length) records one
+    pending entry per octave of the shape, not one per value: each record serialized the program and its sGraphs
+    (llama-1b w8a8, KV 260-400 after a tuning at 129: 5.8 ms per new length, 140 records; now 0.7 ms, one record)."""
+    from prism.api import contended_entries
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    clear_memory_caches()
+    reset_stats()
+    k = prism.superoptimize(_program(), limits=LIMITS, derive=True)
+    x = _inputs(6)
+    _check(k(**x), x)
+    for n in range(51, 64):   # far (more than api.DERIVE_WINDOW from 6), one octave: 32-63
+        xn = _inputs(n)
+        _check(k(**xn), xn)
+    assert STATS.tunings == 1 and STATS.tune_derived_far == 13
+    assert len(contended_entries()) == 1
+    x70 = _inputs(70)   # the next octave: a record of its own
+    _check(k(**x70), x70)
+    assert STATS.tunings == 1 and len(contended_entries()) == 2
+
+
 def test_a_new_templates_checks_run_at_cheaper_values_of_its_region(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A template served first at a large value runs its TEMPLATE_CHECKS checks at cheap values of its guard region
