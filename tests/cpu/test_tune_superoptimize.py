@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -626,6 +627,17 @@ def test_prefill_lengths_prime_ones_included_are_served_by_a_few_checked_templat
     assert STATS.template_served + STATS.tune_split >= len(lengths) - 3 * len(templates)
 
 
+def _tuned_at_6(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The program superoptimized in an empty cache at ``tmp_path`` (statistics reset) and tuned at n = 6."""
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    clear_memory_caches()
+    reset_stats()
+    k = prism.superoptimize(_program(), limits=LIMITS, derive=True)
+    x = _inputs(6)
+    _check(k(**x), x)
+    return k
+
+
 def test_a_far_shape_is_derived_at_once_recorded_pending_and_tuned_by_retune(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A shape more than api.DERIVE_WINDOW from every tuned one is served from the nearest tuning (compiled and
@@ -634,12 +646,7 @@ def test_a_far_shape_is_derived_at_once_recorded_pending_and_tuned_by_retune(tmp
     served from its own tuning. ``PRISM_DERIVE_FAR=0``: tuned on first use, as before."""
     from prism import api
     from prism.api import contended_entries, retune_contended
-    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
-    clear_memory_caches()
-    reset_stats()
-    k = prism.superoptimize(_program(), limits=LIMITS, derive=True)
-    x = _inputs(6)
-    _check(k(**x), x)
+    k = _tuned_at_6(tmp_path, monkeypatch)
     assert STATS.tunings == 1 and contended_entries() == []
     far = _inputs(6 * 8 + 3)   # 8.5x: far beyond the window
     assert 51 / 6 > api.DERIVE_WINDOW
@@ -676,12 +683,7 @@ def test_far_shapes_record_one_pending_entry_per_octave(tmp_path: Path, monkeypa
     pending entry per octave of the shape, not one per value: each record serialized the program and its sGraphs
     (llama-1b w8a8, KV 260-400 after a tuning at 129: 5.8 ms per new length, 140 records; now 0.7 ms, one record)."""
     from prism.api import contended_entries
-    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
-    clear_memory_caches()
-    reset_stats()
-    k = prism.superoptimize(_program(), limits=LIMITS, derive=True)
-    x = _inputs(6)
-    _check(k(**x), x)
+    k = _tuned_at_6(tmp_path, monkeypatch)
     for n in range(51, 64):   # far (more than api.DERIVE_WINDOW from 6), one octave: 32-63
         xn = _inputs(n)
         _check(k(**xn), xn)
