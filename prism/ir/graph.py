@@ -187,7 +187,7 @@ class Graph(OpMethods):
         size, every other occurrence of that size kept (RoPE at a prompt length equal to the head dim, 128: the
         sequence axis generalizes, the head dim that ``rotate_half`` halves cannot). Block graphs take their
         operands' new shapes; sizes inside ops are ``sizes``' only."""
-        return self._copy({}, sizes, axes or {})
+        return self._copy({}, sizes, axes)
 
     def _copy(self, env: Mapping[str, object], sizes: Mapping[int, DimLike],
               axes: Mapping[tuple[str, int], DimLike] | None = None) -> Graph:

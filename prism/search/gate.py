@@ -132,14 +132,6 @@ def verify(candidate: Graph, program: Graph, seed: int = 0) -> Verdict:
     return Verdict(ok, "formal+numeric", detail, envs)
 
 
-def _generalized(candidate: Graph, program: Graph) -> tuple[Graph, Graph, dict[str, int]] | None:
-    try:
-        from prism.verify.numeric import generalized
-    except ImportError:
-        return None
-    return generalized(candidate, program)
-
-
 def _generalization(program: Graph) -> Any:
     """The program's big fixed sizes made symbols (:func:`prism.verify.numeric.generalization`), None when
     none can be or the verifier is not there."""
@@ -153,7 +145,11 @@ def _generalization(program: Graph) -> Any:
 def generalized_pair(candidate: Graph, program: Graph) -> tuple[Graph, Graph]:
     """The candidate and the program with their big fixed sizes made symbols when the verifier is there
     and both graphs stay consistent (:func:`prism.verify.numeric.generalized`), else the two as given."""
-    gen = _generalized(candidate, program)
+    try:
+        from prism.verify.numeric import generalized
+    except ImportError:
+        return candidate, program
+    gen = generalized(candidate, program)
     return (gen[0], gen[1]) if gen is not None else (candidate, program)
 
 

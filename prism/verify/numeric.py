@@ -332,14 +332,21 @@ def generalization(candidate: Graph, reference: Graph, min_size: int = GENERAL_M
     RoPE candidates at their real [8, 16, 128, 128] size (4.5 s of its start-up): the sequence length 128
     equals the head dim 128, which ``rotate_half`` halves and which therefore cannot be a symbol, so nothing
     was generalized."""
+    found = _generalize(candidate, reference, min_size)
+    return None if found is None else found[0]
+
+
+def _generalize(candidate: Graph, reference: Graph, min_size: int
+                ) -> tuple[Generalization, Graph, Graph] | None:
+    """:func:`generalization` and the two graphs it gives (built while checking it, not again)."""
     values = sorted({d for n in reference.inputs.values() for d in n.shape
                      if isinstance(d, int) and not isinstance(d, bool) and d > min_size}, reverse=True)
     used = set(reference.symbols()) | set(candidate.symbols())
     for bg in candidate.customized_ops():
         used |= bg.symbols()
     sizes: dict[int, D.Dim] = {}
-    axes: dict[tuple[str, int], D.Dim] = {}
-    values_of: dict[tuple[str, int], int] = {}   # axes' fixed sizes
+    axes: dict[tuple[str, int], tuple[D.Dim, int]] = {}
+    best: tuple[Graph, Graph] | None = None
 
     def fresh(v: int) -> D.Dim:
         name = f"size{v}"
@@ -348,16 +355,18 @@ def generalization(candidate: Graph, reference: Graph, min_size: int = GENERAL_M
         used.add(name)
         return D.sym(name)
 
-    def consistent(s: Mapping[int, D.Dim], a: Mapping[tuple[str, int], D.Dim]) -> bool:
+    def trial(s: Mapping[int, D.Dim], a: Mapping[tuple[str, int], tuple[D.Dim, int]]) -> bool:
+        nonlocal best
+        gen = Generalization(s, a)
         try:
-            candidate.generalize(s, a), reference.generalize(s, a)
+            best = gen.apply(candidate), gen.apply(reference)
         except PrismError:
             return False
         return True
 
     for v in values:
         sym = fresh(v)
-        if consistent({**sizes, v: sym}, axes):
+        if trial({**sizes, v: sym}, axes):
             sizes[v] = sym
             continue
         groups: dict[int, list[tuple[str, int]]] = {}
@@ -368,14 +377,15 @@ def generalization(candidate: Graph, reference: Graph, min_size: int = GENERAL_M
         if len(groups) < 2:
             continue   # one group is the whole value, which failed
         for _, members in sorted(groups.items()):
-            trial = {**axes, **{m: sym for m in members}}
-            if consistent(sizes, trial):
-                axes = trial
-                values_of.update(dict.fromkeys(members, v))
+            grown = {**axes, **dict.fromkeys(members, (sym, v))}
+            if trial(sizes, grown):
+                axes = grown
                 sym = fresh(v)
-    if not sizes and not axes:
+    if best is None or not (sizes or axes):
         return None
-    return Generalization(sizes, {k: (sym, values_of[k]) for k, sym in axes.items()})
+    # ``best`` is the last consistent trial's pair: a failed trial leaves it, and every accepted one is the last
+    # accepted so far, so it is the pair of (sizes, axes) as they stand
+    return Generalization(sizes, axes), best[0], best[1]
 
 
 def generalized(candidate: Graph, reference: Graph, min_size: int = GENERAL_MIN
@@ -387,10 +397,11 @@ def generalized(candidate: Graph, reference: Graph, min_size: int = GENERAL_MIN
     generalized graphs are the given ones; the formal proof and the final check of the compiled kernel run at
     the real sizes. A size is left fixed where generalizing it makes either graph inconsistent (a reshape that
     only coincides with it). None when no size is generalized."""
-    gen = generalization(candidate, reference, min_size)
-    if gen is None:
+    found = _generalize(candidate, reference, min_size)
+    if found is None:
         return None
-    return gen.apply(candidate), gen.apply(reference), gen.fixed
+    gen, c, r = found
+    return c, r, gen.fixed
 
 
 # --- inputs and tolerances ----------------------------------------------------------------------
