@@ -14,6 +14,7 @@ tensor changes (its version counter, data pointer and strides are the key).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -23,9 +24,23 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from prism.ir import dims as D
 from prism.runtime import fastcall, memory
 
 log = logging.getLogger("prism")
+
+
+def _plan_ahead_count() -> int:
+    raw = os.environ.get("PRISM_PLAN_AHEAD", "").strip()
+    try:
+        return max(0, int(raw)) if raw else 16
+    except ValueError:
+        log.warning("prism: PRISM_PLAN_AHEAD=%r is not a count; planning 16 values ahead", raw)
+        return 16
+
+
+# values of a dim that moves by one per call (a decode's KV length) planned at once (PieceRunner._plan_ahead)
+PLAN_AHEAD = _plan_ahead_count()
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -125,6 +140,7 @@ class PieceRunner(torch.nn.Module):
         self._active = tuple((i, s.dtype, s.perm, s.persistent, s.given, s.bias) for i, s in enumerate(inputs)
                              if s is not None)
         self._out_names: tuple[str, ...] = ()
+        self._last_env: dict[str, int] | None = None   # the dims of the last shape planned (_plan_ahead)
         self.out_slots = out_slots  # a tuple result (values, indices): the kernel computes the slots not None
         # the shape the single output is allocated in, where the graph's one use of it was a reshape (the
         # rewritten graph then reads the output as it comes: compiler._absorb_output_reshapes)
@@ -230,12 +246,54 @@ class PieceRunner(torch.nn.Module):
                 if persistent and i < len(args):
                     memory.collapse(args[i])
         env = self.kernel.program.bind({n: s for n, s in zip(self._names, shapes)})
-        k = self.kernel.specialize(**env).kernel
+        spec = self.kernel.specialize(**env)
+        hit = self._launch(shapes, spec.kernel)
+        last, self._last_env = self._last_env, env
+        if last is not None and PLAN_AHEAD > 0:
+            moved = [d for d in env if env[d] != last.get(d)]
+            if len(moved) == 1 and env[moved[0]] == last.get(moved[0], 0) + 1:
+                self._plan_ahead(env, moved[0], spec.kernel)
+        return hit
+
+    def _launch(self, shapes: tuple, k: Any) -> tuple[Any, tuple[int, ...] | None]:
         order = tuple(self._names.index(n) for n in k.input_names)
         launch = k.torch_launcher(tuple(shapes[i] for i in order), self.out_view)
         self._out_names = tuple(k.output_names)
         hit = self._compiled[shapes] = (launch, None if order == tuple(range(len(order))) else order)
         return hit
+
+    def _plan_ahead(self, env: dict[str, int], dim: str, kernel: Any) -> None:
+        """Plan the next PLAN_AHEAD values of ``dim`` now, where this call's shape was the last one's with ``dim``
+        one more: a decode step's KV length, which the next steps take one by one. Only values that the kernel just
+        planned runs without a compile (``covers``: a template whose guards hold there): a value it does not cover
+        is left to its own call, so nothing here compiles on speculation; what a value needs besides (its
+        derivation; a numeric check where its template has not had its checks) is what its own call would run.
+        Why ahead: a new KV length cost ~0.8 ms of Python per decode step of llama-1b w8a8 (its eight attention
+        pieces: the first derives the length -- ~0.5 ms -- and each plans a launcher), though the same work takes
+        a tenth of that run back to back -- each decode step streams a gigabyte of weights through the caches, and
+        the planning code ran cold every time (the tuning key's digest took 14 µs in a loop, 126 µs in a step).
+        ``PRISM_PLAN_AHEAD=0`` turns it off; a value there is the count."""
+        names = self._names
+        inputs = self.kernel.program.inputs
+        for i in range(1, PLAN_AHEAD + 1):
+            nxt = {**env, dim: env[dim] + i}
+            try:
+                shapes = tuple(tuple(int(D.evaluate(d, nxt)) for d in inputs[n].shape) for n in names)
+            except Exception:   # a dim this piece's shapes do not evaluate at: plan nothing ahead
+                return
+            if shapes in self._compiled or shapes in self._bad_shapes:
+                continue
+            try:
+                if not self.kernel.has_spec(nxt) and not kernel.covers(**nxt):
+                    return
+                spec = self.kernel.specialize(**nxt)
+                self._launch(shapes, spec.kernel)
+            except Exception as e:   # its own call will meet it again and say why
+                log.debug("prism: piece %s: planning ahead at %s stopped: %s", self.label, nxt, e)
+                return
+            self._last_env = nxt
+            if spec.kernel is not kernel:   # the derivation took another kernel there: the next values are its own
+                return
 
     def _in_pytorch(self, why: str, args: tuple) -> Any:
         if why == AUTOGRAD:

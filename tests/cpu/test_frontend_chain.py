@@ -258,6 +258,41 @@ def test_a_decode_step_chains_the_cache_cat_and_the_dynamic_attention() -> None:
     assert [r.prism_calls for r in c.runners] == [5] * len(c.runners)
 
 
+@pytest.mark.parametrize("ahead", [3, 0])
+def test_a_decode_plans_the_next_kv_lengths_ahead(ahead: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KV length one past the last planned one plans the next PLAN_AHEAD lengths with it (the attention's template
+    covers them): the calls there find their launcher and plan nothing, and compute what float64 does."""
+    from prism.frontend import reports
+    from prism.frontend import runtime as rt
+    monkeypatch.setattr(rt, "PLAN_AHEAD", ahead)
+    m = DecodeAttention()
+    f = torch.compile(m, backend="prism", options=OPTS)
+    first = len(reports())
+    ref = DecodeAttention().double()
+    ref.load_state_dict(m.state_dict())
+
+    def step(kv: int) -> None:
+        x, kc, vc = _x(1, 1, 64, seed=kv), _x(1, 4, kv, 16, seed=10 + kv), _x(1, 4, kv, 16, seed=20 + kv)
+        for g, w in zip(f(x, kc, vc), ref(x.double(), kc.double(), vc.double())):
+            assert g.shape == w.shape and _err(g, w) <= 1e-5
+
+    def planned() -> list[int]:
+        (att,) = [r for g in reports()[first:] for c in g.chains for r in c.runners if r.kernel.symbols()] or [None]
+        assert att is not None
+        return sorted({max(s[2] for s in key if len(s) == 4) for key in att._compiled})
+
+    with torch.no_grad():
+        for kv in (8, 9, 10):   # 8: Dynamo's static graph; 9: its dynamic one, the attention's first length
+            step(kv)
+        # the attention reads the cache and the new row: 11 is one past 10, and with it the next `ahead` lengths
+        assert planned() == list(range(10, 12 + ahead))
+        for kv in range(11, 11 + ahead):   # found planned: nothing new
+            step(kv)
+        assert planned() == list(range(10, 12 + ahead))
+        step(11 + ahead)   # one past the last planned: the next ones again
+        assert planned() == list(range(10, 13 + 2 * ahead))
+
+
 class CacheUpdate(nn.Module):
     """A projection appended to a long cache: the chain's cat copies 256 KB, split between the threads."""
 

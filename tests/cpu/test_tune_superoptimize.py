@@ -819,3 +819,18 @@ def test_a_shape_called_before_skips_binding_and_keeps_every_check(monkeypatch: 
     x3 = _inputs(6)
     _check(k(**x3), x3)
     assert binds
+
+
+def test_the_tuning_key_digest_is_the_materials_at_every_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tuning entry's file is named by the digest of its key (program, sGraphs, shapes, machine): the key's JSON
+    written once per kernel with each shape's spliced in (SuperKernel._cache_path) names the same file as the
+    digest of the whole key, so caches written before stay valid; the shape is in the name."""
+    k = _tuned_at_6(tmp_path, monkeypatch)
+    names = set()
+    for n in (6, 7, 51, 6):
+        path, material = k._cache_path({"n": n})
+        assert material["shapes"] == {"X": [n, 256], "W": [256, 512]}
+        assert path.name == store.digest(material)[:32] + ".json"
+        names.add(path.name)
+    assert len(names) == 3
+    assert (tmp_path / "tune" / "results" / k.program.key / k._cache_path({"n": 6})[0].name).exists()
