@@ -42,7 +42,7 @@ FORMS = ("int8w", "w8a8", "q8_0")
 
 
 def _q8_0(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q8_0 blocks of the last dim of ``t`` (float64): (integer values [..., B, 32], float16-rounded scales [..., B])."""
+    """q8_0 blocks of the last dim of ``t``, float64: (integer values [..., B, 32], float16-rounded scales [..., B])."""
     b = t.reshape(*t.shape[:-1], t.shape[-1] // BLOCK, BLOCK).float()
     d = b.abs().amax(-1) / 127
     inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
