@@ -76,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
                         "first changes; default: Dynamo's static-first)")
     p.add_argument("--fresh-tokens", type=int, default=None, metavar="N",
                    help="with --models: tokens decoded past the KV lengths the rounds saw, timed once after the "
-                        "rounds (a generate() longer than any before; default 8, 0 skips)")
+                        "rounds (a generate() longer than any before; default 34, 0 skips)")
     return p
 
 

@@ -98,8 +98,10 @@ MODELS: dict[str, ModelSpec] = {
 DEFAULT = ("llama-1b",)
 NEW_LENGTHS = (13, 29)   # prompt + these: the first new length (Dynamo's dynamic graph), then another
 # tokens decoded past the KV lengths the rounds saw (each a new length: a system that specializes kernels to
-# shapes pays for every one; the rounds repeat their lengths and do not show it)
-FRESH_TOKENS = 8
+# shapes pays for every one; the rounds repeat their lengths and do not show it). Two of Prism's planning cycles
+# (a length planned with the next PLAN_AHEAD = 16, frontend/runtime.py): any 34 consecutive new lengths hold two of
+# its batches of planning, so the rate is its average (8 before 2026-11-30 held one or none)
+FRESH_TOKENS = 34
 QUICK = ("llama-small",)
 
 
