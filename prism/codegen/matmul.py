@@ -17,6 +17,7 @@ and each later group's ``P`` is added into C once (three levels, so the error gr
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -668,23 +669,27 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
 
     kern = kernel(RN)
     tail = kernel(rn_tail) if rn_tail else ""
-    # int8 x int8: a last block of rows with at most half of its 16 * MV lanes used takes the kernel of MV / 2
-    # vectors (chosen at run time where the rows vary: a template over a prompt's length). Measured on the Zen 4 VM,
-    # one thread, int8 [m, 2048] @ [2048, 2048]^T, two alternations: m = 80 2.89-2.97 -> 2.28-2.45 ms, 96
-    # 2.82-2.97 -> 2.28-2.30; at whole blocks (64, 128 rows) the text with the branch was 3-8 % slower in both
-    # alternations (not understood: the path run is the same), so a fixed row count emits it only where it is taken
-    half = quads and MV > 1 and (varies(M) or 0 < M % mt <= mt // 2)
-    kern_h = kernel(RN, MV // 2) if half else ""
-    tail_h = kernel(rn_tail, MV // 2) if half and rn_tail else ""
+    # a last block of rows that fills v < MV of its vectors of 16 takes the kernel of v vectors (chosen at run time
+    # where the rows vary: a template over a prompt's length, every v in its text). Measured on the Zen 4 VM, one
+    # thread, int8 [m, 2048] @ [2048, 2048]^T, two alternations, with the kernel of MV / 2 vectors for a block at most
+    # half full (int8 x int8 only, before 2026-11-30): m = 80 2.89-2.97 -> 2.28-2.45 ms, 96 2.82-2.97 -> 2.28-2.30;
+    # at whole blocks (64, 128 rows) the text with the branch was 3-8 % slower in both alternations (not understood:
+    # the path run is the same), so a fixed row count emits only the kernel it takes. Every form since: docs/codegen.md
+    # ("tn"), "A last block of rows by its vectors"
+    last_rows = None if varies(M) else M % mt   # the last block's rows where M is fixed
+    lasts = ([] if MV == 1 or os.environ.get("PRISM_TN_LAST", "").strip() == "0" else list(range(1, MV))
+             if last_rows is None else [v] if last_rows and (v := -(-last_rows // 16)) < MV else [])
+    kern_l = {v: kernel(RN, v) for v in lasts}
+    tail_l = {v: kernel(rn_tail, v) for v in lasts} if rn_tail else {}
     m_full = M // mt * mt   # rows in whole blocks
     if panel:
         cvt = sup.need("pr_i8_bf16_panel", I8_BF16_PANEL) if pairs else sup.need("pr_f16_panel", F16_PANEL)
 
     def keys(fn: str, rn: int, n0: str, nxt: str, g0: str, gn: int, m0: str, mc: str, beta: str,
-             fn_h: str = "") -> None:
+             fn_l: dict[int, str]) -> None:
         """The calls of the rn keys from ``n0`` for the packed rows [mc, mc + TN_MC), prefetching rn keys from
-        ``nxt`` (every one of them a key of B); ``fn_h``: the kernel of half the rows, for a last block of rows
-        that fills at most half of ``fn``'s."""
+        ``nxt`` (every one of them a key of B); ``fn_l``: the kernel of v vectors of rows by v, for a last block of
+        rows that fills v of ``fn``'s vectors."""
         src = f"{bt} + {n0} * {sbt} + {g0}"
         pf = f"(const char*)({bt} + {nxt} * {sbt} + {g0})"
         if panel:   # the block's keys as float32 or bfloat16 (rn rows of gn, row stride gn)
@@ -696,17 +701,23 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         def call(f: str, at: str) -> None:
             w.line(f"{f}({gn}, {src}, {sb}, {pf}, {sbt * esz}, {xp} + {at}, {ldm}, {ct} + {n0} * {ldm} + {at}, "
                    f"{ldm}, {beta});")
-        if not fn_h:
+        if not fn_l:
             with w.block(f"for (long {m0} = {mc}; {m0} < pr_minl({ldm}, {mc} + {mk.TN_MC}); {m0} += {mt})"):
                 call(fn, m0)
             return
         with w.block(f"for (long {m0} = {mc}; {m0} < pr_minl({m_full}, {mc} + {mk.TN_MC}); {m0} += {mt})"):
             call(fn, m0)
         with w.block(f"if ({m_full} < {ldm} && {m_full} >= {mc} && {m_full} < {mc} + {mk.TN_MC})"):
-            with w.block(f"if ({M} - {m_full} > {mt // 2})"):
-                call(fn, str(m_full))
+            if last_rows is not None:   # a fixed row count: the one kernel its last block takes
+                (v,) = fn_l
+                call(fn_l[v], str(m_full))
+                return
+            # the rows of the last block: more than 16 (MV - 1) take fn, more than 16 (v - 1) the kernel of v vectors
+            for i, v in enumerate(sorted(fn_l, reverse=True)):
+                with w.block(("if" if i == 0 else "else if") + f" ({M} - {m_full} > {16 * v})"):
+                    call(fn if i == 0 else fn_l[v + 1], str(m_full))
             with w.block("else"):
-                call(fn_h, str(m_full))
+                call(fn_l[1], str(m_full))
 
     def group(g0: str, gn: int, beta: str) -> None:
         if pairs:
@@ -725,9 +736,9 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
             with w.block(f"for (long {n0} = 0; {n0} < {n_full}; {n0} += {RN})"):
                 # the next block's keys, the last RN keys of B at most: a full block ahead of the tail keys (or of
                 # nothing) would prefetch past B's last key
-                keys(kern, RN, n0, f"pr_minl({n0} + {RN}, {N - RN})", g0, gn, m0, mc, beta, kern_h)
+                keys(kern, RN, n0, f"pr_minl({n0} + {RN}, {N - RN})", g0, gn, m0, mc, beta, kern_l)
             if rn_tail:
-                keys(tail, rn_tail, str(n_full), str(n_full), g0, gn, m0, mc, beta, tail_h)
+                keys(tail, rn_tail, str(n_full), str(n_full), g0, gn, m0, mc, beta, tail_l)
 
     full, rem = K // G, K % G
     if full:
