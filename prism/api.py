@@ -466,6 +466,17 @@ class SuperKernel:
         """Whether the shape of ``dims`` has its specialization already (``specialize`` returns it at once)."""
         return tuple(sorted(dims.items())) in self._specs
 
+    def plans_cheaply(self, dims: Mapping[str, int], kernel: Kernel) -> bool:
+        """Whether ``specialize(**dims)`` is a lookup, or a derivation that ``kernel`` (the kernel a neighbouring
+        shape took) serves from a compiled template whose guards hold at ``dims`` and which has had its
+        TEMPLATE_CHECKS checks: no compile and no numeric check (what planning ahead may run on speculation)."""
+        if self.has_spec(dims):
+            return True
+        if not kernel.covers(**dims):
+            return False
+        t = kernel.specialize(**dims).template
+        return t is not None and len(t.checks) >= TEMPLATE_CHECKS
+
     def _prebuild(self, env: dict[str, int], spec: Specialization) -> None:
         """Derive the shape one past the tuned ``env`` in every symbolic dim now, while the caller is compiling
         anyway: its template is built and checked, and later values of the region are served from it. Without

@@ -293,6 +293,43 @@ def test_a_decode_plans_the_next_kv_lengths_ahead(ahead: int, monkeypatch: pytes
         assert planned() == list(range(10, 13 + 2 * ahead))
 
 
+def test_planning_ahead_runs_no_numeric_check_on_speculation(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A template that has not had its checks (here: never enough) checks each length at its own call: planning
+    ahead leaves those lengths alone, and every call still computes what float64 does. (An empty cache and fresh
+    kernels: the other tests' checks of the same program would otherwise be adopted.)"""
+    from prism import api
+    from prism.frontend import reports
+    from prism.frontend import runtime as rt
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    api.clear_memory_caches()
+    monkeypatch.setattr(rt, "PLAN_AHEAD", 3)
+    monkeypatch.setattr(api, "TEMPLATE_CHECKS", 10 ** 6)
+    checked: list[dict[str, int]] = []
+    check = api.SuperKernel._check
+
+    def counted(self: Any, impl: Any, env: Any, *a: Any, **k: Any) -> Any:
+        if self.symbols():
+            checked.append(dict(env))
+        return check(self, impl, env, *a, **k)
+    monkeypatch.setattr(api.SuperKernel, "_check", counted)
+    m = DecodeAttention()
+    f = torch.compile(m, backend="prism", options=OPTS)
+    first = len(reports())
+    ref = DecodeAttention().double()
+    ref.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        for kv in (8, 9, 10, 11):
+            x, kc, vc = _x(1, 1, 64, seed=kv), _x(1, 4, kv, 16, seed=10 + kv), _x(1, 4, kv, 16, seed=20 + kv)
+            for g, w in zip(f(x, kc, vc), ref(x.double(), kc.double(), vc.double())):
+                assert g.shape == w.shape and _err(g, w) <= 1e-5
+    # the attention reads KV lengths 10, 11, 12; its checks ran there (and at the pre-build's lengths past its tuned
+    # one, 11-13), never at the lengths planning ahead would have reached (13-15 from 12)
+    assert checked and max(v for env in checked for v in env.values()) <= 13, checked
+    (att,) = [r for g in reports()[first:] for c in g.chains for r in c.runners if r.kernel.symbols()]
+    planned = sorted({max(s[2] for s in key if len(s) == 4) for key in att._compiled})
+    assert planned[:3] == [10, 11, 12] and max(planned) <= 13, planned
+
+
 class CacheUpdate(nn.Module):
     """A projection appended to a long cache: the chain's cat copies 256 KB, split between the threads."""
 
