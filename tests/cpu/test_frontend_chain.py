@@ -233,20 +233,38 @@ class DecodeAttention(nn.Module):
         return self.o(a.transpose(1, 2).reshape(b, s, d)) + x, keys, values
 
 
-def test_a_decode_step_chains_the_cache_cat_and_the_dynamic_attention() -> None:
+def _compiled_decode_attention() -> tuple[Any, nn.Module, int]:
+    """DecodeAttention under torch.compile(backend="prism"), its float64 copy, and the count of graph reports before
+    its first call."""
+    from prism.frontend import reports
     m = DecodeAttention()
     f = torch.compile(m, backend="prism", options=OPTS)
-    from prism.frontend import reports
-    first = len(reports())
     ref = DecodeAttention().double()
     ref.load_state_dict(m.state_dict())
+    return f, ref, len(reports())
+
+
+def _decode_step(f: Any, ref: nn.Module, kv: int, seed: int) -> None:
+    """One call at KV length ``kv``: every output as float64 computes it."""
+    x, kc, vc = _x(1, 1, 64, seed=seed), _x(1, 4, kv, 16, seed=10 + seed), _x(1, 4, kv, 16, seed=20 + seed)
+    for g, w in zip(f(x, kc, vc), ref(x.double(), kc.double(), vc.double())):
+        assert g.shape == w.shape and _err(g, w) <= 1e-5
+
+
+def _attention_lengths(first: int) -> list[int]:
+    """The KV lengths the attention piece's runner has launchers for (its inputs' third dim), in the reports
+    from ``first`` on."""
+    from prism.frontend import reports
+    (att,) = [r for g in reports()[first:] for c in g.chains for r in c.runners if r.kernel.symbols()]
+    return sorted({max(s[2] for s in key if len(s) == 4) for key in att._compiled})
+
+
+def test_a_decode_step_chains_the_cache_cat_and_the_dynamic_attention() -> None:
+    from prism.frontend import reports
+    f, ref, first = _compiled_decode_attention()
     with torch.no_grad():
         for n, kv in enumerate((8, 9, 10, 11, 12, 11)):
-            x, kc, vc = _x(1, 1, 64, seed=n), _x(1, 4, kv, 16, seed=10 + n), _x(1, 4, kv, 16, seed=20 + n)
-            got = f(x, kc, vc)
-            want = ref(x.double(), kc.double(), vc.double())
-            for g, w in zip(got, want):
-                assert g.shape == w.shape and _err(g, w) <= 1e-5
+            _decode_step(f, ref, kv, n)
     chains = [c for r in reports()[first:] for c in r.chains]
     dyn = [c for c in chains if any(c.dynamic) and any(isinstance(m, Cat) for m in c.members)]
     assert dyn, [c.label for c in chains]
@@ -262,35 +280,19 @@ def test_a_decode_step_chains_the_cache_cat_and_the_dynamic_attention() -> None:
 def test_a_decode_plans_the_next_kv_lengths_ahead(ahead: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A KV length one past the last planned one plans the next PLAN_AHEAD lengths with it (the attention's template
     covers them): the calls there find their launcher and plan nothing, and compute what float64 does."""
-    from prism.frontend import reports
     from prism.frontend import runtime as rt
     monkeypatch.setattr(rt, "PLAN_AHEAD", ahead)
-    m = DecodeAttention()
-    f = torch.compile(m, backend="prism", options=OPTS)
-    first = len(reports())
-    ref = DecodeAttention().double()
-    ref.load_state_dict(m.state_dict())
-
-    def step(kv: int) -> None:
-        x, kc, vc = _x(1, 1, 64, seed=kv), _x(1, 4, kv, 16, seed=10 + kv), _x(1, 4, kv, 16, seed=20 + kv)
-        for g, w in zip(f(x, kc, vc), ref(x.double(), kc.double(), vc.double())):
-            assert g.shape == w.shape and _err(g, w) <= 1e-5
-
-    def planned() -> list[int]:
-        (att,) = [r for g in reports()[first:] for c in g.chains for r in c.runners if r.kernel.symbols()] or [None]
-        assert att is not None
-        return sorted({max(s[2] for s in key if len(s) == 4) for key in att._compiled})
-
+    f, ref, first = _compiled_decode_attention()
     with torch.no_grad():
         for kv in (8, 9, 10):   # 8: Dynamo's static graph; 9: its dynamic one, the attention's first length
-            step(kv)
+            _decode_step(f, ref, kv, kv)
         # the attention reads the cache and the new row: 11 is one past 10, and with it the next `ahead` lengths
-        assert planned() == list(range(10, 12 + ahead))
+        assert _attention_lengths(first) == list(range(10, 12 + ahead))
         for kv in range(11, 11 + ahead):   # found planned: nothing new
-            step(kv)
-        assert planned() == list(range(10, 12 + ahead))
-        step(11 + ahead)   # one past the last planned: the next ones again
-        assert planned() == list(range(10, 13 + 2 * ahead))
+            _decode_step(f, ref, kv, kv)
+        assert _attention_lengths(first) == list(range(10, 12 + ahead))
+        _decode_step(f, ref, 11 + ahead, 0)   # one past the last planned: the next ones again
+        assert _attention_lengths(first) == list(range(10, 13 + 2 * ahead))
 
 
 def test_planning_ahead_runs_no_numeric_check_on_speculation(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
@@ -298,7 +300,6 @@ def test_planning_ahead_runs_no_numeric_check_on_speculation(monkeypatch: pytest
     ahead leaves those lengths alone, and every call still computes what float64 does. (An empty cache and fresh
     kernels: the other tests' checks of the same program would otherwise be adopted.)"""
     from prism import api
-    from prism.frontend import reports
     from prism.frontend import runtime as rt
     monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
     api.clear_memory_caches()
@@ -312,21 +313,14 @@ def test_planning_ahead_runs_no_numeric_check_on_speculation(monkeypatch: pytest
             checked.append(dict(env))
         return check(self, impl, env, *a, **k)
     monkeypatch.setattr(api.SuperKernel, "_check", counted)
-    m = DecodeAttention()
-    f = torch.compile(m, backend="prism", options=OPTS)
-    first = len(reports())
-    ref = DecodeAttention().double()
-    ref.load_state_dict(m.state_dict())
+    f, ref, first = _compiled_decode_attention()
     with torch.no_grad():
         for kv in (8, 9, 10, 11):
-            x, kc, vc = _x(1, 1, 64, seed=kv), _x(1, 4, kv, 16, seed=10 + kv), _x(1, 4, kv, 16, seed=20 + kv)
-            for g, w in zip(f(x, kc, vc), ref(x.double(), kc.double(), vc.double())):
-                assert g.shape == w.shape and _err(g, w) <= 1e-5
+            _decode_step(f, ref, kv, kv)
     # the attention reads KV lengths 10, 11, 12; its checks ran there (and at the pre-build's lengths past its tuned
     # one, 11-13), never at the lengths planning ahead would have reached (13-15 from 12)
     assert checked and max(v for env in checked for v in env.values()) <= 13, checked
-    (att,) = [r for g in reports()[first:] for c in g.chains for r in c.runners if r.kernel.symbols()]
-    planned = sorted({max(s[2] for s in key if len(s) == 4) for key in att._compiled})
+    planned = _attention_lengths(first)
     assert planned[:3] == [10, 11, 12] and max(planned) <= 13, planned
 
 
