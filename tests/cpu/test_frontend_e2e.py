@@ -242,6 +242,41 @@ def test_decode_attention_with_separately_named_cache_lengths() -> None:
     assert g.inputs["x1"].shape[2] is g.inputs["x2"].shape[2]
 
 
+def _repeat_kv(x: torch.Tensor, n: int) -> torch.Tensor:
+    """transformers' ``repeat_kv``: each KV head copied for its group of ``n`` query heads."""
+    b, h, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, h, n, s, d).reshape(b, h * n, s, d)
+
+
+def _masked_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A masked attention over grouped KV heads as transformers writes it (a static cache's decode, a padded batch):
+    the KV heads repeated, no ``enable_gqa``."""
+    return F.scaled_dot_product_attention(q, _repeat_kv(k, 4), _repeat_kv(v, 4), attn_mask=mask)
+
+
+@pytest.mark.parametrize("mask_dtype", ["float", "bool"])
+def test_a_repeated_kv_head_is_read_as_a_grouped_head(mask_dtype: str) -> None:
+    """``repeat_kv`` before a masked attention (an ``expand`` and a ``reshape``: the whole cache copied per call in
+    PyTorch) becomes ``enable_gqa`` (capture.absorb_repeat_kv): the attention piece reads the 2 KV heads as they
+    are, nothing of the repeat is left in the graph, and the results are eager's -- with a mask that hides some
+    keys of every query and all keys of one (PyTorch gives that query 0)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(1, 8, 3, 32, generator=g), torch.randn(1, 2, 20, 32, generator=g), \
+        torch.randn(1, 2, 20, 32, generator=g)
+    keep = torch.rand(1, 1, 3, 20, generator=g) > 0.3
+    keep[..., 1, :] = False
+    mask = keep if mask_dtype == "bool" else torch.where(keep, 0.0, float("-inf"))
+    cf = torch.compile(_masked_gqa_attention, backend="prism", options=OPTS)
+    with torch.no_grad():
+        _close(cf(q, k, v, mask), _masked_gqa_attention(q, k, v, mask))
+        _close(cf(q, k, v, mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
+    rep = reports()[-1]
+    (p,) = [p for p in rep.pieces if p.by_prism]
+    assert p.runner.prism_calls == 2 and p.runner.fallback_calls == 0, rep.table()
+    assert "[1, 2, 20, 32]" in p.inputs and "[1, 8, 20, 32]" not in p.inputs, p.inputs
+    assert rep.layout == 0, rep.table()   # no expand, reshape or indexing left around it
+
+
 def test_identified_sizes_are_checked_on_every_call() -> None:
     """A call whose sizes break an identification never reaches the kernel: the piece runs in PyTorch and
     gives eager's result (PyTorch's CPU attention accepts keys and values of different lengths)."""
