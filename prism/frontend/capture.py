@@ -356,8 +356,8 @@ def lower_causal(gm: Any) -> None:
 
 def _repeated_kv(node: Any) -> tuple[Any, int] | None:
     """(x, group) where ``node`` is ``x[:, :, None].expand(b, h, group, s, d).reshape(b, h * group, s, d)`` of a
-    [b, h, s, d] tensor x -- transformers' ``repeat_kv``, each KV head copied for its group of query heads --,
-    else None."""
+    [b, h, s, d] tensor x of static sizes -- transformers' ``repeat_kv``, each KV head copied for its group of query
+    heads --, else None."""
     import operator
 
     if not (_is_call(node, "reshape") and _is_call(node.args[0], "expand")):
@@ -377,17 +377,14 @@ def _repeated_kv(node: Any) -> tuple[Any, int] | None:
         return None
     b, h, s, d = xv.shape
     group = ev.shape[2]
-    if not isinstance(group, int) or group < 2 or not isinstance(h, int):
+    # static sizes only: with a symbolic KV length, a mask's length that Dynamo named apart from the keys' (a padded
+    # batch's decode: 1 + s53 against e0) must then be proved equal in the grouped form, and is not (the repeated
+    # keys' own size stood between them before); a static cache's decode has every size static
+    if not all(isinstance(n, int) for n in (b, h, s, d, group)) or group < 2:
         return None
-    if not (_same(ev.shape, (b, h, group, s, d)) and _same(rv.shape, (b, h * group, s, d))):
+    if tuple(ev.shape) != (b, h, group, s, d) or tuple(rv.shape) != (b, h * group, s, d):
         return None
     return x, group
-
-
-def _same(shape: Any, want: tuple) -> bool:
-    """Sizes equal, a symbolic one by its expression (no comparison that would guard on the value)."""
-    return len(shape) == len(want) and all(
-        a == w if isinstance(a, int) and isinstance(w, int) else str(a) == str(w) for a, w in zip(shape, want))
 
 
 def _is_call(node: Any, method: str) -> bool:
