@@ -389,7 +389,6 @@ class SuperKernel:
         self._pending_octaves: set[tuple] = set()   # octaves of far shapes recorded pending (_mark_pending)
         self._graphs_json: dict[str, Any] | None = None   # the program and sGraphs as a record holds them
         self._symbols: frozenset[str] | None = None   # the program's symbolic dims (symbols)
-        self._material_json: tuple[str, str] | None = None   # a tuning key's JSON around its shapes (_cache_path)
 
     @property
     def stop_reason(self) -> str:
@@ -594,17 +593,7 @@ class SuperKernel:
         shapes = {k: [int(D.evaluate(d, env)) for d in n.shape] for k, n in self.program.inputs.items()}
         material = {"v": TUNE_VERSION, "program": program, "sgraphs": sgraphs,
                     "shapes": shapes, "machine": m.fingerprint, "threads": m.threads, "isa": m.isa}
-        # the digest of the key is store.digest(material); all of the key but its shapes is the same at every shape
-        # (the sGraphs' keys: ~2 KB of JSON), so its JSON is written once and the shapes' spliced in. Measured need:
-        # the key's digest took 0.1 of the ~0.8 ms a decode step spends on a new KV length (llama-1b w8a8)
-        if self._material_json is None:
-            mark = "\x00shapes\x00"
-            text = json.dumps({**material, "shapes": mark}, sort_keys=True, default=str)
-            head, tail = text.split(json.dumps(mark))
-            self._material_json = (head, tail)
-        head, tail = self._material_json
-        text = head + json.dumps(shapes, sort_keys=True) + tail
-        path = store.root() / "results" / program / (store.digest_text(text)[:32] + ".json")
+        path = store.root() / "results" / program / (store.digest(material)[:32] + ".json")
         return path, material
 
     def _build(self, env: dict[str, int]) -> Specialization:

@@ -272,7 +272,7 @@ class PieceRunner(torch.nn.Module):
         Why ahead: a new KV length cost ~0.8 ms of Python per decode step of llama-1b w8a8 (its eight attention
         pieces: the first derives the length -- ~0.5 ms -- and each plans a launcher), though the same work takes
         a tenth of that run back to back -- each decode step streams a gigabyte of weights through the caches, and
-        the planning code ran cold every time (the tuning key's digest took 14 µs in a loop, 126 µs in a step).
+        the planning code ran cold every time (the tuning entry's path took 14 µs in a loop, 126 µs in a step).
         ``PRISM_PLAN_AHEAD=0`` turns it off; a value there is the count."""
         names = self._names
         inputs = self.kernel.program.inputs

@@ -35,12 +35,7 @@ def root() -> Path:
 
 def digest(material: Any) -> str:
     """A stable hash of JSON-able ``material`` (sorted keys)."""
-    return digest_text(json.dumps(material, sort_keys=True, default=str))
-
-
-def digest_text(text: str) -> str:
-    """:func:`digest` of the material whose sorted-key JSON is ``text``."""
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -822,9 +822,8 @@ def test_a_shape_called_before_skips_binding_and_keeps_every_check(monkeypatch: 
 
 
 def test_the_tuning_key_digest_is_the_materials_at_every_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tuning entry's file is named by the digest of its key (program, sGraphs, shapes, machine): the key's JSON
-    written once per kernel with each shape's spliced in (SuperKernel._cache_path) names the same file as the
-    digest of the whole key, so caches written before stay valid; the shape is in the name."""
+    """A tuning entry's file is named by the digest of its key (program, sGraphs, shapes, machine), so that caches
+    written before stay valid; the shape is in the name (SuperKernel._cache_path)."""
     k = _tuned_at_6(tmp_path, monkeypatch)
     names = set()
     for n in (6, 7, 51, 6):
