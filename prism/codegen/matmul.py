@@ -677,8 +677,12 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     # the path run is the same), so a fixed row count emits only the kernel it takes. Every form since: docs/codegen.md
     # ("tn"), "A last block of rows by its vectors"
     last_rows = None if varies(M) else M % mt   # the last block's rows where M is fixed
-    lasts = ([] if MV == 1 or os.environ.get("PRISM_TN_LAST", "").strip() == "0" else list(range(1, MV))
-             if last_rows is None else [v] if last_rows and (v := -(-last_rows // 16)) < MV else [])
+    lasts: list[int] = []   # the vectors of the last block's kernels below MV: every count where M varies
+    if MV > 1 and os.environ.get("PRISM_TN_LAST", "").strip() != "0":
+        if last_rows is None:
+            lasts = list(range(1, MV))
+        elif 0 < -(-last_rows // 16) < MV:
+            lasts = [-(-last_rows // 16)]
     kern_l = {v: kernel(RN, v) for v in lasts}
     tail_l = {v: kernel(rn_tail, v) for v in lasts} if rn_tail else {}
     m_full = M // mt * mt   # rows in whole blocks

@@ -404,8 +404,7 @@ def absorb_repeat_kv(gm: Any) -> None:
     import torch.nn.functional as F
 
     g = gm.graph
-    changed = False
-    dropped: set[Any] = set()
+    dropped: set[Any] = set()   # the rewritten calls' reshapes, expands and indexings
     for node in list(g.nodes):
         if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
             continue
@@ -421,12 +420,11 @@ def absorb_repeat_kv(gm: Any) -> None:
         kwargs = {key: x for key, x in call.values.items() if key not in ("query", "key", "value")}
         kwargs["enable_gqa"] = True
         node.args, node.kwargs = args, kwargs
-        for r in (k, v):   # the reshape, the expand, the indexing
+        for r in (k, v):
             dropped.update((r, r.args[0], r.args[0].args[0]))
-        changed = True
-    if changed:   # the repeats nothing else reads (not a dead-code pass: the graph's in-place calls have no users)
+    if dropped:   # the repeats nothing else reads (not a dead-code pass: the graph's in-place calls have no users)
         for node in reversed(list(g.nodes)):
-            if node.op in ("call_method", "call_function") and not node.users and node in dropped:
+            if node in dropped and not node.users:
                 g.erase_node(node)
         gm.recompile()
 
