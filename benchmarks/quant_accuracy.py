@@ -1,7 +1,9 @@
 """Accuracy of Prism's int8 forms against llama.cpp's ``q8_0`` on the same weights, against float64.
 
 Prism's int8 forms (``prism.quantize_weights``): **int8w**, int8 weights with one scale per output channel, float
-activations; **w8a8**, the same weights with each input row quantized to int8 at every call (one scale per row).
+activations; **int8w-g32**, int8 weights with one scale per group of 32 input features (q8_0's weights), float
+activations; **w8a8**, the per-channel weights with each input row quantized to int8 at every call (one scale per
+row).
 llama.cpp's **q8_0** quantizes weights and activations in blocks of 32 values along the contraction, each block
 with its own float16 scale (``quantize_row_q8_0``: ``d = max|x| / 127``, ``q = roundf(x / d)``; the dot product
 sums each block's integer products and scales them by both blocks' ``d``). Emulated here in float64 on the
@@ -38,7 +40,7 @@ from prism.bench.models import MODELS, build, prompt_ids
 from prism.frontend.quantize import Int8DynLinear, Int8Linear
 
 BLOCK = 32   # q8_0's block of the contraction
-FORMS = ("int8w", "w8a8", "q8_0")
+FORMS = ("int8w", "int8w-g32", "w8a8", "q8_0")
 
 
 def _q8_0(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,6 +69,11 @@ def int8w_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x.double() @ lin.dequantized().double().T
 
 
+def int8w_g32_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    lin = Int8Linear.from_linear(_linear(w), BLOCK)
+    return x.double() @ lin.dequantized().double().T
+
+
 def w8a8_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     lin = Int8DynLinear.from_linear(_linear(w))
     with torch.no_grad():
@@ -80,7 +87,7 @@ def _linear(w: torch.Tensor) -> nn.Linear:
 
 
 PRODUCTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "int8w": int8w_linear, "w8a8": w8a8_linear, "q8_0": q8_0_linear}
+    "int8w": int8w_linear, "int8w-g32": int8w_g32_linear, "w8a8": w8a8_linear, "q8_0": q8_0_linear}
 
 
 class FormLinear(nn.Module):

@@ -37,7 +37,9 @@ within ``LOGITS_RTOL`` (then the report notes where the tokens part). ``--dtype 
 int8 weight-only (``prism.quantize_weights``, the LM head included); every system runs the same int8 weights
 and computes in float32, so the tokens must equal eager's. ``--dtype int8w-bf16``: the same int8 weights in the
 model moved to bfloat16 afterwards (torchao's int8 weight-only on a bfloat16 checkpoint: bfloat16 activations
-and scales), tokens judged as in bfloat16. ``--dtype w8a8``: the int8 weights of ``int8w`` and every Linear's
+and scales), tokens judged as in bfloat16. ``--dtype int8w-g32``: as ``int8w`` with one scale per group of 32
+input features of each output (``quantize_weights(group_size=32)``: the weights of llama.cpp's ``q8_0``; float32
+activations, tokens must equal eager's). ``--dtype w8a8``: the int8 weights of ``int8w`` and every Linear's
 input rows quantized to int8 at each call (``prism.quantize_weights(activations="int8")``: per-row scales; the
 like-for-like of llama.cpp's ``q8_0``, which quantizes activations in blocks of 32); the quantized values and
 the products are exact in float32 on every system, but the quantizer's rounding is discontinuous (float32
@@ -70,7 +72,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prism.workloads.precision import HALF, INT8W, MODEL_PRECISIONS, W8A8, activation_dtype
+from prism.workloads.precision import HALF, INT8W, INT8W_G32, MODEL_PRECISIONS, W8A8, activation_dtype
 
 SYSTEMS = ("eager", "compile", "prism")
 
@@ -149,9 +151,10 @@ def build(spec: ModelSpec, seed: int = 0, dtype: str = "float32", from_checkpoin
     if spec.arch == "mistral":
         common["sliding_window"] = None
     torch.manual_seed(seed)
-    if dtype in INT8W or dtype == W8A8:
+    if dtype in INT8W or dtype in (W8A8, INT8W_G32):
         from prism.frontend.quantize import quantize_weights
-        model = quantize_weights(cls(cfg(**common)).eval(), activations="int8" if dtype == W8A8 else None)
+        model = quantize_weights(cls(cfg(**common)).eval(), activations="int8" if dtype == W8A8 else None,
+                                 group_size=32 if dtype == INT8W_G32 else None)
         return model.to(getattr(torch, activation_dtype(dtype)))
     model = cls(cfg(**common)).eval().to(getattr(torch, dtype))
     if not from_checkpoint:

@@ -22,13 +22,13 @@ rowsum(p) and o = o*alpha + p @ v (the rescale is fused into the micro-kernel, b
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prism.codegen import loops as LP
 from prism.codegen import microkernels as mk
 from prism.codegen.cwriter import CWriter, Namer
-from prism.codegen.matmul import Support, emit_matmul
+from prism.codegen.matmul import Support, emit_grouped, emit_matmul, grouped_form
 from prism.codegen.prelude import c_float
 from prism.codegen.tiles import ELEMENTWISE, EXP_LE0, Expr, Operand, View, contiguous_strides, ctype, elem_of
 from prism.errors import UnsupportedError
@@ -210,32 +210,80 @@ class BlockLowering:
         return (" + ".join(terms) if terms else "0"), step
 
     # --- lowering ----------------------------------------------------------------------------
+    def grouped_products(self) -> Grouped:
+        return grouped_products(self.nodes, self.cons, self.phase, one_iteration=self.F == 1)
+
+    def lower_grouped(self, n: Node, pattern: tuple[Node, list[Node], list[Node]], out_ptrs: list[str]) -> bool:
+        """Lower grouped product ``n`` (``grouped_products``) in one pass if its operands' layout fits
+        (``matmul.grouped_form``); False: lower its nodes one by one."""
+        mm, _, factors = pattern
+        ph = self.phase[mm]   # (a loop of one iteration: the product is written in its body, where its tiles are)
+        a, b = (self.vals.get(s) for s in mm.src)
+        if not isinstance(a, View) or not isinstance(b, View):
+            return False
+        fviews = []
+        for f in factors:
+            v = self.vals.get(f)
+            if v is None:
+                return False
+            if not isinstance(v, View):
+                v = self.view(v, ph)
+            elif v.elem != "f32":   # (bfloat16 scales of a bfloat16 model) read once into float32
+                t = self.alloc(v.shape)
+                LP.assign(self.w[ph], self.nm, t, v)
+                v = t
+            fviews.append(v)
+        direct = self.direct_target(n, out_ptrs)
+        target = direct if direct is not None else self.alloc(_ints(n.shape))
+        if not grouped_form(target, a, b, fviews):
+            if direct is not None:   # (direct_target marked the save as written)
+                self.saved.discard(self.cons[n][0])
+            return False
+        emit_grouped(self.w[ph], self.nm, self.sup, target, a, b, fviews, self.scratch_ptr)
+        self.vals[n] = target
+        return True
+
     def lower(self, in_ptrs: list[str], out_ptrs: list[str]) -> BlockFunction:
         smax_src = self.groups_src()
+        grouped = self.grouped_products()
+        pending = {x: s for s, (mm, muls, _) in grouped.items() for x in (mm, *muls)}
         for n in self.nodes:
-            if n.op == "save":
-                self.lower_save(n, out_ptrs)
-            elif n.op == "iter":
-                self.lower_iter(n, in_ptrs)
-            elif n.op == "acc":
-                self.lower_acc(n, smax_src)
-            elif n.op in ELEMENTWISE:
-                op = EXP_LE0 if n.op == "exp" and _minus_own_max(n.src[0]) else n.op
-                e = Expr(op, n.arg, tuple(self.vals[s] for s in n.src), _ints(n.shape))
-                self.vals[n] = e if self.inline(n) else self.view(e, self.phase[n], self.operand_elem(n))
-            elif n.op == "matmul":
-                if not self.fused_matmul(n):
-                    w = self.w[self.phase[n]]
-                    a, b = self.operands(n, self.phase[n])
-                    c = self.alloc(_ints(n.shape))
-                    emit_matmul(w, self.nm, self.sup, c, a, b, scratch=self.scratch_ptr)
-                    self.vals[n] = c
-            else:
-                direct = self.direct_target(n, out_ptrs)
-                alloc = self.alloc if direct is None else (lambda shape, t=direct: t)
-                self.vals[n] = lower_layout_or_reduce(n, self.vals, self.w[self.phase[n]], self.nm, alloc,
-                                                      lambda v, n=n: self.view(v, self.phase[n]))
+            if n in pending and pending[n] in grouped:
+                continue   # part of a grouped product: lowered with its sum (or one by one, below)
+            if n in grouped:
+                pattern = grouped.pop(n)
+                if not self.lower_grouped(n, pattern, out_ptrs):
+                    for x in self.nodes:   # its nodes one by one, in order
+                        if x in pending and pending[x] is n:
+                            self.lower_node(x, in_ptrs, out_ptrs, smax_src)
+                    self.lower_node(n, in_ptrs, out_ptrs, smax_src)
+                continue
+            self.lower_node(n, in_ptrs, out_ptrs, smax_src)
         return self.assemble(in_ptrs, out_ptrs)
+
+    def lower_node(self, n: Node, in_ptrs: list[str], out_ptrs: list[str], smax_src: set[Node]) -> None:
+        if n.op == "save":
+            self.lower_save(n, out_ptrs)
+        elif n.op == "iter":
+            self.lower_iter(n, in_ptrs)
+        elif n.op == "acc":
+            self.lower_acc(n, smax_src)
+        elif n.op in ELEMENTWISE:
+            op = EXP_LE0 if n.op == "exp" and _minus_own_max(n.src[0]) else n.op
+            e = Expr(op, n.arg, tuple(self.vals[s] for s in n.src), _ints(n.shape))
+            self.vals[n] = e if self.inline(n) else self.view(e, self.phase[n], self.operand_elem(n))
+        elif n.op == "matmul":
+            if not self.fused_matmul(n):
+                w = self.w[self.phase[n]]
+                a, b = self.operands(n, self.phase[n])
+                c = self.alloc(_ints(n.shape))
+                emit_matmul(w, self.nm, self.sup, c, a, b, scratch=self.scratch_ptr)
+                self.vals[n] = c
+        else:
+            direct = self.direct_target(n, out_ptrs)
+            alloc = self.alloc if direct is None else (lambda shape, t=direct: t)
+            self.vals[n] = lower_layout_or_reduce(n, self.vals, self.w[self.phase[n]], self.nm, alloc,
+                                                  lambda v, n=n: self.view(v, self.phase[n]))
 
     def direct_target(self, n: Node, out_ptrs: list[str]) -> View | None:
         """The output tile itself as the target of a reduction or row-wise operator whose one consumer is a
@@ -458,6 +506,52 @@ class BlockLowering:
             for text in self.final:
                 w.raw(text)
         return BlockFunction(self.name, w.text(), self.scratch, list(self.partial))
+
+
+Grouped = dict[Node, tuple[Node, list[Node], list[Node]]]   # grouped_products: sum -> (matmul, muls, factors)
+
+
+def grouped_products(nodes: list[Node], cons: Mapping[Node, Sequence[Node]], phase: Mapping[Node, str],
+                     dims: Callable[[tuple], tuple[int, ...]] = _ints, one_iteration: bool = False) -> Grouped:
+    """``sum(mul(...mul(matmul(a, b), f0)..., fk), dim=0)`` over a batched product's group dim: the sum node ->
+    (the matmul, the muls and accumulators between, the factors), where every node of it has one consumer and
+    each factor is broadcast over the rows or the keys ([Gn, 1 or M, 1 or N]) and computed before the loop or in
+    the matmul's phase: a product of int8 weights with a scale per group of K (``matmul.emit_grouped``; the cost
+    model prices it by the same rule). ``one_iteration`` (a for-loop of one iteration): ``sum`` accumulators in
+    the chain are identities and taken too (the search returns such forms beside the plain one, and at some sizes
+    only them); otherwise the chain is of one phase. Whether the operands' layout fits is decided when they are
+    lowered (``BlockLowering.lower_grouped``). ``dims``: a shape's values."""
+    out: Grouped = {}
+    for n in nodes:
+        if n.op != "sum" or len(n.src[0].shape) != 3 or n.arg[0] % 3 != 0:   # (dim 0, or -3)
+            continue
+        chain: list[Node] = []
+        factors: list[Node] = []
+        x = n.src[0]
+        while len(cons[x]) == 1:
+            if x.op == "acc" and x.arg[0] == "sum" and one_iteration:
+                chain.append(x)
+                x = x.src[0]
+            elif x.op == "mul" and len(factors) < 2:
+                chain.append(x)
+                a, b = x.src
+                if a.op in ("matmul", "mul", "acc"):
+                    a, b = b, a
+                factors.append(a)
+                x = b
+            else:
+                break
+        ph = phase.get(x)
+        if (x.op != "matmul" or not factors or len(cons[x]) != 1 or len(x.shape) != 3
+                or (not one_iteration and any(phase.get(c) != ph for c in chain))
+                or any(phase.get(f) not in ("inv", ph) for f in factors)):
+            continue
+        gm = dims(x.shape)
+        if all(len(f.shape) == 3 and dims(f.shape)[0] == gm[0] and dims(f.shape)[1] in (1, gm[1])
+               and dims(f.shape)[2] in (1, gm[2]) and f not in chain and dims(c.shape) == gm
+               for f in factors for c in chain):
+            out[n] = (x, chain, factors)
+    return out
 
 
 def _dedent(w: CWriter) -> CWriter:

@@ -895,3 +895,113 @@ def _generic(w: CWriter, nm: Namer, M: int, N: int, K: int, a: str, sa0: int, sa
             cell = f"{c}[{r} * {sc0} + {j}]"
             csr = "1.0f" if cs == "0" else f"{cs}[{r}]"
             w.line(f"{cell} = ({beta}) == 0 ? {s} : ({beta}) == 1 ? {cell} + {s} : {cell} * {csr} + {s};")
+
+
+# --- grouped products (int8 weights with a scale per group of K) ---------------------------------------------------
+# At most this many rows take the grouped dot product per row and key (mk.gdot_kernel); more rows dequantize a
+# block of keys into scratch and run the plain product against it (each weight converted once for all the rows).
+GROUPED_DOT_ROWS = NT_WHOLE_K_ROWS
+# Bytes of float32 keys one dequantized block holds (in L2 while the rows run against it)
+GROUPED_BLOCK_BYTES = 256 * 1024
+
+
+def grouped_block_keys(K: int, N: int) -> int:
+    """Keys per dequantized block of a grouped product over ``N`` keys of ``K`` values (``emit_grouped``)."""
+    return min(N, max(16, GROUPED_BLOCK_BYTES // (4 * K) // 16 * 16))
+
+
+def grouped_form(C: View, A: View, B: View, factors: list[View]) -> bool:
+    """Whether ``C = sum_g F[g] * (A[g] @ B[g])`` (A [Gn, M, G], B [Gn, G, N], each factor broadcast to
+    [Gn, M, N] from [Gn, 1 or M, 1 or N]) has the layout ``emit_grouped`` takes: each row of A and each key of B
+    (column of B) one contiguous run of Gn * G values (groups back to back, K contiguous), float32 factors, C
+    [..., M, N] of unit column stride."""
+    if len(A.shape) != 3 or len(B.shape) != 3 or not 1 <= len(factors) <= 2:
+        return False
+    Gn, M, G = A.shape
+    N = B.shape[2]
+    if B.shape[:2] != (Gn, G) or C.shape[-2:] != (M, N) or (C.strides[-1] != 1 and N != 1):
+        return False
+    if any(d != 1 for d in C.shape[:-2]):
+        return False
+    contiguous = (A.strides[2] == 1 and B.strides[1] == 1 and (Gn == 1 or (A.strides[0] == G and B.strides[0] == G)))
+    ok_factors = all(f.elem == "f32" and len(f.shape) == 3 and f.shape[0] == Gn and f.shape[1] in (1, M)
+                     and f.shape[2] in (1, N) for f in factors)
+    return contiguous and ok_factors
+
+
+def emit_grouped(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, factors: list[View],
+                 scratch: Scratch) -> None:
+    """C[m, j] = sum_g (prod of the factors at g, m, j) * sum_k A[g, m, k] B[g, k, j] (``grouped_form``'s layout).
+
+    The product of int8 weights [N, K] that have one scale per group of G values of K (``w = q * s[:, k // G]``)
+    written as a sum of per-group products, which the search fuses into one block (docs/codegen.md, "Grouped
+    products"). Up to GROUPED_DOT_ROWS rows: per key, each row's grouped dot product (mk.gdot_kernel; keys
+    outermost, so each key's run streams once and the rows reuse it from L1). More rows, where no factor varies
+    with the row: each block of keys dequantized (float32, its factors applied) into scratch and the plain product
+    (emit_matmul) run against it. Where the rows vary in a template, both, chosen at run time."""
+    Gn, M, G = A.shape
+    N = B.shape[2]
+    sam, sbn = A.strides[1], B.strides[2]
+    sc0 = C.strides[-2]
+    fst = [f.bstrides((Gn, M, N)) for f in factors]   # per factor: (per group, per row, per key)
+    row_free = all(s[1] == 0 for s in fst)
+
+    def dots() -> None:
+        prefetch = sup.isa.name == "avx512"
+        elems = (A.elem, B.elem)
+        nf = len(factors)
+        one = sup.need(mk.gdot_name(sup.isa, G, elems, nf, prefetch), mk.gdot_kernel(sup.isa, G, elems, nf, prefetch))
+        # runs of rows sharing each dequantized key (factors the same for every row), widest first
+        runs = [R for R in mk.GDOT_ROWS if row_free and (varies(M) or M >= R)]
+        j, m = nm("j"), nm("m")
+        with w.block(f"for (long {j} = 0; {j} < {N}; {j}++)"):
+            w.line(f"long {m} = 0;")
+            for R in runs:
+                fn = sup.need(mk.gdot_name(sup.isa, G, elems, nf, prefetch, R),
+                              mk.gdot_kernel(sup.isa, G, elems, nf, prefetch, R))
+                fs = ", ".join(f"{f.ptr} + {j} * {s[2]}, {s[0]}" for f, s in zip(factors, fst))
+                with w.block(f"for (; {m} + {R} <= {M}; {m} += {R})"):
+                    w.line(f"{fn}({Gn}, {A.ptr} + {m} * {sam}, {sam}, {B.ptr} + {j} * {sbn}, {fs}, "
+                           f"{C.ptr} + {m} * {sc0} + {j}, {sc0});")
+            with w.block(f"for (; {m} < {M}; {m}++)"):
+                fs = ", ".join(f"{f.ptr} + {m} * {s[1]} + {j} * {s[2]}, {s[0]}" for f, s in zip(factors, fst))
+                w.line(f"{C.ptr}[{m} * {sc0} + {j}] = {one}({Gn}, {A.ptr} + {m} * {sam}, {B.ptr} + {j} * {sbn}, {fs});")
+
+    def dequantized() -> None:
+        K = concrete(Gn) * concrete(G)
+        n_all = concrete(N)
+        jb = grouped_block_keys(K, n_all)
+        D = nm("D")
+        w.line(f"float* {D} = {scratch(jb * K)};")
+        rows = View(A.ptr, (M, K), (sam, 1), A.elem)
+
+        def block(j0: str, jn: int) -> None:
+            j, g, k = nm("j"), nm("g"), nm("k")
+            with w.block(f"for (long {j} = 0; {j} < {jn}; {j}++)"):
+                with w.block(f"for (long {g} = 0; {g} < {Gn}; {g}++)"):
+                    f = " * ".join(f.at(f"{g} * {s[0]} + ({j0} + {j}) * {s[2]}") for f, s in zip(factors, fst))
+                    w.line(f"const float f = {f};")
+                    w.line("#pragma omp simd")
+                    w.line(f"for (long {k} = 0; {k} < {G}; {k}++) {D}[{j} * {K} + {g} * {G} + {k}] = "
+                           f"{ld(B.elem, f'{B.ptr}[({j0} + {j}) * {sbn} + {g} * {G} + {k}]')} * f;")
+            emit_matmul(w, nm, sup, View(f"({C.ptr} + {j0})", (M, jn), (sc0, 1)), rows,
+                        View(D, (K, jn), (1, K)), scratch=scratch)
+        full = n_all // jb * jb
+        if full:
+            j0 = nm("j0")
+            with w.block(f"for (long {j0} = 0; {j0} < {full}; {j0} += {jb})"):
+                block(j0, jb)
+        if full < n_all:
+            block(str(full), n_all - full)
+
+    if not row_free:
+        dots()
+    elif varies(M):
+        with w.block(f"if ({M} <= {GROUPED_DOT_ROWS})"):
+            dots()
+        with w.block("else"):
+            dequantized()
+    elif M <= GROUPED_DOT_ROWS:
+        dots()
+    else:
+        dequantized()

@@ -31,24 +31,40 @@ from prism.ir.dtypes import quantize_int8
 
 
 class Int8Linear(nn.Module):
-    """A Linear layer with int8 weights [out, in] and per-output-channel scales (float32 [out])."""
+    """A Linear layer with int8 weights [out, in] and per-output-channel scales (float32 [out]), or with
+    ``group_size`` G one scale per group of G consecutive input features of each output (float32 [out, in / G])."""
 
-    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 group_size: int | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = qweight.shape[1], qweight.shape[0]
+        self.group_size = group_size
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear) -> Int8Linear:
-        q, scale = quantize_int8(lin.weight.detach().float().cpu().numpy())
-        return cls(torch.from_numpy(q), torch.from_numpy(scale.reshape(-1)), lin.bias)
+    def from_linear(cls, lin: nn.Linear, group_size: int | None = None) -> Int8Linear:
+        q, scale = quantize_int8(lin.weight.detach().float().cpu().numpy(), group_size)
+        return cls(torch.from_numpy(q), torch.from_numpy(scale if group_size else scale.reshape(-1)), lin.bias,
+                   group_size)
 
     def dequantized(self) -> torch.Tensor:
+        if self.group_size:
+            n, k = self.qweight.shape
+            return (self.qweight.float().view(n, -1, self.group_size) * self.scale[:, :, None]).view(n, k)
         return self.qweight.float() * self.scale[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group_size:
+            # the weight dequantized per group, then the product: eager PyTorch makes one float copy of the weight
+            # per call (as the per-channel form's cast); under Prism the capture reads the pattern as a sum of
+            # per-group products (capture._fuse_grouped_linear) that one piece computes from the int8 weight as
+            # stored, each group's dot product scaled in registers (codegen: matmul.emit_grouped)
+            n, k = self.qweight.shape
+            s = self.scale if self.scale.dtype == x.dtype else self.scale.to(x.dtype)
+            w = (self.qweight.view(n, k // self.group_size, self.group_size).to(x.dtype) * s.unsqueeze(-1)).view(n, k)
+            return F.linear(x, w, self.bias)
         # the per-channel scale after the product: (x @ q^T) * s = x @ (q * s[:, None])^T, one multiply per
         # output instead of one per weight (the form Prism's search fuses: the int8 weight is read as stored).
         # The scale is stored in the shape the product needs and cast only when x's dtype differs (decided
@@ -59,7 +75,8 @@ class Int8Linear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only"
+        g = f", groups of {self.group_size}" if self.group_size else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only{g}"
 
 
 ACT_SCALE_FLOOR = 1e-5   # of max |x_row|: a row of zeros (or nearly) quantizes against this
@@ -94,18 +111,28 @@ ACTIVATIONS = (None, "int8")
 
 def quantize_weights(model: nn.Module, dtype: str = "int8",
                      include: Callable[[str, nn.Linear], bool] | None = None,
-                     activations: str | None = None) -> nn.Module:
+                     activations: str | None = None, group_size: int | None = None) -> nn.Module:
     """Replace the ``nn.Linear`` layers of ``model`` (in place; returned) by :class:`Int8Linear`
     (int8 weight-only), or with ``activations="int8"`` by :class:`Int8DynLinear` (W8A8: each input row is
     quantized to int8 at every call too).
 
     ``include(name, layer)`` chooses the layers (default: every Linear). Returns ``model``. Quantization is
-    per output channel (per input row for activations) and symmetric; the float weights are dropped."""
+    per output channel (per input row for activations) and symmetric; the float weights are dropped.
+    ``group_size`` G (weight-only): one scale per group of G consecutive input features of each output channel
+    instead (llama.cpp's q8_0 takes 32; every layer's input features must be a multiple of G). Under Prism a
+    float32 model's grouped layers each run as one piece over the int8 weight (docs/frontend.md, "int8 weights
+    with group scales")."""
     if dtype != "int8":
         raise ValueError(f"quantize_weights: dtype {dtype!r} is not supported (int8 weights)")
     if activations not in ACTIVATIONS:
         raise ValueError(f"quantize_weights: activations={activations!r} is not supported: None (weight-only) or "
                          "'int8' (W8A8, dynamic per-row activation scales)")
+    if group_size is not None:
+        if activations is not None:
+            raise ValueError("quantize_weights: group_size is for int8 weight-only layers; W8A8 (activations='int8') "
+                             "has per-channel weight scales only: pass group_size=None")
+        if not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"quantize_weights: group_size must be a positive int, got {group_size!r}")
     layer = Int8DynLinear if activations == "int8" else Int8Linear
     targets: list[tuple[nn.Module, str, nn.Linear]] = []
     for name, mod in model.named_modules():
@@ -113,7 +140,13 @@ def quantize_weights(model: nn.Module, dtype: str = "int8",
             full = f"{name}.{child_name}" if name else child_name
             if isinstance(child, nn.Linear) and (include is None or include(full, child)):
                 targets.append((mod, child_name, child))
+    if group_size is not None:
+        bad = [f"{lin.in_features}" for _, _, lin in targets if lin.in_features % group_size]
+        if bad:
+            raise ValueError(f"quantize_weights: group_size {group_size} does not divide the input features of "
+                             f"{len(bad)} layer(s) (e.g. {bad[0]}); choose a divisor or leave those layers out "
+                             "with include=")
     for parent, child_name, lin in targets:
-        setattr(parent, child_name, layer.from_linear(lin))
+        setattr(parent, child_name, layer.from_linear(lin, group_size) if group_size else layer.from_linear(lin))
     return model
 

@@ -129,16 +129,26 @@ def exact_cast(src: DType | str, dst: DType | str) -> bool:
     return b.name == "float64" or (b.name == "float32" and a.name != "float64")
 
 
-def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def quantize_int8(w: np.ndarray, group_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The int8 weight-only rule (torchao's int8 weight-only layout), stated once: per-row symmetric
     quantization of ``w`` [out, in] to ``(q int8 [out, in], s float32 [out, 1])``, ``s = max |w_row| / 127``
     (a zero row gets scale 1), ``q = round(w / s)`` half to even in float32, so ``q * s`` is the
-    dequantized weight. ``prism.quantize_weights`` and the ``int8w`` workloads both use it."""
+    dequantized weight. ``group_size`` G: the same per group of G consecutive values of each row, ``s`` float32
+    [out, in / G] (``q[:, k] * s[:, k // G]`` the dequantized weight; llama.cpp's q8_0 takes G = 32).
+    ``prism.quantize_weights`` and the ``int8w`` workloads both use it."""
     w = np.asarray(w, dtype=np.float32)
-    s = np.max(np.abs(w), axis=-1, keepdims=True) / np.float32(127.0)
+    if group_size is None:
+        s = np.max(np.abs(w), axis=-1, keepdims=True) / np.float32(127.0)
+        s = np.where(s > 0, s, np.float32(1.0)).astype(np.float32)
+        return np.clip(np.rint(w / s), -127, 127).astype(np.int8), s
+    out, k = w.shape
+    if group_size < 1 or k % group_size:
+        raise ValueError(f"quantize_int8: group_size {group_size} does not divide the {k} input features")
+    wg = w.reshape(out, k // group_size, group_size)
+    s = np.max(np.abs(wg), axis=-1, keepdims=True) / np.float32(127.0)
     s = np.where(s > 0, s, np.float32(1.0)).astype(np.float32)
-    q = np.clip(np.rint(w / s), -127, 127).astype(np.int8)
-    return q, s
+    q = np.clip(np.rint(wg / s), -127, 127).astype(np.int8)
+    return q.reshape(out, k), s.reshape(out, k // group_size)
 
 
 __all__ = [

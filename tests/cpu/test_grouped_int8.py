@@ -1,0 +1,164 @@
+"""int8 weights with a scale per group of G input features (``prism.quantize_weights(group_size=G)``): the grouped
+product's lowering (``matmul.emit_grouped``: per-row grouped dot products, R rows sharing each dequantized key,
+dequantized key blocks for many rows) on every ISA path the machine runs, against float64 with hostile values; the
+capture's reading of the dequantized-weight form as one piece; the quantizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from cg_helpers import assert_close, supported_isas
+from torch import nn
+
+import prism
+from prism.codegen import microkernels as mk
+from prism.codegen.isa import ISAS
+from prism.frontend.quantize import Int8Linear
+from prism.ir import BlockBuilder
+from prism.ir.dtypes import quantize_int8
+from prism.runtime.kernel import compile as compile_kernel
+
+pytestmark = pytest.mark.cpu
+
+
+def _grouped(M: int, N: int, Gn: int, G: int, acc: bool = False, blocks: int = 2) -> prism.Graph:
+    """y [1, M, N] = sum_g s[n, g] * sum_k x[m, g, k] q[n, g, k]: the block the search finds for a grouped Linear
+    (``blocks`` blocks of keys; ``acc``: a sum accumulator over a loop of one iteration between the product and
+    its scale, a form the search also returns)."""
+    g = prism.Graph()
+    x = g.input("x", (M, Gn * G))
+    q = g.input("q", (N, Gn * G), "int8")
+    s = g.input("s", (N, Gn))
+    x3, q3, s3 = g.reshape(x, (M, Gn, G)), g.reshape(q, (N, Gn, G)), g.reshape(s, (N, Gn, 1))
+    bb = BlockBuilder(grid=(blocks,), forloop=1, inputs=[x3, q3, s3])
+    xt = bb.permute(bb.iter(0, imap=(None,)), (1, 0, 2))           # [Gn, M, G]
+    qt = bb.permute(bb.iter(1, imap=(0,)), (1, 2, 0))              # [Gn, G, N / blocks]
+    st = bb.permute(bb.iter(2, imap=(0,)), (1, 2, 0))              # [Gn, 1, N / blocks]
+    p = bb.matmul(xt, qt)
+    if acc:
+        p = bb.accumulate("sum", p)
+    bb.save(bb.sum(bb.mul(p, st), 0), omap=(2,))
+    (y,) = g.customized(bb.build(), [x3, q3, s3])
+    g.output(y, "y")
+    return g
+
+
+def _values(rng: np.random.Generator, M: int, N: int, Gn: int, G: int) -> dict[str, np.ndarray]:
+    """Hostile: rows with outliers of 1e4, a key group of zeros, scales from 1e-6 to 1e3."""
+    x = rng.standard_normal((M, Gn * G)) * np.where(rng.random((M, Gn * G)) < 0.01, 1e4, 1.0)
+    q = rng.integers(-127, 128, (N, Gn * G)).astype(np.int8)
+    q[N // 3, :G] = 0
+    s = 10.0 ** rng.uniform(-6, 3, (N, Gn))
+    return {"x": x.astype(np.float32), "q": q, "s": s.astype(np.float32)}
+
+
+def _reference(v: dict[str, np.ndarray], Gn: int, G: int) -> np.ndarray:
+    M, N = v["x"].shape[0], v["q"].shape[0]
+    x = v["x"].astype(np.float64).reshape(M, Gn, G)
+    q = v["q"].astype(np.float64).reshape(N, Gn, G)
+    return np.einsum("mgk,ngk,ng->mn", x, q, v["s"].astype(np.float64))[None]
+
+
+@pytest.mark.parametrize("M", [1, 3, 8, 13, 40])
+def test_grouped_products_on_every_isa_against_float64(M: int) -> None:
+    """Rows 1-8: grouped dot products (8, 4 and 2 rows sharing each dequantized key, the rest one at a time);
+    40 rows: blocks of keys dequantized into scratch, then the plain product. Groups of 32 (vectors on AVX-512
+    and AVX2) and of 24 (the scalar form on AVX-512, vectors on AVX2); Gn = 37 (chunks and an odd group)."""
+    rng = np.random.default_rng(M)
+    for G in (32, 24):
+        Gn, N = 37, 70
+        g = _grouped(M, N, Gn, G)
+        v = _values(rng, M, N, Gn, G)
+        ref = _reference(v, Gn, G)
+        for isa in supported_isas():
+            src = compile_kernel(g, isa=isa).source
+            if M <= 8:
+                assert "pr_gdot_" in src, (isa, G)
+            else:
+                assert "pr_gdot_" not in src, (isa, G)
+            if M == 8:
+                assert f"_g{G}_r8_" in src, (isa, G)
+            assert "pr_nt_" not in src or M > 8, "the per-group products were lowered one by one"
+            out = prism.compile(g, isa=isa)(**v)
+            assert_close(out, ref, f"grouped M={M} G={G} {isa}")
+
+
+def test_a_one_iteration_accumulator_between_product_and_scale_is_the_same_grouped_product() -> None:
+    rng = np.random.default_rng(3)
+    M, N, Gn, G = 2, 40, 12, 32
+    g = _grouped(M, N, Gn, G, acc=True)
+    src = compile_kernel(g).source
+    assert "pr_gdot_" in src
+    v = _values(rng, M, N, Gn, G)
+    assert_close(prism.compile(g)(**v), _reference(v, Gn, G), "grouped with a sum accumulator")
+
+
+def test_grouped_dot_kernel_text_scales_once_per_group() -> None:
+    """One row: each group's dot product is scaled into one of two accumulators; several rows: each key vector is
+    dequantized once (widened, times the group's factor) for all of them."""
+    isa = ISAS["avx512"]
+    one = mk.gdot_kernel(isa, 32, ("f32", "i8"), 1)
+    assert one.count("_mm512_fmadd_ps(d, _mm512_set1_ps(") == 3   # two groups per step, one tail group
+    rows = mk.gdot_kernel(isa, 32, ("f32", "i8"), 1, rows=8)
+    assert rows.count("_mm512_mul_ps(pr_v16_i8(") == 2           # two key vectors per group, each once
+    assert rows.count("_mm512_fmadd_ps(_mm512_loadu_ps(A + ") == 16
+
+
+def test_quantize_int8_groups() -> None:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 96)).astype(np.float32)
+    w[2, 32:64] = 0.0
+    q, s = quantize_int8(w, 32)
+    assert q.dtype == np.int8 and q.shape == (6, 96) and s.shape == (6, 3) and s.dtype == np.float32
+    assert s[2, 1] == 1.0 and not q[2, 32:64].any()
+    deq = (q.reshape(6, 3, 32).astype(np.float32) * s[:, :, None]).reshape(6, 96)
+    assert np.max(np.abs(deq - w) / s.repeat(32, axis=1)) <= 0.5 + 1e-6   # half a step of its own group
+    with pytest.raises(ValueError, match="does not divide"):
+        quantize_int8(w, 40)
+
+
+def test_quantize_weights_group_size_errors() -> None:
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 48))
+    with pytest.raises(ValueError, match="does not divide"):
+        prism.quantize_weights(model, group_size=64)
+    with pytest.raises(ValueError, match="W8A8"):
+        prism.quantize_weights(model, activations="int8", group_size=32)
+    prism.quantize_weights(model, group_size=32)
+    assert isinstance(model[0], Int8Linear) and model[0].group_size == 32 and model[1].scale.shape == (48, 1)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_grouped_int8_linear_is_one_piece_over_the_int8_weight(bias: bool) -> None:
+    """The dequantized-weight form Int8Linear(group_size) writes runs as one Prism piece that reads the int8
+    weight as stored (no float32 weight made, no layout operator left to PyTorch), correct against float64 at
+    every row count a model calls it with (decode, a batch, a prompt; a 3-D input)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 96, bias=bias)
+    m = Int8Linear.from_linear(lin, 32)
+    deq = m.dequantized().double()
+    for shape in ((1, 256), (5, 256), (2, 7, 256)):
+        x = torch.randn(*shape) * torch.where(torch.rand(*shape) < 0.01, 1e3, 1.0)
+        with torch.no_grad():
+            o = prism.optimize(m, (x,))
+            y = o(x)
+        (rep,) = o.report
+        assert rep.layout == 0 and not rep.fallbacks, o.explain()
+        (piece,) = rep.pieces
+        assert piece.by_prism and "[96, 256]" in piece.inputs and "[96, 8]" in piece.inputs, o.explain()
+        ref = x.double() @ deq.t() + (lin.bias.detach().double() if bias else 0.0)
+        assert_close(y.numpy(), ref.numpy(), f"grouped Linear {shape}")
+
+
+def test_a_bfloat16_models_grouped_layers_stay_correct() -> None:
+    """A bfloat16 model's grouped layers are not read as one product (the form stays dequantized as written:
+    docs/frontend.md, "Known weaknesses"); its output stays within bfloat16's tolerance of float64."""
+    torch.manual_seed(1)
+    lin = nn.Linear(128, 64, bias=False)
+    m = Int8Linear.from_linear(lin, 32).to(torch.bfloat16)
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    with torch.no_grad():
+        o = prism.optimize(m, (x,))
+        y = o(x).double()
+    ref = x.double() @ (m.qweight.double().view(64, 4, 32) * m.scale.double()[:, :, None]).view(64, 128).t()
+    assert_close(y.numpy(), ref.numpy(), "bfloat16 grouped Linear", rtol=3e-2)
