@@ -155,7 +155,8 @@ def build(spec: ModelSpec, seed: int = 0, dtype: str = "float32", from_checkpoin
         from prism.frontend.quantize import quantize_weights
         model = quantize_weights(cls(cfg(**common)).eval(), activations="int8" if dtype == W8A8 else None,
                                  group_size=32 if dtype == INT8W_G32 else None)
-        return model.to(getattr(torch, activation_dtype(dtype)))
+        act = activation_dtype(dtype)   # (float32: as built; .to() would widen the float16 group scales too)
+        return model if act == "float32" else model.to(getattr(torch, act))
     model = cls(cfg(**common)).eval().to(getattr(torch, dtype))
     if not from_checkpoint:
         return model

@@ -226,12 +226,8 @@ class BlockLowering:
             v = self.vals.get(f)
             if v is None:
                 return False
-            if not isinstance(v, View):
-                v = self.view(v, ph)
-            elif v.elem != "f32":   # (bfloat16 scales of a bfloat16 model) read once into float32
-                t = self.alloc(v.shape)
-                LP.assign(self.w[ph], self.nm, t, v)
-                v = t
+            if not isinstance(v, View):   # a computed factor: into scratch once per block (float16 and bfloat16
+                v = self.view(v, ph)      # ones stored so are read as they are: one conversion per group)
             fviews.append(v)
         direct = self.direct_target(n, out_ptrs)
         target = direct if direct is not None else self.alloc(_ints(n.shape))

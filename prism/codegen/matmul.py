@@ -913,7 +913,7 @@ def grouped_block_keys(K: int, N: int) -> int:
 def grouped_form(C: View, A: View, B: View, factors: list[View]) -> bool:
     """Whether ``C = sum_g F[g] * (A[g] @ B[g])`` (A [Gn, M, G], B [Gn, G, N], each factor broadcast to
     [Gn, M, N] from [Gn, 1 or M, 1 or N]) has the layout ``emit_grouped`` takes: each row of A and each key of B
-    (column of B) one contiguous run of Gn * G values (groups back to back, K contiguous), float32 factors, C
+    (column of B) one contiguous run of Gn * G values (groups back to back, K contiguous), float factors, C
     [..., M, N] of unit column stride."""
     if len(A.shape) != 3 or len(B.shape) != 3 or not 1 <= len(factors) <= 2:
         return False
@@ -923,9 +923,9 @@ def grouped_form(C: View, A: View, B: View, factors: list[View]) -> bool:
         return False
     if any(d != 1 for d in C.shape[:-2]):
         return False
-    contiguous = (A.strides[2] == 1 and B.strides[1] == 1 and (Gn == 1 or (A.strides[0] == G and B.strides[0] == G)))
-    ok_factors = all(f.elem == "f32" and len(f.shape) == 3 and f.shape[0] == Gn and f.shape[1] in (1, M)
-                     and f.shape[2] in (1, N) for f in factors)
+    contiguous = A.strides[2] == 1 and B.strides[1] == 1 and (Gn == 1 or A.strides[0] == B.strides[0] == G)
+    ok_factors = all(f.elem in ("f32", "f16", "bf16") and len(f.shape) == 3 and f.shape[0] == Gn
+                     and f.shape[1] in (1, M) and f.shape[2] in (1, N) for f in factors)
     return contiguous and ok_factors
 
 
@@ -949,16 +949,16 @@ def emit_grouped(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View,
     def dots() -> None:
         prefetch = sup.isa.name == "avx512"
         elems = (A.elem, B.elem)
-        nf = len(factors)
-        one = sup.need(mk.gdot_name(sup.isa, G, elems, nf, prefetch), mk.gdot_kernel(sup.isa, G, elems, nf, prefetch))
+        fel = tuple(f.elem for f in factors)
+        one = sup.need(mk.gdot_name(sup.isa, G, elems, fel, prefetch), mk.gdot_kernel(sup.isa, G, elems, fel, prefetch))
         # runs of rows sharing each dequantized key (factors the same for every row), widest first
         runs = [R for R in mk.GDOT_ROWS if row_free and (varies(M) or M >= R)]
         j, m = nm("j"), nm("m")
         with w.block(f"for (long {j} = 0; {j} < {N}; {j}++)"):
             w.line(f"long {m} = 0;")
             for R in runs:
-                fn = sup.need(mk.gdot_name(sup.isa, G, elems, nf, prefetch, R),
-                              mk.gdot_kernel(sup.isa, G, elems, nf, prefetch, R))
+                fn = sup.need(mk.gdot_name(sup.isa, G, elems, fel, prefetch, R),
+                              mk.gdot_kernel(sup.isa, G, elems, fel, prefetch, R))
                 fs = ", ".join(f"{f.ptr} + {j} * {s[2]}, {s[0]}" for f, s in zip(factors, fst))
                 with w.block(f"for (; {m} + {R} <= {M}; {m} += {R})"):
                     w.line(f"{fn}({Gn}, {A.ptr} + {m} * {sam}, {sam}, {B.ptr} + {j} * {sbn}, {fs}, "

@@ -1116,25 +1116,27 @@ def gdot_lanes(isa: ISA, G: int) -> int:
 GDOT_ROWS = (8, 4, 2)   # row counts of the grouped dot kernels that share each dequantized key (matmul.emit_grouped)
 
 
-def gdot_sig(elems: tuple[str, str], nf: int, rows: int = 1) -> str:
+def gdot_sig(elems: tuple[str, str], fel: tuple[str, ...], rows: int = 1) -> str:
     a, b = (ctype(e) for e in elems)
-    fs = ", ".join(f"const float* restrict f{i}, long f{i}g" for i in range(nf))
+    fs = ", ".join(f"const {ctype(e)}* restrict f{i}, long f{i}g" for i, e in enumerate(fel))
     if rows == 1:
         return f"(long Gn, const {a}* restrict A, const {b}* restrict B, {fs})"
     return f"(long Gn, const {a}* restrict A, long sa, const {b}* restrict B, {fs}, float* restrict C, long sc)"
 
 
-def gdot_name(isa: ISA, G: int, elems: tuple[str, str], nf: int, prefetch: bool, rows: int = 1) -> str:
+def gdot_name(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...], prefetch: bool, rows: int = 1) -> str:
     vec = gdot_lanes(isa, G) > 1
     return (f"pr_gdot_{isa.name if vec else 'scalar'}_g{G}" + (f"_r{rows}" if rows > 1 else "") + _suffix(elems)
-            + f"_f{nf}" + ("_pfa" if prefetch and vec else ""))
+            + "_f" + "".join(fel) + ("_pfa" if prefetch and vec else ""))
 
 
-def gdot_kernel(isa: ISA, G: int, elems: tuple[str, str], nf: int, prefetch: bool = True, rows: int = 1) -> str:
+def gdot_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...], prefetch: bool = True,
+                rows: int = 1) -> str:
     """``float NAME(Gn, A, B, f0, f0g[, f1, f1g])``: sum over Gn groups of (f0[g * f0g] * f1[g * f1g]) times the dot
     product of the group's G values of A and B (any storage, widened exactly to float32). ``rows`` R > 1: ``void
     NAME(Gn, A, sa, B, f0, f0g, ..., C, sc)`` for R rows of A (row stride sa) against the one key B, every row with
-    the same factors (a weight's group scales), row r's result stored at ``C[r * sc]``.
+    the same factors (a weight's group scales), row r's result stored at ``C[r * sc]``. ``fel``: each factor's
+    storage (float32, or float16 / bfloat16 scales read as stored: one conversion per group, no pass over them).
 
     One row: per group, the G / W vector products summed in one register (the first a multiply), then scaled by
     the group's factor into one of two accumulators taken in turn by alternate groups (no single chain of
@@ -1146,14 +1148,16 @@ def gdot_kernel(isa: ISA, G: int, elems: tuple[str, str], nf: int, prefetch: boo
     W * ACC_CHUNK values of K, whose sums join a group sum of ACC_GROUP chunks and the group sums the total (the
     error grows like BLAS's, see ACC_CHUNK). ``prefetch``: one prefetch per 64-byte line of B, PF_AHEAD bytes
     ahead (a GEMV's keys are one stream per thread, as ``nt_kernel``'s single dot product)."""
-    name = gdot_name(isa, G, elems, nf, prefetch, rows)
+    name = gdot_name(isa, G, elems, fel, prefetch, rows)
     ea, eb = elems
-    sig = gdot_sig(elems, nf, rows)
+    sig = gdot_sig(elems, fel, rows)
     W = gdot_lanes(isa, G)
     R = rows
 
-    def factor(g: str) -> str:
-        return " * ".join(f"f{i}[({g}) * f{i}g]" for i in range(nf))
+    def factor(g: str) -> str:   # (a float16 scale by vcvtph2ps where there are vectors: pr_ld_f16's bit operations
+        # per group took a GEMV of [5632, 2048] from 134 to 187 us)
+        return " * ".join((f"pr_ld1_f16(f{i}[({g}) * f{i}g])" if e == "f16" and isa.vector
+                           else ld(e, f"f{i}[({g}) * f{i}g]")) for i, e in enumerate(fel))
     if W == 1:
         if R == 1:
             return f"""PR_INLINE float {name}{sig} {{

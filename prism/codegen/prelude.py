@@ -177,7 +177,10 @@ PR_INLINE __m256 pr_v8_i8(const int8_t* p) {
 }
 #if defined(__F16C__)
 PR_INLINE __m256 pr_v8_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+/* one float16 as pr_ld_f16 (exact), by vcvtph2ps: a grouped product's scale per group (microkernels.gdot_kernel) */
+PR_INLINE float pr_ld1_f16(uint16_t h) { return _cvtsh_ss(h); }
 #else
+PR_INLINE float pr_ld1_f16(uint16_t h) { return pr_ld_f16(h); }
 PR_INLINE __m256 pr_v8_f16(const uint16_t* p) {
   float t[8];
   for (int i = 0; i < 8; i++) t[i] = pr_ld_f16(p[i]);

@@ -63,6 +63,10 @@ class Unit:
     norm: bool = False             # an RMS normalization (partition: never after a contraction in one piece)
 
     @property
+    def alone(self) -> bool:
+        return self.lowered.alone
+
+    @property
     def kind(self) -> str:
         return self.lowered.kind
 
@@ -836,11 +840,15 @@ def _fuse_rotate(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
     return _fuse_units(units, match)
 
 
+_HALF_SCALES = ("torch.float16", "torch.bfloat16")
+
+
 def _fuse_grouped_linear(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
     """A linear layer of int8 weights with a scale per group of G input features, written as its weight
     dequantized -- ``linear(x, (q.view(N, Gn, G).float() * s.unsqueeze(-1)).view(N, K), bias)`` with ``q`` int8
-    [N, K] and ``s`` float32 [N, Gn] (or [N, Gn, 1]), as ``Int8Linear(group_size=G)`` and dequantize-then-linear code
-    write it; float32 ``x`` -- -> one unit computing the same product as a sum of per-group products:
+    [N, K] and ``s`` float32 [N, Gn] (or [N, Gn, 1]; or float16 / bfloat16 widened by ``.float()``), as
+    ``Int8Linear(group_size=G)`` and dequantize-then-linear code write it; float32 ``x`` -- -> one unit computing
+    the same product as a sum of per-group products:
     ``y[m, n] = sum_g s[n, g] * sum_k x[m, g*G + k] q[n, g*G + k]`` (``x @ (q * s)^T`` with the sum over K cut at
     the group boundaries and each group's scale taken out of its sum), which the search fuses into one block over
     the int8 weight as stored (codegen: ``matmul.emit_grouped``). Written out, the dequantized weight is an
@@ -896,9 +904,15 @@ def _fuse_grouped_linear(units: list[Unit], by_node: dict[Any, Unit]) -> list[Un
                     and only_user(sn, m) and _src(su) is not None:
                 parts.append(su)
                 sn = _src(su)
+            su = by_node.get(sn)
+            s_wide = False   # a float16 / bfloat16 scale widened to float32 (exact), as Int8Linear's are stored
+            if su is not None and _sig(su) == ("cast", "float32") and only_user(sn, parts[-1].node) \
+                    and _src(su) is not None and str(getattr(meta_value(_src(su)), "dtype", "")) in _HALF_SCALES:
+                parts.append(su)
+                sn, s_wide = _src(su), True
             sv = meta_value(sn)
-            if static_shape(sn) not in ((n_out, gn), (n_out, gn, 1)) or str(getattr(sv, "dtype", "")) != \
-                    "torch.float32":
+            if static_shape(sn) not in ((n_out, gn), (n_out, gn, 1)) or \
+                    str(getattr(sv, "dtype", "")) not in (("torch.float32",) + (_HALF_SCALES if s_wide else ())):
                 continue
             bias = ops[2] if len(ops) == 3 else None
 
@@ -911,6 +925,8 @@ def _fuse_grouped_linear(units: list[Unit], by_node: dict[Any, Unit]) -> list[Un
                     rows = rows * d
                 xg = gr.permute(gr.reshape(x, (rows, gn, g)), (1, 0, 2))
                 qg = gr.cast(gr.permute(gr.reshape(t[1], (n_out, gn, g)), (1, 2, 0)), f32)
+                # (a float16 scale without its widening: the product promotes it, exactly; with the cast the search
+                # found no block in its time limit, [1, 256] x [96, 256]^T)
                 sc = gr.permute(gr.reshape(t[2], (n_out, gn, 1)), (1, 2, 0))
                 y = gr.sum(gr.mul(gr.matmul(xg, qg), sc), 0)   # [1, rows, N]
                 if has_bias:   # (added before the reshape: after it, the search found no block in 60 s)
@@ -918,7 +934,9 @@ def _fuse_grouped_linear(units: list[Unit], by_node: dict[Any, Unit]) -> list[Un
                 return gr.reshape(y, (*lead, n_out))
             operands = [ops[0], Operand(q), Operand(sn)] + ([bias] if bias is not None else [])
             parts += [mu, wu]
-            return (Lowered("linear", "compute", operands, emit, ("grouped_linear", g)),
+            # alone: llama-1b's up projection and SwiGLU's product (linear+mul) had 400 candidates rejected and none
+            # verified in the search's 60 s; the grouped product alone searches in 1-5 s
+            return (Lowered("linear", "compute", operands, emit, ("grouped_linear", g), alone=True),
                     sorted(parts, key=lambda p: p.id))
         return None
     return _fuse_units(units, match)

@@ -105,7 +105,7 @@ def _src_key(cap: Captured, op: Operand) -> Any:
 def plan_pieces(cap: Captured, budget: Budget, only: set[int] | None = None) -> list[Piece]:
     """The pieces of the capture's units (``only``: of those unit ids alone; the others count as outside)."""
     units = [PlanUnit(u.id, u.kind, tuple(_src_key(cap, o) for o in u.lowered.operands), u.ops, u.matmuls,
-                      u.heavy, u.norm) for u in cap.units if only is None or u.id in only]
+                      u.heavy, u.norm, u.alone) for u in cap.units if only is None or u.id in only]
     users: dict[int, list[Any]] = {}
     for u in cap.units:
         us: list[Any] = []

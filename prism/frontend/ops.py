@@ -54,6 +54,9 @@ class Lowered:
     # attention with a bool mask: the same unit reading the mask as an additive bias (capture._masks uses
     # it where the mask comes from PyTorch: converted per call, two operators fewer for the search)
     as_bias: Lowered | None = None
+    # a piece of its own: nothing joins it and it joins nothing (capture._fuse_grouped_linear: with a neighbour
+    # the search found no verified kernel in its time limit)
+    alone: bool = False
 
 
 def meta_value(node: Any) -> Any:

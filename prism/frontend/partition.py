@@ -63,6 +63,7 @@ class PlanUnit:
     matmuls: int = 0
     heavy: bool = False           # a contraction, reduction or row-wise operator
     norm: bool = False            # an RMS normalization
+    alone: bool = False           # a piece of its own (nothing joins it, it joins nothing)
 
 
 @dataclass
@@ -120,7 +121,8 @@ def plan(units: Sequence[PlanUnit], users: Mapping[int, Sequence[Hashable]], bud
             (c,) = targets
             merged = sorted(members[p] + members[c], key=order.__getitem__)
             if not fits(merged) or (any(by_id[m].matmuls for m in members[p])
-                                    and any(by_id[m].norm for m in members[c])):
+                                    and any(by_id[m].norm for m in members[c])) \
+                    or any(by_id[m].alone for m in merged):
                 continue
             for m in members[p]:
                 piece_of[m] = c

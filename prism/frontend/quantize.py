@@ -7,6 +7,12 @@ config produces. Its forward scales after the product, ``F.linear(x, q.to(x.dtyp
 under ``prism.optimize`` or ``torch.compile(backend="prism")`` the cast, the product and the scale are one
 Prism piece that reads the int8 weight as stored (converted in registers, accumulated in float32).
 
+``group_size=G`` (weight-only): one scale per group of G consecutive input features of each output channel
+(float16 ``[out, in / G]``; G = 32 is llama.cpp's ``q8_0`` weight format). The forward dequantizes the weight and
+multiplies; under Prism the capture reads that as a sum of per-group products, one piece per Linear over the int8
+weight as stored (float32 models; docs/frontend.md "int8 weights with group scales"). On llama-1b's seeded weights its
+logits are 3.2e-2 from the float64 model's, the most accurate of the int8 forms (q8_0 4.5e-2).
+
 ``activations="int8"`` (W8A8: torchao's int8 dynamic activation, int8 weight; what llama.cpp's ``q8_0`` does
 with its activations) makes each layer an :class:`Int8DynLinear`: each row of the input is quantized too, at
 every call, symmetric with its own scale (``s_x = max |x_row| / 127``), and the product is of the two int8
@@ -32,7 +38,8 @@ from prism.ir.dtypes import quantize_int8
 
 class Int8Linear(nn.Module):
     """A Linear layer with int8 weights [out, in] and per-output-channel scales (float32 [out]), or with
-    ``group_size`` G one scale per group of G consecutive input features of each output (float32 [out, in / G])."""
+    ``group_size`` G one scale per group of G consecutive input features of each output ([out, in / G], float16
+    from ``from_linear``)."""
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                  group_size: int | None = None) -> None:
@@ -45,14 +52,17 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, lin: nn.Linear, group_size: int | None = None) -> Int8Linear:
+        """Group scales are stored as float16 (as llama.cpp's q8_0 stores its blocks': 2 bytes per G weights, a
+        relative rounding of 2^-11 against the weights' own 2^-8), per-channel ones as float32."""
         q, scale = quantize_int8(lin.weight.detach().float().cpu().numpy(), group_size)
-        return cls(torch.from_numpy(q), torch.from_numpy(scale if group_size else scale.reshape(-1)), lin.bias,
-                   group_size)
+        if group_size:
+            return cls(torch.from_numpy(q), torch.from_numpy(scale).to(torch.float16), lin.bias, group_size)
+        return cls(torch.from_numpy(q), torch.from_numpy(scale.reshape(-1)), lin.bias)
 
     def dequantized(self) -> torch.Tensor:
         if self.group_size:
             n, k = self.qweight.shape
-            return (self.qweight.float().view(n, -1, self.group_size) * self.scale[:, :, None]).view(n, k)
+            return (self.qweight.float().view(n, -1, self.group_size) * self.scale.float()[:, :, None]).view(n, k)
         return self.qweight.float() * self.scale[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

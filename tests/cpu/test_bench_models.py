@@ -86,8 +86,8 @@ def test_w8a8_models_quantize_activations_too() -> None:
 
 def test_int8w_g32_models_have_a_scale_per_group_of_32() -> None:
     """``--dtype int8w-g32``: every Linear int8 weight-only with a float32 scale per group of 32 input features (the
-    weights of llama.cpp's q8_0, whose GGUF it is compared with), float32 activations; the bytes a decode step reads
-    count the group scales."""
+    weights of llama.cpp's q8_0, whose GGUF it is compared with: float16 scales), float32 activations; the bytes a
+    decode step reads count the group scales."""
     from prism.bench.llamacpp import OUTTYPE
     from prism.frontend.quantize import Int8Linear
     m = build(MODELS["llama-tiny"], dtype="int8w-g32")
@@ -95,7 +95,8 @@ def test_int8w_g32_models_have_a_scale_per_group_of_32() -> None:
     assert q and m.get_output_embeddings() in q and not [x for x in m.modules() if isinstance(x, torch.nn.Linear)]
     assert {x.group_size for x in q} == {32} and all(x.scale.shape == (x.out_features, x.in_features // 32) for x in q)
     assert {p.dtype for p in m.parameters()} == {torch.float32} and OUTTYPE["int8w-g32"] == "q8_0"
-    linear = sum(x.qweight.numel() + x.scale.numel() * 4 for x in q)
+    assert {x.scale.dtype for x in q} == {torch.float16}   # as q8_0 stores its block scales
+    linear = sum(x.qweight.numel() + x.scale.numel() * 2 for x in q)
     others = sum(p.numel() * 4 for p in m.parameters()) - m.get_input_embeddings().weight.numel() * 4
     assert decode_bytes(m) == linear + others
 

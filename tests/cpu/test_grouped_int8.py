@@ -22,14 +22,16 @@ from prism.runtime.kernel import compile as compile_kernel
 pytestmark = pytest.mark.cpu
 
 
-def _grouped(M: int, N: int, Gn: int, G: int, acc: bool = False, blocks: int = 2) -> prism.Graph:
+def _grouped(M: int, N: int, Gn: int, G: int, acc: bool = False, blocks: int = 2, s_dtype: str = "float32"
+             ) -> prism.Graph:
     """y [1, M, N] = sum_g s[n, g] * sum_k x[m, g, k] q[n, g, k]: the block the search finds for a grouped Linear
     (``blocks`` blocks of keys; ``acc``: a sum accumulator over a loop of one iteration between the product and
-    its scale, a form the search also returns)."""
+    its scale, a form the search also returns; ``s_dtype`` float16: the scales as Int8Linear stores them, promoted
+    by the product)."""
     g = prism.Graph()
     x = g.input("x", (M, Gn * G))
     q = g.input("q", (N, Gn * G), "int8")
-    s = g.input("s", (N, Gn))
+    s = g.input("s", (N, Gn), s_dtype)
     x3, q3, s3 = g.reshape(x, (M, Gn, G)), g.reshape(q, (N, Gn, G)), g.reshape(s, (N, Gn, 1))
     bb = BlockBuilder(grid=(blocks,), forloop=1, inputs=[x3, q3, s3])
     xt = bb.permute(bb.iter(0, imap=(None,)), (1, 0, 2))           # [Gn, M, G]
@@ -45,11 +47,11 @@ def _grouped(M: int, N: int, Gn: int, G: int, acc: bool = False, blocks: int = 2
 
 
 def _values(rng: np.random.Generator, M: int, N: int, Gn: int, G: int) -> dict[str, np.ndarray]:
-    """Hostile: rows with outliers of 1e4, a key group of zeros, scales from 1e-6 to 1e3."""
+    """Hostile: rows with outliers of 1e4, a key group of zeros, scales from 1e-4 to 1e3."""
     x = rng.standard_normal((M, Gn * G)) * np.where(rng.random((M, Gn * G)) < 0.01, 1e4, 1.0)
     q = rng.integers(-127, 128, (N, Gn * G)).astype(np.int8)
     q[N // 3, :G] = 0
-    s = 10.0 ** rng.uniform(-6, 3, (N, Gn))
+    s = 10.0 ** rng.uniform(-4, 3, (N, Gn))
     return {"x": x.astype(np.float32), "q": q, "s": s.astype(np.float32)}
 
 
@@ -64,12 +66,14 @@ def _reference(v: dict[str, np.ndarray], Gn: int, G: int) -> np.ndarray:
 def test_grouped_products_on_every_isa_against_float64(M: int) -> None:
     """Rows 1-8: grouped dot products (8, 4 and 2 rows sharing each dequantized key, the rest one at a time);
     40 rows: blocks of keys dequantized into scratch, then the plain product. Groups of 32 (vectors on AVX-512
-    and AVX2) and of 24 (the scalar form on AVX-512, vectors on AVX2); Gn = 37 (chunks and an odd group)."""
+    and AVX2) and of 24 (the scalar form on AVX-512, vectors on AVX2); Gn = 37 (chunks and an odd group); float32
+    and float16 scales (float16 from 6e-5 up: its normal range)."""
     rng = np.random.default_rng(M)
-    for G in (32, 24):
+    for G, s_dtype in ((32, "float32"), (24, "float32"), (32, "float16")):
         Gn, N = 37, 70
-        g = _grouped(M, N, Gn, G)
+        g = _grouped(M, N, Gn, G, s_dtype=s_dtype)
         v = _values(rng, M, N, Gn, G)
+        v["s"] = v["s"].astype(s_dtype)
         ref = _reference(v, Gn, G)
         for isa in supported_isas():
             src = compile_kernel(g, isa=isa).source
@@ -96,13 +100,15 @@ def test_a_one_iteration_accumulator_between_product_and_scale_is_the_same_group
 
 def test_grouped_dot_kernel_text_scales_once_per_group() -> None:
     """One row: each group's dot product is scaled into one of two accumulators; several rows: each key vector is
-    dequantized once (widened, times the group's factor) for all of them."""
+    dequantized once (widened, times the group's factor) for all of them; a float16 factor read as stored, one
+    conversion per group."""
     isa = ISAS["avx512"]
-    one = mk.gdot_kernel(isa, 32, ("f32", "i8"), 1)
+    one = mk.gdot_kernel(isa, 32, ("f32", "i8"), ("f32",))
     assert one.count("_mm512_fmadd_ps(d, _mm512_set1_ps(") == 3   # two groups per step, one tail group
-    rows = mk.gdot_kernel(isa, 32, ("f32", "i8"), 1, rows=8)
+    rows = mk.gdot_kernel(isa, 32, ("f32", "i8"), ("f16",), rows=8)
     assert rows.count("_mm512_mul_ps(pr_v16_i8(") == 2           # two key vectors per group, each once
     assert rows.count("_mm512_fmadd_ps(_mm512_loadu_ps(A + ") == 16
+    assert rows.count("pr_ld1_f16(f0[") == 1 and "const uint16_t* restrict f0" in rows
 
 
 def test_quantize_int8_groups() -> None:
