@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from prism.codegen.block import grouped_products
-from prism.codegen.matmul import GROUPED_DOT_ROWS, TN_MIN_K, grouped_block_keys, tn_min_rows
+from prism.codegen.matmul import GROUPED_DOT_ROWS, TN_MIN_K, tn_min_rows
 from prism.codegen.tiles import elem_of
 from prism.ir import dims as D
 from prism.ir.block import BlockGraph
@@ -59,7 +59,6 @@ NODE_S = 3e-9              # per tile operator or accumulator per iteration (cal
 FORK_S = 3e-6              # an OpenMP parallel region (fork/join)
 RUN_CACHE_S = 5e-9         # per contiguous run of a tile (a row of a column strip): a latency-bound access
 GROUPED_UNFUSED = 4       # a per-group product not lowered as one (_grouped_cost)
-GROUPED_PACK_FLOPS = 24    # per row value packed again per dequantized key block of a grouped product (_grouped_cost)
 RUN_DRAM_S = 9e-9          # ... when the tensor comes from DRAM (strided rows defeat the prefetchers)
 L3_SHARE = 0.25            # of the shared L3 counted on for one kernel's data (other tensors, other processes)
 PARALLEL_MIN = 32 * 1024   # the code generator parallelizes predefined loop nests from this many elements
@@ -253,11 +252,10 @@ def _users(bg: BlockGraph) -> dict[Node, list[Node]]:
 def _grouped_cost(bg: BlockGraph, S: Dims) -> float:
     """Flops-equivalent per block beyond the matmul's own of the block's grouped products (codegen:
     ``matmul.emit_grouped``): up to GROUPED_DOT_ROWS rows (or a factor per row) every row widens each weight
-    again, the matmul's flops twice over; more rows dequantize the keys once per block (2 a weight) and the plain
-    product packs the rows again per dequantized block of keys, GROUPED_PACK_FLOPS a float: core work that does
-    not overlap the product (fitted: [128, 2048] x [5632, 2048]^T in 704 blocks of 64 rows x 16 keys took 10.9 ms
-    against 6.6 in the per-channel form's large blocks, ~4.3 ms for 92M floats packed, Zen 5, 2 threads). Without
-    this term the model ranked that product's grids by noise and the tuner took the 16-key blocks."""
+    again, the matmul's flops twice over; more rows dequantize the keys once per block (2 a weight). A per-group
+    product the pattern does not cover (an accumulator between over a longer loop) is lowered as products of one
+    group each (K = G per call): GROUPED_UNFUSED times its flops' time (measured 3.4-3.8x the model's estimate at
+    1 and 8 rows, [*, 2048] x [5632, 2048]^T, G = 32); without it the tuner measured those forms first."""
     flops = 0.0
     if not any(n.op == "matmul" for n in bg.nodes) or not any(n.op == "sum" and n.arg[0] % len(n.src[0].shape) == 0
                                                                    for n in bg.nodes):
@@ -269,11 +267,9 @@ def _grouped_cost(bg: BlockGraph, S: Dims) -> float:
         if rows <= GROUPED_DOT_ROWS or any(S(f.shape)[1] == rows > 1 for f in factors):
             flops += 2.0 * rows * keys * k
         else:
-            flops += 2.0 * keys * k + GROUPED_PACK_FLOPS * rows * k * -(-keys // grouped_block_keys(k, keys))
+            flops += 2.0 * keys * k
     fused = {mm for mm, _, _ in found}
-    for n in bg.nodes:   # a per-group product the pattern does not cover (an accumulator between): lowered as
-        # products of one group each (K = G per call), GROUPED_UNFUSED times the flops' time (measured 3.4-3.8x
-        # the model's estimate at 1 and 8 rows, [*, 2048] x [5632, 2048]^T, G = 32)
+    for n in bg.nodes:
         if n.op == "matmul" and len(n.shape) == 3 and n not in fused:
             flops += (GROUPED_UNFUSED - 1) * _node_flops(n, S)
     return flops
