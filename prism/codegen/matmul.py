@@ -954,19 +954,41 @@ def emit_grouped(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View,
         one = sup.need(mk.gdot_name(sup.isa, G, elems, fel, prefetch), mk.gdot_kernel(sup.isa, G, elems, fel, prefetch))
         # runs of rows sharing each dequantized key (factors the same for every row), widest first
         runs = [R for R in mk.GDOT_ROWS if row_free and (varies(M) or M >= R)]
+        TR, TJ = mk.GDOT_TILE
+        tile = row_free and mk.gdot_lanes(sup.isa, G) > 1 and (varies(M) or M >= TR) and N >= TJ
         j, m = nm("j"), nm("m")
-        with w.block(f"for (long {j} = 0; {j} < {N}; {j}++)"):
-            w.line(f"long {m} = 0;")
+
+        def rows_of_key(jv: str) -> None:
+            """The rows from ``m`` on against key ``jv``: runs of R rows, then one at a time."""
             for R in runs:
                 fn = sup.need(mk.gdot_name(sup.isa, G, elems, fel, prefetch, R),
                               mk.gdot_kernel(sup.isa, G, elems, fel, prefetch, R))
-                fs = ", ".join(f"{f.ptr} + {j} * {s[2]}, {s[0]}" for f, s in zip(factors, fst))
+                fs = ", ".join(f"{f.ptr} + {jv} * {s[2]}, {s[0]}" for f, s in zip(factors, fst))
                 with w.block(f"for (; {m} + {R} <= {M}; {m} += {R})"):
-                    w.line(f"{fn}({Gn}, {A.ptr} + {m} * {sam}, {sam}, {B.ptr} + {j} * {sbn}, {fs}, "
-                           f"{C.ptr} + {m} * {sc0} + {j}, {sc0});")
+                    w.line(f"{fn}({Gn}, {A.ptr} + {m} * {sam}, {sam}, {B.ptr} + {jv} * {sbn}, {fs}, "
+                           f"{C.ptr} + {m} * {sc0} + {jv}, {sc0});")
             with w.block(f"for (; {m} < {M}; {m}++)"):
-                fs = ", ".join(f"{f.ptr} + {m} * {s[1]} + {j} * {s[2]}, {s[0]}" for f, s in zip(factors, fst))
-                w.line(f"{C.ptr}[{m} * {sc0} + {j}] = {one}({Gn}, {A.ptr} + {m} * {sam}, {B.ptr} + {j} * {sbn}, {fs});")
+                fs = ", ".join(f"{f.ptr} + {m} * {s[1]} + {jv} * {s[2]}, {s[0]}" for f, s in zip(factors, fst))
+                w.line(f"{C.ptr}[{m} * {sc0} + {jv}] = "
+                       f"{one}({Gn}, {A.ptr} + {m} * {sam}, {B.ptr} + {jv} * {sbn}, {fs});")
+
+        w.line(f"long {j} = 0;")
+        if tile:   # TJ keys at a time: tiles of TR rows, the rows left per key
+            fn = sup.need(mk.gdot_tile_name(sup.isa, G, elems, fel), mk.gdot_tile_kernel(sup.isa, G, elems, fel))
+            fs = ", ".join(f"{f.ptr} + {j} * {s[2]}, {s[0]}, {s[2]}" for f, s in zip(factors, fst))
+            with w.block(f"for (; {j} + {TJ} <= {N}; {j} += {TJ})"):
+                w.line(f"long {m} = 0;")
+                with w.block(f"for (; {m} + {TR} <= {M}; {m} += {TR})"):
+                    w.line(f"{fn}({Gn}, {A.ptr} + {m} * {sam}, {sam}, {B.ptr} + {j} * {sbn}, {sbn}, {fs}, "
+                           f"{C.ptr} + {m} * {sc0} + {j}, {sc0});")
+                m0, jj = nm("m0"), nm("jj")
+                w.line(f"const long {m0} = {m};")
+                with w.block(f"for (long {jj} = {j}; {jj} < {j} + {TJ}; {jj}++)"):
+                    w.line(f"{m} = {m0};")
+                    rows_of_key(jj)
+        with w.block(f"for (; {j} < {N}; {j}++)"):
+            w.line(f"long {m} = 0;")
+            rows_of_key(j)
 
     def dequantized() -> None:
         K = concrete(Gn) * concrete(G)

@@ -1130,6 +1130,74 @@ def gdot_name(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...], pr
             + "_f" + "".join(fel) + ("_pfa" if prefetch and vec else ""))
 
 
+GDOT_TILE = (4, 4)   # rows x keys of the grouped tile kernel (matmul.emit_grouped, from 4 rows)
+
+
+def gdot_tile_name(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...]) -> str:
+    R, J = GDOT_TILE
+    return f"pr_gdot_{isa.name}_g{G}_{R}x{J}" + _suffix(elems) + "_f" + "".join(fel)
+
+
+def gdot_tile_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...]) -> str:
+    """``void NAME(Gn, A, sa, B, sb, f0, f0g, f0j[, f1...], C, sc)``: GDOT_TILE's R rows of A (row stride sa) against
+    J keys of B (key stride sb), every row with the same factors (key j's at ``g * fig + j * fij``), C[r * sc + j].
+    Per group: the R rows' vectors loaded once, each key's vectors dequantized in registers once (widened, times its
+    factor) and FMA'd into the R x J accumulators (one register each): the rows are read once per J keys where the
+    row kernels read them once per key (8 rows of 2048 floats, 64 KiB, from L2 for every key: batch-8 decode of a
+    [*, 2048] x [5632, 2048]^T product 783 us against the per-channel form's 440). Chunk levels as ``gdot_kernel``.
+    Vector ISAs and G a multiple of the width only (``gdot_lanes``)."""
+    R, J = GDOT_TILE
+    W = gdot_lanes(isa, G)
+    assert W > 1
+    name = gdot_tile_name(isa, G, elems, fel)
+    ea, eb = elems
+    a, b = (ctype(e) for e in elems)
+    fs = ", ".join(f"const {ctype(e)}* restrict f{i}, long f{i}g, long f{i}j" for i, e in enumerate(fel))
+    sig = f"(long Gn, const {a}* restrict A, long sa, const {b}* restrict B, long sb, {fs}, float* restrict C, long sc)"
+    v = _V(isa)
+    vt = isa.vtype
+    nvec = G // W
+    gc = max(2, (W * ACC_CHUNK // G) // 2 * 2)
+    gr = gc * ACC_GROUP
+
+    def factor(j: int) -> str:
+        return " * ".join((f"pr_ld1_f16(f{i}[g * f{i}g + {j} * f{i}j])" if e == "f16"
+                           else ld(e, f"f{i}[g * f{i}g + {j} * f{i}j]")) for i, e in enumerate(fel))
+    body = []
+    for r in range(R):
+        body += [f"      const {vt} a{r}_{i} = {v.load(f'A + {r} * sa + g * {G} + {i * W}', 0, ea)};"
+                 for i in range(nvec)]
+    for j in range(J):
+        body.append(f"      {{ const {vt} f = {v.set1(factor(j))};")
+        for i in range(nvec):
+            body.append(f"        {{ const {vt} w = {v.mul(v.load(f'B + {j} * sb + g * {G} + {i * W}', 0, eb), 'f')};")
+            body += [f"          acc{r}{j} = {v.fma(f'a{r}_{i}', 'w', f'acc{r}{j}')};" for r in range(R)]
+            body.append("        }")
+        body.append("      }")
+    accs = ", ".join(f"acc{r}{j} = {v.zero()}" for r in range(R) for j in range(J))
+    sums = []
+    for r in range(R):
+        for j in range(J):
+            k = r * J + j
+            sums.append(f"    {{ {v.sum_lanes('c', f'acc{r}{j}')}\n      t[{k}] = g0 % {gr} ? t[{k}] + c : c;\n"
+                        f"      if (g1 == Gn || g1 % {gr} == 0) s[{k}] = g0 < {gr} ? t[{k}] : s[{k}] + t[{k}]; }}")
+    nl = "\n"
+    return f"""PR_INLINE void {name}{sig} {{
+  float s[{R * J}] = {{0}}, t[{R * J}] = {{0}};
+  for (long g0 = 0; g0 < Gn; g0 += {gc}) {{
+    const long g1 = pr_minl(Gn, g0 + {gc});
+    {vt} {accs};
+    for (long g = g0; g < g1; g++) {{
+{nl.join(body)}
+    }}
+{nl.join(sums)}
+  }}
+  for (int r = 0; r < {R}; r++)
+    for (int j = 0; j < {J}; j++) C[r * sc + j] = s[r * {J} + j];
+}}
+"""
+
+
 def gdot_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...], prefetch: bool = True,
                 rows: int = 1) -> str:
     """``float NAME(Gn, A, B, f0, f0g[, f1, f1g])``: sum over Gn groups of (f0[g * f0g] * f1[g * f1g]) times the dot

@@ -64,7 +64,8 @@ def _reference(v: dict[str, np.ndarray], Gn: int, G: int) -> np.ndarray:
 
 @pytest.mark.parametrize("M", [1, 3, 8, 13, 40])
 def test_grouped_products_on_every_isa_against_float64(M: int) -> None:
-    """Rows 1-8: grouped dot products (8, 4 and 2 rows sharing each dequantized key, the rest one at a time);
+    """Rows 1-8: grouped dot products (tiles of 4 rows x 4 keys from 4 rows; 8, 4 and 2 rows sharing each
+    dequantized key, the rest one at a time);
     40 rows: blocks of keys dequantized into scratch, then the plain product. Groups of 32 (vectors on AVX-512
     and AVX2) and of 24 (the scalar form on AVX-512, vectors on AVX2); Gn = 37 (chunks and an odd group); float32
     and float16 scales (float16 from 6e-5 up: its normal range)."""
@@ -82,7 +83,8 @@ def test_grouped_products_on_every_isa_against_float64(M: int) -> None:
             else:
                 assert "pr_gdot_" not in src, (isa, G)
             if M == 8:
-                assert f"_g{G}_r8_" in src, (isa, G)
+                assert f"_g{G}_r8_" in src, (isa, G)   # (the keys past the last tile of 4: 70 = 17 * 4 + 2)
+                assert (f"_g{G}_4x4_" in src) == (G % ISAS[isa].width == 0 and isa != "portable"), (isa, G)
             assert "pr_nt_" not in src or M > 8, "the per-group products were lowered one by one"
             out = prism.compile(g, isa=isa)(**v)
             assert_close(out, ref, f"grouped M={M} G={G} {isa}")
@@ -168,3 +170,42 @@ def test_a_bfloat16_models_grouped_layers_stay_correct() -> None:
         y = o(x).double()
     ref = x.double() @ (m.qweight.double().view(64, 4, 32) * m.scale.double()[:, :, None]).view(64, 128).t()
     assert_close(y.numpy(), ref.numpy(), "bfloat16 grouped Linear", rtol=3e-2)
+
+
+def test_a_grouped_product_whose_rows_are_not_contiguous_is_lowered_node_by_node() -> None:
+    """x stored [Gn, M, G] (a row's groups M * G apart): not the layout emit_grouped takes, so its nodes are lowered
+    one by one as before -- still correct."""
+    rng = np.random.default_rng(9)
+    M, N, Gn, G = 3, 40, 6, 32
+    g = prism.Graph()
+    x = g.input("x", (Gn, M, G))
+    q = g.input("q", (N, Gn * G), "int8")
+    s = g.input("s", (N, Gn))
+    q3, s3 = g.reshape(q, (N, Gn, G)), g.reshape(s, (N, Gn, 1))
+    bb = BlockBuilder(grid=(2,), forloop=1, inputs=[x, q3, s3])
+    p = bb.matmul(bb.iter(0, imap=(None,)), bb.permute(bb.iter(1, imap=(0,)), (1, 2, 0)))
+    bb.save(bb.sum(bb.mul(p, bb.permute(bb.iter(2, imap=(0,)), (1, 2, 0))), 0), omap=(2,))
+    (y,) = g.customized(bb.build(), [x, q3, s3])
+    g.output(y, "y")
+    assert "pr_gdot_" not in compile_kernel(g).source
+    v = _values(rng, M, N, Gn, G)
+    xs = np.ascontiguousarray(v["x"].reshape(M, Gn, G).transpose(1, 0, 2))
+    out = prism.compile(g)(x=xs, q=v["q"], s=v["s"])
+    assert_close(out, _reference(v, Gn, G), "grouped, rows not contiguous")
+
+
+def test_a_grouped_int8_linear_over_a_dynamic_row_count_is_correct_at_every_count() -> None:
+    """Rows symbolic (a prompt's length): one search serves every row count, each tuned, derived or served by a
+    template whose text chooses the grouped dot products or the dequantized blocks at run time; correct against
+    float64 at counts on both sides of GROUPED_DOT_ROWS, every call by Prism."""
+    torch.manual_seed(2)
+    lin = nn.Linear(128, 80, bias=False)
+    m = Int8Linear.from_linear(lin, 32)
+    deq = m.dequantized().double()
+    with torch.no_grad():
+        o = prism.optimize(m, (torch.randn(6, 128),), dynamic={0: [0]})
+        for rows in (1, 5, 8, 9, 40, 64, 3):
+            x = torch.randn(rows, 128)
+            assert_close(o(x).numpy(), (x.double() @ deq.t()).numpy(), f"grouped Linear, {rows} rows")
+    (piece,) = o.prism_pieces()
+    assert piece.runner.prism_calls == 8 and piece.runner.fallback_calls == 0, o.explain()   # (+ the example call)
