@@ -221,20 +221,18 @@ class BlockLowering:
         a, b = (self.vals.get(s) for s in mm.src)
         if not isinstance(a, View) or not isinstance(b, View):
             return False
-        fviews = []
-        for f in factors:
-            v = self.vals.get(f)
-            if v is None:
-                return False
-            if not isinstance(v, View):   # a computed factor: into scratch once per block (float16 and bfloat16
-                v = self.view(v, ph)      # ones stored so are read as they are: one conversion per group)
-            fviews.append(v)
-        direct = self.direct_target(n, out_ptrs)
-        target = direct if direct is not None else self.alloc(_ints(n.shape))
-        if not grouped_form(target, a, b, fviews):
-            if direct is not None:   # (direct_target marked the save as written)
-                self.saved.discard(self.cons[n][0])
+        vals = [self.vals.get(f) for f in factors]
+        if any(v is None for v in vals):
             return False
+        # a computed factor goes into scratch once per block (dense: the layout check takes it as such); float16 and
+        # bfloat16 ones stored so are read as they are, one conversion per group
+        shaped = [v if isinstance(v, View) else View.dense("", v.shape) for v in vals]
+        out_shape = _ints(n.shape)
+        if not grouped_form(View.dense("", out_shape), a, b, shaped):
+            return False
+        fviews = [v if isinstance(v, View) else self.view(v, ph) for v in vals]
+        direct = self.direct_target(n, out_ptrs)
+        target = direct if direct is not None else self.alloc(out_shape)
         emit_grouped(self.w[ph], self.nm, self.sup, target, a, b, fviews, self.scratch_ptr)
         self.vals[n] = target
         return True
