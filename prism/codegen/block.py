@@ -240,7 +240,7 @@ class BlockLowering:
     def lower(self, in_ptrs: list[str], out_ptrs: list[str]) -> BlockFunction:
         smax_src = self.groups_src()
         grouped = self.grouped_products()
-        pending = {x: s for s, (mm, muls, _) in grouped.items() for x in (mm, *muls)}
+        pending = {x: s for s, (mm, chain, _) in grouped.items() for x in (mm, *chain)}
         for n in self.nodes:
             if n in pending and pending[n] in grouped:
                 continue   # part of a grouped product: lowered with its sum (or one by one, below)
@@ -502,7 +502,7 @@ class BlockLowering:
         return BlockFunction(self.name, w.text(), self.scratch, list(self.partial))
 
 
-Grouped = dict[Node, tuple[Node, list[Node], list[Node]]]   # grouped_products: sum -> (matmul, muls, factors)
+Grouped = dict[Node, tuple[Node, list[Node], list[Node]]]   # grouped_products: sum -> (matmul, chain, factors)
 
 
 def grouped_products(nodes: list[Node], cons: Mapping[Node, Sequence[Node]], phase: Mapping[Node, str],
@@ -541,9 +541,9 @@ def grouped_products(nodes: list[Node], cons: Mapping[Node, Sequence[Node]], pha
                 or any(phase.get(f) not in ("inv", ph) for f in factors)):
             continue
         gm = dims(x.shape)
-        if all(len(f.shape) == 3 and dims(f.shape)[0] == gm[0] and dims(f.shape)[1] in (1, gm[1])
-               and dims(f.shape)[2] in (1, gm[2]) and f not in chain and dims(c.shape) == gm
-               for f in factors for c in chain):
+        if all(dims(c.shape) == gm for c in chain) and all(
+                len(f.shape) == 3 and dims(f.shape)[0] == gm[0] and dims(f.shape)[1] in (1, gm[1])
+                and dims(f.shape)[2] in (1, gm[2]) and f not in chain for f in factors):
             out[n] = (x, chain, factors)
     return out
 

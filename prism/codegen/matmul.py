@@ -1002,8 +1002,8 @@ def emit_grouped(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View,
             j, g, k = nm("j"), nm("g"), nm("k")
             with w.block(f"for (long {j} = 0; {j} < {jn}; {j}++)"):
                 with w.block(f"for (long {g} = 0; {g} < {Gn}; {g}++)"):
-                    f = " * ".join(f.at(f"{g} * {s[0]} + ({j0} + {j}) * {s[2]}") for f, s in zip(factors, fst))
-                    w.line(f"const float f = {f};")
+                    fac = " * ".join(f.at(f"{g} * {s[0]} + ({j0} + {j}) * {s[2]}") for f, s in zip(factors, fst))
+                    w.line(f"const float f = {fac};")
                     w.line("#pragma omp simd")
                     w.line(f"for (long {k} = 0; {k} < {G}; {k}++) {D}[{j} * {K} + {g} * {G} + {k}] = "
                            f"{ld(B.elem, f'{B.ptr}[({j0} + {j}) * {sbn} + {g} * {G} + {k}]')} * f;")

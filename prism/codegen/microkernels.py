@@ -676,11 +676,13 @@ def nt_helpers(isa: ISA) -> tuple[str, str]:
     return "pr_hsum8", _HSUM_AVX2
 
 
-def _nt_levels(tot: str, grp: str, chunk: str, add: Callable[[str, str], str], gr: int) -> str:
-    """The chunk loop's last two levels, stated once for every nt kernel form: the chunk sum starts or joins its
-    group (of ``gr`` values of K); a finished group starts or joins the total."""
-    return (f"{grp} = k0 % {gr} ? {add(grp, chunk)} : {chunk};\n"
-            f"    if (k1 == K || k1 % {gr} == 0) {tot} = k0 < {gr} ? {grp} : {add(tot, grp)};")
+def _nt_levels(tot: str, grp: str, chunk: str, add: Callable[[str, str], str], gr: int,
+               lo: str = "k0", hi: str = "k1", n: str = "K") -> str:
+    """The chunk loop's last two levels, stated once for every nt (and grouped dot) kernel form: the chunk sum
+    starts or joins its group (of ``gr`` values of K); a finished group starts or joins the total. ``lo``, ``hi``:
+    the chunk's bounds, ``n`` the end (the grouped kernels count groups: g0, g1, Gn)."""
+    return (f"{grp} = {lo} % {gr} ? {add(grp, chunk)} : {chunk};\n"
+            f"    if ({hi} == {n} || {hi} % {gr} == 0) {tot} = {lo} < {gr} ? {grp} : {add(tot, grp)};")
 
 
 def _scalar_add(x: str, y: str) -> str:
@@ -1133,6 +1135,13 @@ def gdot_name(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...], pr
 GDOT_TILE = (4, 4)   # rows x keys of the grouped tile kernel (matmul.emit_grouped, from 4 rows)
 
 
+def _gdot_factor(isa: ISA, fel: tuple[str, ...], at: str) -> str:
+    """The product of the factors ``f<i>[at]`` as a float: a float16 one by vcvtph2ps where there are vectors
+    (``pr_ld1_f16``; pr_ld_f16's bit operations per group took a GEMV of [5632, 2048] from 134 to 187 us)."""
+    return " * ".join((f"pr_ld1_f16(f{i}[{at.format(i=i)}])" if e == "f16" and isa.vector
+                       else ld(e, f"f{i}[{at.format(i=i)}]")) for i, e in enumerate(fel))
+
+
 def gdot_tile_name(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...]) -> str:
     R, J = GDOT_TILE
     return f"pr_gdot_{isa.name}_g{G}_{R}x{J}" + _suffix(elems) + "_f" + "".join(fel)
@@ -1161,8 +1170,7 @@ def gdot_tile_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, .
     gr = gc * ACC_GROUP
 
     def factor(j: int) -> str:
-        return " * ".join((f"pr_ld1_f16(f{i}[g * f{i}g + {j} * f{i}j])" if e == "f16"
-                           else ld(e, f"f{i}[g * f{i}g + {j} * f{i}j]")) for i, e in enumerate(fel))
+        return _gdot_factor(isa, fel, f"g * f{{i}}g + {j} * f{{i}}j")
     body = []
     for r in range(R):
         body += [f"      const {vt} a{r}_{i} = {v.load(f'A + {r} * sa + g * {G} + {i * W}', 0, ea)};"
@@ -1179,8 +1187,8 @@ def gdot_tile_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, .
     for r in range(R):
         for j in range(J):
             k = r * J + j
-            sums.append(f"    {{ {v.sum_lanes('c', f'acc{r}{j}')}\n      t[{k}] = g0 % {gr} ? t[{k}] + c : c;\n"
-                        f"      if (g1 == Gn || g1 % {gr} == 0) s[{k}] = g0 < {gr} ? t[{k}] : s[{k}] + t[{k}]; }}")
+            sums.append(f"    {{ {v.sum_lanes('c', f'acc{r}{j}')}\n      "
+                        f"{_nt_levels(f's[{k}]', f't[{k}]', 'c', _scalar_add, gr, 'g0', 'g1', 'Gn')} }}")
     nl = "\n"
     return f"""PR_INLINE void {name}{sig} {{
   float s[{R * J}] = {{0}}, t[{R * J}] = {{0}};
@@ -1222,10 +1230,8 @@ def gdot_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...], 
     W = gdot_lanes(isa, G)
     R = rows
 
-    def factor(g: str) -> str:   # (a float16 scale by vcvtph2ps where there are vectors: pr_ld_f16's bit operations
-        # per group took a GEMV of [5632, 2048] from 134 to 187 us)
-        return " * ".join((f"pr_ld1_f16(f{i}[({g}) * f{i}g])" if e == "f16" and isa.vector
-                           else ld(e, f"f{i}[({g}) * f{i}g]")) for i, e in enumerate(fel))
+    def factor(g: str) -> str:
+        return _gdot_factor(isa, fel, f"({g}) * f{{i}}g")
     if W == 1:
         if R == 1:
             return f"""PR_INLINE float {name}{sig} {{
@@ -1283,8 +1289,7 @@ def gdot_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...], 
 {tail}
     }}
     {v.sum_lanes("c", v.add("acc0", "acc1"))}
-    t = g0 % {gr} ? t + c : c;
-    if (g1 == Gn || g1 % {gr} == 0) s = g0 < {gr} ? t : s + t;
+    {_nt_levels("s", "t", "c", _scalar_add, gr, "g0", "g1", "Gn")}
   }}
   return s;
 }}
@@ -1303,8 +1308,8 @@ def gdot_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...], 
         return out
     accs = ", ".join(f"acc{r}_{u} = {v.zero()}" for r in range(R) for u in range(na))
     total = {r: (v.add(f"acc{r}_0", f"acc{r}_1") if na == 2 else f"acc{r}_0") for r in range(R)}
-    sums = "\n".join(f"    {{ {v.sum_lanes('c', total[r])}\n      t[{r}] = g0 % {gr} ? t[{r}] + c : c;\n"
-                     f"      if (g1 == Gn || g1 % {gr} == 0) s[{r}] = g0 < {gr} ? t[{r}] : s[{r}] + t[{r}]; }}"
+    sums = "\n".join(f"    {{ {v.sum_lanes('c', total[r])}\n      "
+                     f"{_nt_levels(f's[{r}]', f't[{r}]', 'c', _scalar_add, gr, 'g0', 'g1', 'Gn')} }}"
                      for r in range(R))
     return f"""PR_INLINE void {name}{sig} {{
   float s[{R}] = {{0}}, t[{R}] = {{0}};

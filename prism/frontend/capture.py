@@ -710,11 +710,13 @@ def _fuse_units(units: list[Unit], match: Callable[[Unit], tuple[Lowered, list[U
     return [u for u in out if u.node not in absorbed]
 
 
+def _only_user(n: Any, user: Any) -> bool:
+    """Whether FX node ``user`` is ``n``'s one user (a pattern may absorb ``n``)."""
+    return list(n.users) == [user]
+
+
 def _fuse_rms(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
     """x * rsqrt(mean(square(x), -1, keepdim) + eps) / x / sqrt(...) -> one rms_norm unit."""
-    def only_user(n: Any, user: Any) -> bool:
-        return list(n.users) == [user]
-
     def match(u: Unit) -> tuple[Lowered, list[Unit]] | None:
         if u.lowered.sig[:1] not in (("mul",), ("div",)) or len(u.lowered.operands) != 2:
             return None
@@ -724,19 +726,19 @@ def _fuse_rms(units: list[Unit], by_node: dict[Any, Unit]) -> list[Unit]:
                 continue
             ru = by_node.get(r)
             want = ("sqrt",) if u.lowered.sig == ("div",) else ("rsqrt",)
-            if ru is None or _sig(ru) != want or not only_user(r, u.node):
+            if ru is None or _sig(ru) != want or not _only_user(r, u.node):
                 continue
             a = _src(ru)
             au = by_node.get(a)
-            if au is None or _sig(au)[:1] != ("add_scalar",) or not only_user(a, r):
+            if au is None or _sig(au)[:1] != ("add_scalar",) or not _only_user(a, r):
                 continue
             m = _src(au)
             mu = by_node.get(m)
-            if mu is None or _sig(mu) != ("mean", -1, True) or not only_user(m, a):
+            if mu is None or _sig(mu) != ("mean", -1, True) or not _only_user(m, a):
                 continue
             s = _src(mu)
             su = by_node.get(s)
-            if su is None or not only_user(s, m):
+            if su is None or not _only_user(s, m):
                 continue
             if not ((_sig(su) == ("square",) and _src(su) is x) or (_sig(su) == ("mul",) and _src(su) is x
                     and len(su.lowered.operands) == 1)):
@@ -856,31 +858,27 @@ def _fuse_grouped_linear(units: list[Unit], by_node: dict[Any, Unit]) -> list[Un
     the two ends the piece. Only where the intermediates have no other use and the weight's sizes are static; the
     FX graph is unchanged (PyTorch, running a piece Prism leaves, dequantizes as written)."""
     f32 = as_dtype("float32")
-
-    def only_user(n: Any, user: Any) -> bool:
-        return list(n.users) == [user]
-
     def match(u: Unit) -> tuple[Lowered, list[Unit]] | None:
         ops = u.lowered.operands
         if u.lowered.op != "linear" or len(ops) not in (2, 3) or ops[1].perm != (1, 0) or ops[0].perm is not None:
             return None
         w = ops[1].node
         wu = by_node.get(w)
-        if wu is None or wu.kind != "layout" or wu.lowered.op not in ("view", "reshape") or not only_user(w, u.node):
+        if wu is None or wu.kind != "layout" or wu.lowered.op not in ("view", "reshape") or not _only_user(w, u.node):
             return None
         m = _src(wu)
         mu = by_node.get(m)
-        if mu is None or _sig(mu) != ("mul",) or len(mu.lowered.operands) != 2 or not only_user(m, w):
+        if mu is None or _sig(mu) != ("mul",) or len(mu.lowered.operands) != 2 or not _only_user(m, w):
             return None
         for k in (0, 1):
             c, sn = _src(mu, k), _src(mu, 1 - k)
             cu = by_node.get(c)
-            if cu is None or _sig(cu)[:1] != ("cast",) or sn is None or not only_user(c, m):
+            if cu is None or _sig(cu)[:1] != ("cast",) or sn is None or not _only_user(c, m):
                 continue
             q3 = _src(cu)
             q3u = by_node.get(q3)
             if (q3u is None or q3u.kind != "layout" or q3u.lowered.op not in ("view", "reshape")
-                    or not only_user(q3, c)):
+                    or not _only_user(q3, c)):
                 continue
             q = _src(q3u)
             qv = meta_value(q) if q is not None else None
@@ -901,12 +899,12 @@ def _fuse_grouped_linear(units: list[Unit], by_node: dict[Any, Unit]) -> list[Un
             parts = [q3u, cu]
             su = by_node.get(sn)
             if su is not None and su.kind == "layout" and su.lowered.op in ("unsqueeze", "view", "reshape") \
-                    and only_user(sn, m) and _src(su) is not None:
+                    and _only_user(sn, m) and _src(su) is not None:
                 parts.append(su)
                 sn = _src(su)
             su = by_node.get(sn)
             s_wide = False   # a float16 / bfloat16 scale widened to float32 (exact), as Int8Linear's are stored
-            if su is not None and _sig(su) == ("cast", "float32") and only_user(sn, parts[-1].node) \
+            if su is not None and _sig(su) == ("cast", "float32") and _only_user(sn, parts[-1].node) \
                     and _src(su) is not None and str(getattr(meta_value(_src(su)), "dtype", "")) in _HALF_SCALES:
                 parts.append(su)
                 sn, s_wide = _src(su), True

@@ -157,6 +157,6 @@ def quantize_weights(model: nn.Module, dtype: str = "int8",
                              f"{len(bad)} layer(s) (e.g. {bad[0]}); choose a divisor or leave those layers out "
                              "with include=")
     for parent, child_name, lin in targets:
-        setattr(parent, child_name, layer.from_linear(lin, group_size) if group_size else layer.from_linear(lin))
+        setattr(parent, child_name, layer.from_linear(lin, group_size))
     return model
 

@@ -137,19 +137,15 @@ def quantize_int8(w: np.ndarray, group_size: int | None = None) -> tuple[np.ndar
     [out, in / G] (``q[:, k] * s[:, k // G]`` the dequantized weight; llama.cpp's q8_0 takes G = 32).
     ``prism.quantize_weights`` and the ``int8w`` workloads both use it."""
     w = np.asarray(w, dtype=np.float32)
-    if group_size is None:
-        s = np.max(np.abs(w), axis=-1, keepdims=True) / np.float32(127.0)
-        s = np.where(s > 0, s, np.float32(1.0)).astype(np.float32)
-        return np.clip(np.rint(w / s), -127, 127).astype(np.int8), s
-    out, k = w.shape
-    if group_size < 1 or k % group_size:
+    k = w.shape[-1]
+    g = k if group_size is None else group_size   # per row: one group of the whole row
+    if g < 1 or k % g:
         raise ValueError(f"quantize_int8: group_size {group_size} does not divide the {k} input features")
-    wg = w.reshape(out, k // group_size, group_size)
+    wg = w.reshape(*w.shape[:-1], k // g, g)
     s = np.max(np.abs(wg), axis=-1, keepdims=True) / np.float32(127.0)
     s = np.where(s > 0, s, np.float32(1.0)).astype(np.float32)
     q = np.clip(np.rint(wg / s), -127, 127).astype(np.int8)
-    return q.reshape(out, k), s.reshape(out, k // group_size)
-
+    return q.reshape(w.shape), s.reshape(*w.shape[:-1], k // g)
 
 __all__ = [
     "FLOATS",

@@ -58,8 +58,8 @@ ITER_S = 4e-9              # per for-loop iteration
 NODE_S = 3e-9              # per tile operator or accumulator per iteration (call/loop setup of a small tile op)
 FORK_S = 3e-6              # an OpenMP parallel region (fork/join)
 RUN_CACHE_S = 5e-9         # per contiguous run of a tile (a row of a column strip): a latency-bound access
-GROUPED_UNFUSED = 4       # a per-group product not lowered as one (_grouped_cost)
 RUN_DRAM_S = 9e-9          # ... when the tensor comes from DRAM (strided rows defeat the prefetchers)
+GROUPED_UNFUSED = 4        # a per-group product not lowered as one (_grouped_cost)
 L3_SHARE = 0.25            # of the shared L3 counted on for one kernel's data (other tensors, other processes)
 PARALLEL_MIN = 32 * 1024   # the code generator parallelizes predefined loop nests from this many elements
 
@@ -212,8 +212,8 @@ def _line_bytes(tile: tuple, full: tuple, size: int = BYTES) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _structure(bg: BlockGraph) -> tuple[tuple[Node, ...], dict[Node, int], dict[Node, bool],
-                                       dict[Node, tuple[Node, ...]]]:
-    """(nodes in order, consumer counts, streamed, left) of a block graph: the same for every
+                                       dict[Node, tuple[Node, ...]], dict[Node, list[Node]]]:
+    """(nodes in order, consumer counts, streamed, left, users) of a block graph: the same for every
     instantiation, so computed once per block graph (block graphs are immutable and hash by structure)
     instead of once per candidate -- the tuner costs thousands of candidates of a few sGraphs per new
     shape. ``left``: the nodes only ever the left operand of matmuls, with those matmuls."""
@@ -237,19 +237,10 @@ def _structure(bg: BlockGraph) -> tuple[tuple[Node, ...], dict[Node, int], dict[
         us = users.get(n, [])
         if us and all(u.op == "permute" for u in us):
             streamed[n] = all(streamed.get(u, False) for u in us)
-    return nodes, consumers, streamed, left
+    return nodes, consumers, streamed, left, users
 
 
-@functools.lru_cache(maxsize=4096)
-def _users(bg: BlockGraph) -> dict[Node, list[Node]]:
-    users: dict[Node, list[Node]] = {n: [] for n in bg.nodes}
-    for n in bg.nodes:
-        for s in n.src:
-            users[s].append(n)
-    return users
-
-
-def _grouped_cost(bg: BlockGraph, S: Dims) -> float:
+def _grouped_cost(bg: BlockGraph, S: Dims, nodes: tuple[Node, ...], users: dict[Node, list[Node]]) -> float:
     """Flops-equivalent per block beyond the matmul's own of the block's grouped products (codegen:
     ``matmul.emit_grouped``): up to GROUPED_DOT_ROWS rows (or a factor per row) every row widens each weight
     again, the matmul's flops twice over; more rows dequantize the keys once per block (2 a weight). A per-group
@@ -257,10 +248,10 @@ def _grouped_cost(bg: BlockGraph, S: Dims) -> float:
     group each (K = G per call): GROUPED_UNFUSED times its flops' time (measured 3.4-3.8x the model's estimate at
     1 and 8 rows, [*, 2048] x [5632, 2048]^T, G = 32); without it the tuner measured those forms first."""
     flops = 0.0
-    if not any(n.op == "matmul" for n in bg.nodes) or not any(n.op == "sum" and n.arg[0] % len(n.src[0].shape) == 0
-                                                                   for n in bg.nodes):
+    if not any(n.op == "matmul" for n in nodes) or not any(n.op == "sum" and n.arg[0] % len(n.src[0].shape) == 0
+                                                           for n in nodes):
         return flops
-    found = grouped_products(list(bg.nodes), _users(bg), bg.phase, S, S.dim(bg.forloop) == 1).values()
+    found = grouped_products(list(nodes), users, bg.phase, S, S.dim(bg.forloop) == 1).values()
     for mm, _, factors in found:
         gn, rows, keys = S(mm.shape)
         k = gn * S.dim(mm.src[0].shape[-1])
@@ -269,7 +260,7 @@ def _grouped_cost(bg: BlockGraph, S: Dims) -> float:
         else:
             flops += 2.0 * keys * k
     fused = {mm for mm, _, _ in found}
-    for n in bg.nodes:
+    for n in nodes:
         if n.op == "matmul" and len(n.shape) == 3 and n not in fused:
             flops += (GROUPED_UNFUSED - 1) * _node_flops(n, S)
     return flops
@@ -283,7 +274,7 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
     T = m.threads
     busiest = math.ceil(nb / T)
     active = min(nb, T)
-    nodes, consumers, streamed, left = _structure(bg)
+    nodes, consumers, streamed, left, users = _structure(bg)
     reads: dict[int, int] = {}
     runs: dict[int, int] = {}
     rmw = 0
@@ -323,7 +314,7 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
         # element-wise nodes with one consumer are fused into it by the code generator (no tile)
         if n.op == "acc" or (n.op not in LAYOUT and not (consumers.get(n, 0) == 1 and n.op not in ("matmul",))):
             ws += numel(S(n.shape)) * BYTES
-    eff_flops += _grouped_cost(bg, S)
+    eff_flops += _grouped_cost(bg, S, nodes, users)
     out_bytes = sum(numel(S(s.shape)) * itemsize(s.dtype) * nb * (F if s.arg[2] is not None else 1)
                     for s in bg.outputs)
     unique_total = sum(numel(S(bg.inputs[i].shape)) * itemsize(bg.inputs[i].dtype) for i in reads)
