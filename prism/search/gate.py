@@ -118,6 +118,9 @@ def verify(candidate: Graph, program: Graph, seed: int = 0) -> Verdict:
         quick.how = "formal+numeric"
         quick.detail = "rejected by the float64 pre-filter: " + quick.detail
         return quick
+    disproof = _not_proved(candidate, program)
+    if disproof:
+        return Verdict(False, "formal+numeric", disproof)
     try:
         r = fn(candidate, program, generalize=nc is not candidate)
     except UnsupportedError as e:
@@ -130,6 +133,19 @@ def verify(candidate: Graph, program: Graph, seed: int = 0) -> Verdict:
     detail = f"formal: {str(r.formal).splitlines()[0]}; {str(r.numeric).splitlines()[0]}"
     envs = [dict(e) for e in getattr(r.numeric, "instantiations", ())]
     return Verdict(ok, "formal+numeric", detail, envs)
+
+
+def _not_proved(candidate: Graph, program: Graph) -> str:
+    """Why the proof does not cover ``candidate`` ("" when it does, or when the verifier cannot model it: the
+    caller's verification then says so). Run before the numeric check, which cannot make an unproved candidate
+    pass: measured need, llama-1b's grouped int8 Linear at 128 rows had 10 candidates the e-graph saturates
+    without proving, each numerically checked for 0.5-0.8 s (7 of its search's 13.5 s)."""
+    from prism.verify.egraph import prove
+    try:
+        res = prove(candidate, program)
+    except PrismError:   # UnsupportedError included: verify() below raises it again and the caller handles it
+        return ""
+    return "" if res.proved else f"formal: {str(res).splitlines()[0]} (no numeric check: it cannot change this)"
 
 
 def _generalization(program: Graph) -> Any:
