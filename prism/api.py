@@ -310,9 +310,12 @@ def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None 
             def progress(d: Mapping[str, Any]) -> None:
                 update(", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in d.items()))
             # one fixed env for the ranking: the search's cache is keyed by it, so every shape reuses it
-            result = S.search(graph, limits, env=senv, workers=workers, progress=progress)
+            result = S.search(graph, limits, env=senv, workers=workers, progress=progress,
+                              transfer=importlib.import_module("prism.search.transfer").enabled())
         if result.cached:
             STATS.search_cache_hits += 1
+        elif result.transferred_from:
+            STATS.search_transfers += 1
         else:
             STATS.searches += 1
             _log_slow(f"the search of {graph.name or 'the program'!r}", result.seconds,
@@ -320,7 +323,8 @@ def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None 
         impls = _verified_implementations(result, graph, console)
         if console is not None:
             console.log(f"search: {len(result.candidates)} candidates, {len(impls)} verified, stop reason "
-                        f"{result.stop_reason.value}{' (from cache)' if result.cached else ''} "
+                        f"{result.stop_reason.value}{' (from cache)' if result.cached else ''}"
+                        f"{' (transferred from another size)' if result.transferred_from else ''} "
                         f"in {time.perf_counter() - t0:.1f} s")
         with _MEMO_LOCK:
             _SEARCH_MEMO[key] = (result, impls)

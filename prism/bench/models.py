@@ -543,8 +543,9 @@ def _run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds:
                 r.status = "failed: no graph reached Prism (Dynamo ran the model eagerly)"
             now = dataclasses.asdict(STATS)
             r.stats = {k: now[k] - stats0[k] for k in ("searches", "search_cache_hits", "search_memory_hits",
-                                                       "tunings", "tune_cache_hits", "tune_memory_hits",
-                                                       "tune_derived", "template_served", "compiles")}
+                                                       "search_transfers", "tunings", "tune_cache_hits",
+                                                       "tune_memory_hits", "tune_derived", "template_served",
+                                                       "compiles")}
         log(f"{name}: {sysname}: start-up {r.startup_s:.1f} s, warm-up {r.warmup_s:.1f} s, "
             f"+{r.memory_mib:.0f} MiB, {r.status}")
         calls[sysname] = model

@@ -38,6 +38,11 @@ def _enc(v: Any) -> Any:
     raise TypeError(f"cannot serialize {type(v).__name__}: {v!r}")
 
 
+def encode(v: Any) -> Any:
+    """A node argument as JSON-able data (as graph files store it)."""
+    return _enc(v)
+
+
 def _dec(v: Any) -> Any:
     if isinstance(v, dict):
         if "t" in v:

@@ -41,6 +41,7 @@ from prism.search.program import CoreProgram, check_searchable_sizes, peel
 from prism.search.space import Limits, derive_opset
 from prism.search.splitk import Refusal, estimate_split, split_reduction
 from prism.search.stats import Budget, Stats, StopReason, StopSearch
+from prism.search.transfer import family, size_map, transferred
 
 VERSION = "search/7"  # 2: split-reduction variants; 3: checksummed envelope, verifier fingerprint in the key;
 # 4: block graphs carry their split counts (BlockGraph.splits); 5: dtypes (casts to float32 abstractly the
@@ -60,6 +61,7 @@ CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} 
 MAX_CHOICES = 4096       # map assignments costed per structure (the rest: rule enumerate_budget)
 MAX_VERIFY = 200         # verification attempts per search (ranked order) before giving up
 GRACE = 0.1              # share of time_limit the phases after generation get even when generation used it all
+FAMILY_DONORS = 8        # searches a family's file names (prism.search.transfer)
 UNSPLIT_MAX_ELEMS = 1 << 21  # the unsplit check runs a structure on whole tensors; skip it above this tile size
 
 Progress = Callable[[dict[str, Any]], None]
@@ -103,6 +105,7 @@ class SearchResult:
     env: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     cached: bool = False
+    transferred_from: str = ""   # the key of the program whose search's candidates these are (:mod:`.transfer`)
 
     @property
     def best(self) -> Candidate | None:
@@ -118,7 +121,7 @@ class SearchResult:
                 "limits": self.limits.key(), "stop_reason": self.stop_reason.value,
                 "candidates": [c.to_json() for c in self.candidates], "stats": self.stats.to_json(),
                 "target": self.target, "egraph": self.egraph, "env": self.env, "seconds": self.seconds,
-                "verification": self.verification}
+                "verification": self.verification, "transferred_from": self.transferred_from}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SearchResult:
@@ -127,7 +130,7 @@ class SearchResult:
         return cls(graph_from_json(json.dumps(d["program"])), d["mode"], Limits(**d["limits"]),
                    StopReason(d["stop_reason"]), [Candidate.from_json(c) for c in d["candidates"]],
                    Stats.from_json(d["stats"]), d.get("target", ""), d.get("egraph", {}), dict(d.get("env", {})),
-                   float(d.get("seconds", 0.0)))
+                   float(d.get("seconds", 0.0)), transferred_from=str(d.get("transferred_from", "")))
 
 
 # --- one search context, rebuilt in every worker ----------------------------------------------------
@@ -251,14 +254,17 @@ def _concrete_sizes(env: Mapping[str, int]) -> Callable[..., Iterator[tuple[int,
 
 def search(graph: Graph, limits: Limits | None = None, mode: str = "symbolic", *, env: Mapping[str, int] | None = None,
            workers: int = 1, executor: Executor | None = None, cache: bool = True, progress: Progress | None = None,
-           axioms: tuple[str, ...] | None = None) -> SearchResult:
+           axioms: tuple[str, ...] | None = None, transfer: bool = False) -> SearchResult:
     """Search fused implementations of ``graph`` and return verified sGraphs, best first.
 
     ``limits``: the space and the budget (:class:`Limits`). ``mode``: ``"symbolic"`` (grid sizes, F and
     maps stay symbols during generation) or ``"concrete"`` (Mirage-style: enumerated as numbers up front,
     for comparison). ``env``: representative values of the program's symbolic dims (cost ranking and
     concrete sizes; default 16 each). Results are cached under ``$PRISM_CACHE_DIR/search`` (else
-    ``$XDG_CACHE_HOME/prism/search``, else ``~/.cache/prism/search``).
+    ``$XDG_CACHE_HOME/prism/search``, else ``~/.cache/prism/search``). ``transfer``: a program of the same family
+    as one searched before with the same limits (the same program at other fixed sizes, :mod:`.transfer`) takes
+    that search's candidates at its own sizes, each verified again against it; the search runs where none
+    verifies (``result.transferred_from`` names the program searched).
     """
     if mode not in MODES:
         raise PrismError(f"search mode must be one of {MODES}, got {mode!r}")
@@ -272,10 +278,84 @@ def search(graph: Graph, limits: Limits | None = None, mode: str = "symbolic", *
         r = _load_cached(path, graph)
         if r is not None:
             return r
+    fam = _family_path(graph, limits, mode, env, axioms) if path is not None else None
+    donors = _donors(fam) if fam is not None else []
+    if transfer and path is not None and fam is not None:
+        r = _transfer(fam, donors, graph, env, progress)
+        if r is not None:
+            store.save(path, "search", r.to_json())
+            return r
     r = _search(graph, limits, mode, env, workers, executor, progress, axioms)
     if path is not None:
         store.save(path, "search", r.to_json())
+        if fam is not None and r.candidates:
+            # newest first, at most FAMILY_DONORS (two processes that record at once may lose one of the two
+            # names: a later program of the family is then searched)
+            old = [d for d in donors if d.get("file") != path.name]
+            store.save(fam, "search-family",
+                       {"donors": [{"file": path.name, "program": graph.key}, *old][:FAMILY_DONORS]})
     return r
+
+
+def _family_path(graph: Graph, limits: Limits, mode: str, env: Mapping[str, int], axioms: tuple[str, ...]) -> Path:
+    """Where the family of ``graph`` (:func:`.transfer.family`) names the search that serves it."""
+    material = json.dumps({"v": VERSION, "space": SPACE, "family": family(graph)[0], "limits": limits.key(),
+                           "mode": mode, "env": env, "axioms": axioms, "verifier": _verifier_key()}, sort_keys=True)
+    return cache_dir() / "search" / "family" / (hashlib.sha256(material.encode()).hexdigest()[:32] + ".json")
+
+
+def _donors(fam: Path) -> list[dict[str, Any]]:
+    """The searches the family's file at ``fam`` names (none where it is missing or corrupt)."""
+    got = store.load(fam, "search-family")
+    donors = (got.payload or {}).get("donors", [])
+    return [d for d in donors if isinstance(d, dict)] if isinstance(donors, list) else []
+
+
+def _transfer(fam: Path, donor_files: list[dict[str, Any]], graph: Graph, env: dict[str, int],
+              progress: Progress | None) -> SearchResult | None:
+    """The result of a search that serves ``graph``'s family, its candidates at ``graph``'s sizes and verified
+    against ``graph`` (:mod:`.transfer`), or None when there is none or no candidate verifies. Donors whose sizes
+    map one to one onto ``graph``'s come first (their searches saw the same pattern of equal sizes), then the
+    newest."""
+    t0 = time.monotonic()
+    donors: list[tuple[bool, int, SearchResult, dict[int, int]]] = []
+    for i, d in enumerate(donor_files):
+        path = fam.parent.parent / str(d.get("file", ""))
+        entry = store.load(path, "search")
+        if entry.payload is None:
+            continue
+        try:
+            donor = SearchResult.from_json(entry.payload)
+        except (PrismError, ValueError, KeyError, TypeError) as e:
+            store.corrupt(path, "search", str(e).splitlines()[0][:300])
+            continue
+        sizes = size_map(donor.program, graph)
+        if sizes is not None:
+            donors.append((len(set(sizes.values())) < len(sizes), i, donor, sizes))
+    for _, _, donor, sizes in sorted(donors, key=lambda d: d[:2]):
+        stats = Stats()
+        out: list[Candidate] = []
+        seen: set[str] = set()
+        with stats.phase("verify"):
+            for c in donor.candidates:
+                g = transferred(c.graph, sizes)
+                if g is None or g.key in seen:
+                    stats.build_errors += g is None
+                    continue
+                seen.add(g.key)
+                v = gate_verify(g, graph)
+                if v.ok:
+                    stats.verified += 1
+                    out.append(Candidate(g, c.cost, v, c.structure))
+                else:
+                    stats.rejected += 1
+                if progress:
+                    progress({"phase": "transfer", "verified": stats.verified, "rejected": stats.rejected,
+                              "elapsed": time.monotonic() - t0})
+        if out:
+            return SearchResult(graph, donor.mode, donor.limits, donor.stop_reason, out, stats, donor.target,
+                                donor.egraph, env, time.monotonic() - t0, transferred_from=donor.program.key)
+    return None
 
 
 def _load_cached(path: Path, graph: Graph) -> SearchResult | None:

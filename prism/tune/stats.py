@@ -10,6 +10,7 @@ class TuneStats:
     searches: int = 0            # searches run (prism.search calls not answered by its disk cache)
     search_cache_hits: int = 0   # prism.search calls answered from its disk cache
     search_memory_hits: int = 0  # a new shape served by sGraphs already held in memory (no search call)
+    search_transfers: int = 0    # prism.search calls answered by another size's search (prism.search.transfer)
     reverifications: int = 0     # prism.verify re-checks of numeric-only search results
     tunings: int = 0             # tuning runs (candidates ranked, compiled and measured)
     tune_cache_hits: int = 0     # tuning results read from the disk cache

@@ -1,0 +1,155 @@
+"""One search serves every size of its program (``prism.search.transfer``): a program searched before serves
+another of its family with its candidates at the new sizes, each verified again; a candidate that does not
+verify there is not served, a damaged family file is rebuilt, ``PRISM_SEARCH_TRANSFER=0`` turns it off."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import prism
+from prism.api import clear_memory_caches
+from prism.errors import CacheWarning
+from prism.runtime import store
+from prism.search import Limits, driver
+from prism.search.gate import verify as gate_verify
+from prism.search.transfer import family, size_map
+from prism.tune import STATS, reset_stats
+
+pytestmark = pytest.mark.cpu
+
+LIMITS = Limits(max_kernel_ops=1, time_limit=30, max_results=2)
+
+
+def rms_linear(d: int, m: int, eps: float = 1e-6) -> prism.Graph:
+    g = prism.Graph("transfer_rms_linear")
+    X, W = g.input("X", ("n", d)), g.input("W", (d, m))
+    g.output(g.matmul(g.rms_norm(X, eps=eps), W), "Y")
+    return g
+
+
+@pytest.fixture
+def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    from prism.runtime import cache
+    cache._LOADED.clear()
+    clear_memory_caches()
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PRISM_SEARCH_TRANSFER", raising=False)
+    yield tmp_path / "cache"
+    clear_memory_caches()
+
+
+def test_family_and_the_size_map() -> None:
+    """Sizes above 1 are placeholders; the donor's size at each place must determine the program's."""
+    assert family(rms_linear(64, 32))[0] == family(rms_linear(96, 48))[0]
+    assert size_map(rms_linear(64, 32), rms_linear(96, 48)) == {64: 96, 32: 48}
+    assert size_map(rms_linear(64, 32), rms_linear(48, 48)) == {64: 48, 32: 48}   # two sizes become one
+    assert size_map(rms_linear(48, 48), rms_linear(64, 32)) is None                # one cannot become two
+    assert size_map(rms_linear(64, 32), rms_linear(64, 32)) == {}
+    assert size_map(rms_linear(64, 32), rms_linear(64, 32, eps=1e-5)) is None       # a constant differs
+    assert size_map(rms_linear(64, 32), rms_linear(64, 4)) == {32: 4}
+    assert size_map(rms_linear(64, 32), rms_linear(64, 1)) is None                  # 1 broadcasts: literal
+
+
+def test_a_search_serves_another_size_of_its_program(fresh_cache: Path) -> None:
+    """The transferred candidates are the program's own search's structures, at its sizes, each verified
+    against it; the result is cached as the program's own."""
+    donor = driver.search(rms_linear(64, 32), LIMITS, env={"n": 8})
+    assert donor.candidates and not donor.transferred_from
+    g = rms_linear(96, 48)
+    got = driver.search(g, LIMITS, env={"n": 8}, transfer=True)
+    assert got.transferred_from == donor.program.key and got.candidates
+    own = driver.search(g, LIMITS, env={"n": 8}, cache=False)
+    assert {c.structure for c in got.candidates} == {c.structure for c in own.candidates}
+    for c in got.candidates:
+        assert [tuple(map(str, n.shape)) for n in c.graph.inputs.values()] == [("n", "96"), ("96", "48")]
+        assert c.verdict.ok and gate_verify(c.graph, g).ok
+    again = driver.search(g, LIMITS, env={"n": 8}, transfer=True)
+    assert again.cached and again.transferred_from == donor.program.key
+    # without transfer a program of the family is searched
+    alone = driver.search(rms_linear(80, 40), LIMITS, env={"n": 8})
+    assert not alone.transferred_from and not alone.cached
+
+
+def _edit_eps(entry: Path) -> None:
+    """Change the rms epsilon of the entry's candidates (not its program), the checksum made valid again."""
+    d = json.loads(entry.read_text())
+
+    def walk(x: object) -> object:
+        if isinstance(x, float) and x == 1e-06:
+            return 2e-06
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        return x
+    for c in d["payload"]["candidates"]:
+        c["graph"] = walk(c["graph"])
+    d["sha256"] = store.digest(d["payload"])
+    entry.write_text(json.dumps(d))
+
+
+def test_a_candidate_that_does_not_verify_at_the_new_sizes_is_not_served(fresh_cache: Path) -> None:
+    """The donor's entry edited consistently (its candidates compute another epsilon): none verifies against
+    the new program, which is then searched."""
+    driver.search(rms_linear(64, 32), LIMITS, env={"n": 8})
+    (entry,) = sorted((fresh_cache / "search").glob("*.json"))
+    _edit_eps(entry)
+    g = rms_linear(96, 48)
+    got = driver.search(g, LIMITS, env={"n": 8}, transfer=True)
+    assert not got.transferred_from and not got.cached and got.candidates
+    for c in got.candidates:
+        assert gate_verify(c.graph, g).ok
+
+
+def test_a_damaged_family_file_is_rebuilt(fresh_cache: Path) -> None:
+    driver.search(rms_linear(64, 32), LIMITS, env={"n": 8})
+    (fam,) = sorted((fresh_cache / "search" / "family").glob("*.json"))
+    fam.write_bytes(b"{not json")
+    with pytest.warns(CacheWarning, match="corrupt"):
+        got = driver.search(rms_linear(96, 48), LIMITS, env={"n": 8}, transfer=True)
+    assert not got.transferred_from and got.candidates
+    assert store.load(fam, "search-family").payload is not None   # the new search is its family's donor now
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        assert driver.search(rms_linear(80, 40), LIMITS, env={"n": 8}, transfer=True).transferred_from
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_superoptimize_transfers_unless_turned_off(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   on: bool) -> None:
+    if not on:
+        monkeypatch.setenv("PRISM_SEARCH_TRANSFER", "0")
+    reset_stats()
+    prism.superoptimize(rms_linear(64, 32), limits=LIMITS, measure_machine=False)
+    g = rms_linear(96, 48)
+    k = prism.superoptimize(g, limits=LIMITS, measure_machine=False)
+    assert (STATS.searches, STATS.search_transfers) == ((1, 1) if on else (2, 0))
+    rng = np.random.default_rng(0)
+    x = {"X": rng.standard_normal((5, 96), dtype=np.float32), "W": rng.standard_normal((96, 48), dtype=np.float32)}
+    ref = g.evaluate({k: v.astype(np.float64) for k, v in x.items()}, dtype=np.float64)["Y"]
+    np.testing.assert_allclose(k(**x), ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+def test_model_layers_of_other_shapes_share_one_search(fresh_cache: Path) -> None:
+    """Through the frontend: two Linear layers of different weight shapes, searched once."""
+    torch.manual_seed(0)
+    reset_stats()
+    for k_in, n_out in ((64, 96), (96, 40)):
+        lin = nn.Linear(k_in, n_out)
+        x = torch.randn(3, k_in)
+        with torch.no_grad():
+            o = prism.optimize(lin, (x,))
+            y = o(x)
+        (rep,) = o.report
+        assert all(p.by_prism for p in rep.pieces), o.explain()
+        ref = x.double() @ lin.weight.detach().double().t() + lin.bias.detach().double()
+        np.testing.assert_allclose(y.double().numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+    assert (STATS.searches, STATS.search_transfers) == (1, 1)
