@@ -315,10 +315,10 @@ def _transfer(fam: Path, donor_files: list[dict[str, Any]], graph: Graph, env: d
               progress: Progress | None) -> SearchResult | None:
     """The result of a search that serves ``graph``'s family, its candidates at ``graph``'s sizes and verified
     against ``graph`` (:mod:`.transfer`), or None when there is none or no candidate verifies. Donors whose sizes
-    map one to one onto ``graph``'s come first (their searches saw the same pattern of equal sizes), then the
-    newest."""
+    map one to one onto ``graph``'s come first (their searches saw the same pattern of equal sizes), then those
+    with one image per size, then the rest; the newest first among equals."""
     t0 = time.monotonic()
-    donors: list[tuple[bool, int, SearchResult, dict[int, int]]] = []
+    donors: list[tuple[int, bool, int, SearchResult, dict[int, tuple[int, ...]]]] = []
     for i, d in enumerate(donor_files):
         path = fam.parent.parent / str(d.get("file", ""))
         entry = store.load(path, "search")
@@ -330,15 +330,17 @@ def _transfer(fam: Path, donor_files: list[dict[str, Any]], graph: Graph, env: d
             store.corrupt(path, "search", str(e).splitlines()[0][:300])
             continue
         sizes = size_map(donor.program, graph)
-        if sizes is not None:
-            donors.append((len(set(sizes.values())) < len(sizes), i, donor, sizes))
-    for _, _, donor, sizes in sorted(donors, key=lambda d: d[:2]):
+        if sizes is not None:   # one image per size (the same pattern of equal sizes, or a finer one) first
+            donors.append((max(map(len, sizes.values()), default=1), len(set(sizes.values())) < len(sizes), i,
+                           donor, sizes))
+    shapes = {name: n.shape for name, n in graph.inputs.items()}
+    for *_, donor, sizes in sorted(donors, key=lambda d: d[:3]):
         stats = Stats()
         out: list[Candidate] = []
         seen: set[str] = set()
         with stats.phase("verify"):
             for c in donor.candidates:
-                g = transferred(c.graph, sizes)
+                g = transferred(c.graph, sizes, shapes)
                 if g is None or g.key in seen:
                     stats.build_errors += g is None
                     continue

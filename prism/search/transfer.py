@@ -7,14 +7,16 @@ grouped Linear shape in the search, 25 searches in an 85.9 s start-up against in
 
 Two programs are of one *family* when their nodes are identical once every size that
 :meth:`prism.Graph.generalize` replaces (input shapes, reshape shapes, split sizes) is a placeholder, except
-sizes of 1 (they broadcast). A program searched before (the *donor*) serves another of its family when the
-donor's size at each place determines the other's (:func:`size_map`: ``[5632, 2048]`` serves ``[512, 2048]``
-and ``[2048, 2048]``; ``[2048, 2048]`` cannot serve ``[512, 2048]``, where one of its sizes would become two).
-A candidate of the donor becomes one of the other program by :meth:`prism.Graph.generalize` with that
-substitution of values: input shapes, reshape sizes and block-graph inputs replaced, every tile and constraint
-derived again (a candidate whose own sizes only coincide with the program's becomes inconsistent and is
-dropped). The driver then verifies every transferred candidate against the new program like a candidate of its
-own search (formal proof and numeric check): nothing is served on the strength of the first program's proof.
+sizes of 1 (they broadcast). A program searched before (the *donor*) serves any other of its family:
+:func:`size_map` gives each size of the donor the program's sizes at its places -- one where the donor's pattern
+of equal sizes is as fine as the program's (``[5632, 2048]`` serving ``[512, 2048]`` or ``[2048, 2048]``),
+several where one size of the donor stands for two (``[2048, 2048]`` serving ``[512, 2048]``). A candidate of the
+donor is rebuilt on the program's inputs (:func:`transferred`): block graphs take their operands' new shapes,
+every tile and constraint derived again, and each operator's sizes (a reshape's shape) their images, where a size
+has several the first that keeps the graph consistent (the weight's ``[2048, 64, 32]`` becomes ``[512, 64, 32]``:
+its element count decides). The driver then verifies every transferred candidate against the new program like a
+candidate of its own search (formal proof and numeric check): nothing is served on the strength of the donor's
+proof, and a candidate whose own sizes only coincide with the program's fails there and is dropped.
 
 What a transfer does not give: the new program's own ranking (the candidates keep the first program's order
 and cost reports; each shape is still ranked and measured by the tuner) and structures the first program's
@@ -23,14 +25,17 @@ search pruned by its sizes. ``PRISM_SEARCH_TRANSFER=0`` turns it off.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+from collections.abc import Callable, Iterator, Mapping
 
 from prism.errors import PrismError
 from prism.ir import ops as O
+from prism.ir.builder import Tensor
 from prism.ir.dims import DimLike
 from prism.ir.graph import Graph
-from prism.ir.node import toposort
+from prism.ir.node import Node, toposort
 from prism.ir.serialize import encode
 
 # Sizes up to this stay literal in the family: a size of 1 broadcasts, any other is a placeholder.
@@ -66,23 +71,80 @@ def family(graph: Graph) -> tuple[str, list[int]]:
                        "nodes": rows}, sort_keys=True, separators=(",", ":")), sizes
 
 
-def size_map(donor: Graph, graph: Graph) -> dict[int, int] | None:
-    """The substitution of values that turns ``donor``'s sizes into ``graph``'s (empty where they are the same),
-    None when the two are not of one family or a size of the donor would have to become two."""
+def size_map(donor: Graph, graph: Graph) -> dict[int, tuple[int, ...]] | None:
+    """Each size of ``donor`` with the sizes of ``graph`` at its places (in order of first occurrence; one where
+    the donor's pattern of equal sizes is as fine as the program's, several where one of the donor's sizes stands
+    for two of the program's), None when the two are not of one family."""
     fd, vd = family(donor)
     fg, vg = family(graph)
     if fd != fg:
         return None
-    out: dict[int, int] = {}
+    out: dict[int, list[int]] = {}
     for a, b in zip(vd, vg):
-        if out.setdefault(a, b) != b:
-            return None
-    return {a: b for a, b in out.items() if a != b}
+        images = out.setdefault(a, [])
+        if b not in images:
+            images.append(b)
+    return {a: tuple(b) for a, b in out.items()}
 
 
-def transferred(candidate: Graph, sizes: dict[int, int]) -> Graph | None:
-    """``candidate`` at the new sizes, or None where it becomes inconsistent there."""
+# at most this many ways to resize one operator's sizes (each ambiguous size tried at each of its images)
+MAX_CHOICES = 64
+
+
+def _taking(values: tuple[DimLike, ...]) -> Callable[[DimLike], DimLike]:
+    """A size function that returns ``values`` one after the other (whatever it is given)."""
+    it = iter(values)
+    return lambda _d: next(it)
+
+
+def _choices(n: Node, sizes: Mapping[int, tuple[int, ...]]) -> Iterator[tuple]:
+    """The node's argument with its sizes resized: every combination of the images of its sizes, in order."""
+    op = O.OPS.get(n.op)
+    if op is None or not op.size_attrs:
+        yield n.arg
+        return
+    slots: list[tuple[int, ...]] = []
+    O.map_sizes(op, n.arg, lambda d: slots.append(sizes.get(d, (d,)) if isinstance(d, int) else (d,)) or d)
+    for k, combo in enumerate(itertools.product(*slots)):
+        if k >= MAX_CHOICES:
+            return
+        yield O.map_sizes(op, n.arg, _taking(combo))
+
+
+def transferred(candidate: Graph, sizes: Mapping[int, tuple[int, ...]], inputs: Mapping[str, tuple[DimLike, ...]]
+                ) -> Graph | None:
+    """``candidate`` rebuilt on inputs of the shapes ``inputs`` (the program's): each operator's sizes take
+    their images under ``sizes`` (:func:`size_map`; where a size has several, the first that keeps the graph
+    consistent: a reshape's element count, a split's parts), block graphs their operands' new shapes, every tile
+    and constraint derived again. None where no choice is consistent."""
+    g = Graph(candidate.name)
+    new: dict[Node, Node] = {}
+    results: dict[Node, tuple[Tensor, ...]] = {}
     try:
-        return candidate.generalize(sizes)
-    except PrismError:
+        for name, node in candidate.inputs.items():   # first, in declaration order (unused ones too)
+            new[node] = g.input(name, inputs[name], node.dtype).node
+        for n in candidate.nodes:
+            if n.op == "input":
+                continue
+            if n.op == "output":
+                g.output(Tensor(g, new[n.src[0]]), n.arg[0])
+            elif n.op == "customized":
+                bg = n.arg[0].generalize({}, tuple(new[s].shape for s in n.src))
+                res = g.customized(bg, [Tensor(g, new[s]) for s in n.src])
+                new[n] = res[0].node.src[0]
+                results[n] = res
+            elif n.op == "result":
+                new[n] = results[n.src[0]][n.arg[0]].node
+            else:
+                srcs = [Tensor(g, new[s]) for s in n.src]
+                for arg in _choices(n, sizes):
+                    try:
+                        new[n] = g._apply(n.op, srcs, arg).node
+                        break
+                    except PrismError:
+                        continue
+                else:
+                    return None
+    except (PrismError, KeyError):
         return None
+    return g

@@ -47,15 +47,15 @@ def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
 
 
 def test_family_and_the_size_map() -> None:
-    """Sizes above 1 are placeholders; the donor's size at each place must determine the program's."""
+    """Sizes above 1 are placeholders; each size of the donor maps to the program's sizes at its places."""
     assert family(rms_linear(64, 32))[0] == family(rms_linear(96, 48))[0]
-    assert size_map(rms_linear(64, 32), rms_linear(96, 48)) == {64: 96, 32: 48}
-    assert size_map(rms_linear(64, 32), rms_linear(48, 48)) == {64: 48, 32: 48}   # two sizes become one
-    assert size_map(rms_linear(48, 48), rms_linear(64, 32)) is None                # one cannot become two
-    assert size_map(rms_linear(64, 32), rms_linear(64, 32)) == {}
-    assert size_map(rms_linear(64, 32), rms_linear(64, 32, eps=1e-5)) is None       # a constant differs
-    assert size_map(rms_linear(64, 32), rms_linear(64, 4)) == {32: 4}
-    assert size_map(rms_linear(64, 32), rms_linear(64, 1)) is None                  # 1 broadcasts: literal
+    assert size_map(rms_linear(64, 32), rms_linear(96, 48)) == {64: (96,), 32: (48,)}
+    assert size_map(rms_linear(64, 32), rms_linear(48, 48)) == {64: (48,), 32: (48,)}   # two sizes become one
+    assert size_map(rms_linear(48, 48), rms_linear(64, 32)) == {48: (64, 32)}          # one becomes two
+    assert size_map(rms_linear(64, 32), rms_linear(64, 32)) == {64: (64,), 32: (32,)}
+    assert size_map(rms_linear(64, 32), rms_linear(64, 32, eps=1e-5)) is None           # a constant differs
+    assert size_map(rms_linear(64, 32), rms_linear(64, 4)) == {64: (64,), 32: (4,)}
+    assert size_map(rms_linear(64, 32), rms_linear(64, 1)) is None                      # 1 broadcasts: literal
 
 
 def test_a_search_serves_another_size_of_its_program(fresh_cache: Path) -> None:
@@ -153,3 +153,36 @@ def test_model_layers_of_other_shapes_share_one_search(fresh_cache: Path) -> Non
         ref = x.double() @ lin.weight.detach().double().t() + lin.bias.detach().double()
         np.testing.assert_allclose(y.double().numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
     assert (STATS.searches, STATS.search_transfers) == (1, 1)
+
+
+def grouped_linear(n_out: int, k_in: int, group: int = 32) -> prism.Graph:
+    """y = x @ (q * s per group of ``group`` inputs)^T as the frontend captures an int8 Linear with group scales."""
+    gn = k_in // group
+    g = prism.Graph("transfer_grouped")
+    x, q, s = g.input("x", ("n", k_in)), g.input("q", (n_out, k_in), "int8"), g.input("s", (n_out, gn))
+    x3 = g.permute(g.reshape(x, ("n", gn, group)), (1, 0, 2))
+    q3 = g.cast(g.permute(g.reshape(q, (n_out, gn, group)), (1, 2, 0)), "float32")
+    s3 = g.permute(g.reshape(s, (n_out, gn, 1)), (1, 2, 0))
+    g.output(g.reshape(g.sum(g.mul(g.matmul(x3, q3), s3), 0), ("n", n_out)), "y")
+    return g
+
+
+def test_a_donor_with_equal_sizes_serves_a_program_where_they_differ(fresh_cache: Path) -> None:
+    """[256, 256] serves [96, 256]: the donor's 256 stands for two sizes, and each of its candidates' reshapes
+    takes the one that keeps the graph consistent (the weight's [256, 8, 32] becomes [96, 8, 32])."""
+    assert size_map(grouped_linear(256, 256), grouped_linear(96, 256)) == {256: (256, 96), 8: (8,), 32: (32,)}
+    donor = driver.search(grouped_linear(256, 256), LIMITS, env={"n": 8})
+    g = grouped_linear(96, 256)
+    got = driver.search(g, LIMITS, env={"n": 8}, transfer=True)
+    assert donor.candidates and got.transferred_from == donor.program.key and got.candidates
+    rng = np.random.default_rng(0)
+    x = {"x": rng.standard_normal((3, 256)).astype(np.float32),
+         "q": rng.integers(-127, 128, (96, 256)).astype(np.int8),
+         "s": rng.uniform(1e-3, 1e-1, (96, 8)).astype(np.float32)}
+    ref = g.evaluate(x, dtype=np.float64)["y"]
+    for c in got.candidates:
+        assert gate_verify(c.graph, g).ok
+        params = {s: 1 for bg in c.graph.customized_ops() for s in bg.symbols() - bg.map_symbols() - {"n"}}
+        for k in sorted(params):   # each grid size and loop range at 2 in turn (every divisor of 96 and 8 is)
+            out = c.graph.evaluate(x, dtype=np.float64, params={**params, k: 2})
+            np.testing.assert_allclose(out["y"], ref, rtol=1e-9, atol=1e-9 * float(np.abs(ref).max()))
