@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from prism.codegen.block import grouped_products
-from prism.codegen.matmul import GROUPED_DOT_ROWS, TN_MIN_K, tn_min_rows
+from prism.codegen.matmul import GROUPED_BLOCK_BYTES, GROUPED_DOT_ROWS, TN_MIN_K, tn_min_rows
 from prism.codegen.tiles import elem_of
 from prism.ir import dims as D
 from prism.ir.block import BlockGraph
@@ -60,6 +60,7 @@ FORK_S = 3e-6              # an OpenMP parallel region (fork/join)
 RUN_CACHE_S = 5e-9         # per contiguous run of a tile (a row of a column strip): a latency-bound access
 RUN_DRAM_S = 9e-9          # ... when the tensor comes from DRAM (strided rows defeat the prefetchers)
 GROUPED_UNFUSED = 4        # a per-group product not lowered as one (_grouped_cost)
+GROUPED_RESIDENT_K = 1024  # values of K per chunk of a many-row grouped product's nt kernels (_grouped_resident)
 L3_SHARE = 0.25            # of the shared L3 counted on for one kernel's data (other tensors, other processes)
 PARALLEL_MIN = 32 * 1024   # the code generator parallelizes predefined loop nests from this many elements
 
@@ -240,7 +241,41 @@ def _structure(bg: BlockGraph) -> tuple[tuple[Node, ...], dict[Node, int], dict[
     return nodes, consumers, streamed, left, users
 
 
-def _grouped_cost(bg: BlockGraph, S: Dims, nodes: tuple[Node, ...], users: dict[Node, list[Node]]) -> float:
+def _grouped(bg: BlockGraph, S: Dims, nodes: tuple[Node, ...], users: dict[Node, list[Node]]
+             ) -> list[tuple[Node, list[Node], list[Node]]]:
+    """The block's grouped products (``codegen.block.grouped_products``: matmul, chain, factors), none where the
+    block has no batched product summed over its batch dim."""
+    if not any(n.op == "matmul" for n in nodes) or not any(n.op == "sum" and n.arg[0] % len(n.src[0].shape) == 0
+                                                           for n in nodes):
+        return []
+    return list(grouped_products(list(nodes), users, bg.phase, S, S.dim(bg.forloop) == 1).values())
+
+
+def _grouped_resident(found: list[tuple[Node, list[Node], list[Node]]], S: Dims) -> tuple[set[Node], int]:
+    """(the nodes of the grouped products, whose tiles are never made: ``emit_grouped`` keeps them in registers,
+    the bytes their lowering keeps resident beyond the block's tiles, negative where the rows are streamed). Up
+    to GROUPED_DOT_ROWS rows: nothing more. More: a block of dequantized keys (GROUPED_BLOCK_BYTES of scratch), the
+    rows read in chunks of GROUPED_RESIDENT_K values by the nt kernels, not resident as a whole. Measured need: the
+    rows' whole tile and the [Gn, rows, keys] product counted as resident kept every form that does not split the
+    rows out of the L2 filter: [128, 2048] x [5632, 2048]^T was tuned to 352 x 2 blocks (each key block dequantized
+    twice), 9.3-12.1 ms against 8.1-8.4 for 8-88 blocks of keys alone (Zen 5, 2 threads)."""
+    fused: set[Node] = set()
+    extra = 0
+    for mm, chain, _ in found:
+        fused.update((mm, *chain))
+        gn, rows, _keys = S(mm.shape)
+        if rows <= GROUPED_DOT_ROWS:
+            continue
+        a = mm.src[0]
+        while a.op in LAYOUT and a.src:
+            a = a.src[0]
+        k = gn * S.dim(mm.src[0].shape[-1])
+        size = itemsize(a.dtype)
+        extra += GROUPED_BLOCK_BYTES - rows * max(0, k - GROUPED_RESIDENT_K) * size
+    return fused, extra
+
+
+def _grouped_cost(found: list[tuple[Node, list[Node], list[Node]]], S: Dims, nodes: tuple[Node, ...]) -> float:
     """Flops-equivalent per block beyond the matmul's own of the block's grouped products (codegen:
     ``matmul.emit_grouped``): up to GROUPED_DOT_ROWS rows (or a factor per row) every row widens each weight
     again, the matmul's flops twice over; more rows dequantize the keys once per block (2 a weight). A per-group
@@ -248,10 +283,8 @@ def _grouped_cost(bg: BlockGraph, S: Dims, nodes: tuple[Node, ...], users: dict[
     group each (K = G per call): GROUPED_UNFUSED times its flops' time (measured 3.4-3.8x the model's estimate at
     1 and 8 rows, [*, 2048] x [5632, 2048]^T, G = 32); without it the tuner measured those forms first."""
     flops = 0.0
-    if not any(n.op == "matmul" for n in nodes) or not any(n.op == "sum" and n.arg[0] % len(n.src[0].shape) == 0
-                                                           for n in nodes):
+    if not found:
         return flops
-    found = grouped_products(list(nodes), users, bg.phase, S, S.dim(bg.forloop) == 1).values()
     for mm, _, factors in found:
         gn, rows, keys = S(mm.shape)
         k = gn * S.dim(mm.src[0].shape[-1])
@@ -275,6 +308,8 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
     busiest = math.ceil(nb / T)
     active = min(nb, T)
     nodes, consumers, streamed, left, users = _structure(bg)
+    found = _grouped(bg, S, nodes, users)
+    fused, grouped_ws = _grouped_resident(found, S)
     reads: dict[int, int] = {}
     runs: dict[int, int] = {}
     rmw = 0
@@ -312,9 +347,11 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
         if trips > 1:
             loop_nodes += 1
         # element-wise nodes with one consumer are fused into it by the code generator (no tile)
-        if n.op == "acc" or (n.op not in LAYOUT and not (consumers.get(n, 0) == 1 and n.op not in ("matmul",))):
+        if n not in fused and (n.op == "acc" or (n.op not in LAYOUT and not (consumers.get(n, 0) == 1
+                                                                            and n.op not in ("matmul",)))):
             ws += numel(S(n.shape)) * BYTES
-    eff_flops += _grouped_cost(bg, S, nodes, users)
+    ws = max(0, ws + grouped_ws)
+    eff_flops += _grouped_cost(found, S, nodes)
     out_bytes = sum(numel(S(s.shape)) * itemsize(s.dtype) * nb * (F if s.arg[2] is not None else 1)
                     for s in bg.outputs)
     unique_total = sum(numel(S(bg.inputs[i].shape)) * itemsize(bg.inputs[i].dtype) for i in reads)

@@ -209,3 +209,24 @@ def test_a_grouped_int8_linear_over_a_dynamic_row_count_is_correct_at_every_coun
             assert_close(o(x).numpy(), (x.double() @ deq.t()).numpy(), f"grouped Linear, {rows} rows")
     (piece,) = o.prism_pieces()
     assert piece.runner.prism_calls == 8 and piece.runner.fallback_calls == 0, o.explain()   # (+ the example call)
+
+
+def test_the_cost_model_counts_what_a_many_row_grouped_product_keeps_resident() -> None:
+    """Over GROUPED_DOT_ROWS rows the product [Gn, rows, keys] is never made and the rows are read in chunks of K:
+    a block of all 128 rows against 256 keys keeps about the rows' chunk, a dequantized key block and its output
+    (under 1 MiB, so the L2 filter keeps it), not its 8 MiB product tile or its 1 MiB rows. Measured need: with
+    them counted the tuner only measured forms that split the rows, each dequantizing every key again (0.68-0.97
+    of the time on five shapes outside the model, docs/tune.md)."""
+    from prism.codegen.matmul import GROUPED_BLOCK_BYTES, GROUPED_DOT_ROWS
+    from prism.tune.cost import GROUPED_RESIDENT_K, estimate
+    from prism.tune.machine import detect
+    M, N, Gn, G = 128, 512, 64, 32
+    assert M > GROUPED_DOT_ROWS
+    g = _grouped(M, N, Gn, G, blocks=2)
+    ws = estimate(g, detect(False)).ops[-1].working_set
+    rows_chunk, out_tile = M * GROUPED_RESIDENT_K * 4, M * (N // 2) * 4
+    assert ws == pytest.approx(rows_chunk + GROUPED_BLOCK_BYTES + out_tile, rel=0.1), ws
+    assert ws < 1 << 20
+    # up to GROUPED_DOT_ROWS rows the rows are resident as a whole (the grouped dot products read them per key)
+    small = estimate(_grouped(8, N, Gn, G, blocks=2), detect(False)).ops[-1].working_set
+    assert small >= 8 * Gn * G * 4
