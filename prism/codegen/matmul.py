@@ -973,11 +973,22 @@ def emit_grouped(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View,
                        f"{one}({Gn}, {A.ptr} + {m} * {sam}, {B.ptr} + {jv} * {sbn}, {fs});")
 
         w.line(f"long {j} = 0;")
-        if tile:   # TJ keys at a time: tiles of TR rows, the rows left per key
+        if tile:   # TJ keys at a time: tiles of 8 rows x 2 keys (32 registers) and of TR rows, the rows left per key
+            R8, J8 = mk.GDOT_TILE8
+            tile8 = sup.isa.nregs >= 32 and (varies(M) or M >= R8) and TJ % J8 == 0
             fn = sup.need(mk.gdot_tile_name(sup.isa, G, elems, fel), mk.gdot_tile_kernel(sup.isa, G, elems, fel))
             fs = ", ".join(f"{f.ptr} + {j} * {s[2]}, {s[0]}, {s[2]}" for f, s in zip(factors, fst))
             with w.block(f"for (; {j} + {TJ} <= {N}; {j} += {TJ})"):
                 w.line(f"long {m} = 0;")
+                if tile8:
+                    fn8 = sup.need(mk.gdot_tile_name(sup.isa, G, elems, fel, mk.GDOT_TILE8),
+                                   mk.gdot_tile_kernel(sup.isa, G, elems, fel, mk.GDOT_TILE8))
+                    with w.block(f"for (; {m} + {R8} <= {M}; {m} += {R8})"):
+                        for j2 in range(0, TJ, J8):
+                            fs8 = ", ".join(f"{f.ptr} + ({j} + {j2}) * {s[2]}, {s[0]}, {s[2]}"
+                                            for f, s in zip(factors, fst))
+                            w.line(f"{fn8}({Gn}, {A.ptr} + {m} * {sam}, {sam}, {B.ptr} + ({j} + {j2}) * {sbn}, "
+                                   f"{sbn}, {fs8}, {C.ptr} + {m} * {sc0} + {j} + {j2}, {sc0});")
                 with w.block(f"for (; {m} + {TR} <= {M}; {m} += {TR})"):
                     w.line(f"{fn}({Gn}, {A.ptr} + {m} * {sam}, {sam}, {B.ptr} + {j} * {sbn}, {sbn}, {fs}, "
                            f"{C.ptr} + {m} * {sc0} + {j}, {sc0});")

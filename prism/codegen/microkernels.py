@@ -1133,6 +1133,9 @@ def gdot_name(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...], pr
 
 
 GDOT_TILE = (4, 4)   # rows x keys of the grouped tile kernel (matmul.emit_grouped, from 4 rows)
+# ... from 8 rows where the ISA has 32 vector registers: each key vector dequantized once for 8 rows (the 4 x 4 tile
+# dequantizes it once per 4); batch-8 decode of [8, 2048] x [5632, 2048]^T (docs/codegen.md, "Grouped products")
+GDOT_TILE8 = (8, 2)
 
 
 def _gdot_factor(isa: ISA, fel: tuple[str, ...], at: str) -> str:
@@ -1142,23 +1145,25 @@ def _gdot_factor(isa: ISA, fel: tuple[str, ...], at: str) -> str:
                        else ld(e, f"f{i}[{at.format(i=i)}]")) for i, e in enumerate(fel))
 
 
-def gdot_tile_name(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...]) -> str:
-    R, J = GDOT_TILE
+def gdot_tile_name(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...],
+                   tile: tuple[int, int] = GDOT_TILE) -> str:
+    R, J = tile
     return f"pr_gdot_{isa.name}_g{G}_{R}x{J}" + _suffix(elems) + "_f" + "".join(fel)
 
 
-def gdot_tile_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...]) -> str:
-    """``void NAME(Gn, A, sa, B, sb, f0, f0g, f0j[, f1...], C, sc)``: GDOT_TILE's R rows of A (row stride sa) against
+def gdot_tile_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...],
+                     tile: tuple[int, int] = GDOT_TILE) -> str:
+    """``void NAME(Gn, A, sa, B, sb, f0, f0g, f0j[, f1...], C, sc)``: ``tile``'s R rows of A (row stride sa) against
     J keys of B (key stride sb), every row with the same factors (key j's at ``g * fig + j * fij``), C[r * sc + j].
     Per group: the R rows' vectors loaded once, each key's vectors dequantized in registers once (widened, times its
     factor) and FMA'd into the R x J accumulators (one register each): the rows are read once per J keys where the
     row kernels read them once per key (8 rows of 2048 floats, 64 KiB, from L2 for every key: batch-8 decode of a
     [*, 2048] x [5632, 2048]^T product 783 us against the per-channel form's 440). Chunk levels as ``gdot_kernel``.
     Vector ISAs and G a multiple of the width only (``gdot_lanes``)."""
-    R, J = GDOT_TILE
+    R, J = tile
     W = gdot_lanes(isa, G)
     assert W > 1
-    name = gdot_tile_name(isa, G, elems, fel)
+    name = gdot_tile_name(isa, G, elems, fel, tile)
     ea, eb = elems
     a, b = (ctype(e) for e in elems)
     fs = ", ".join(f"const {ctype(e)}* restrict f{i}, long f{i}g, long f{i}j" for i, e in enumerate(fel))
@@ -1172,16 +1177,30 @@ def gdot_tile_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, .
     def factor(j: int) -> str:
         return _gdot_factor(isa, fel, f"g * f{{i}}g + {j} * f{{i}}j")
     body = []
-    for r in range(R):
-        body += [f"      const {vt} a{r}_{i} = {v.load(f'A + {r} * sa + g * {G} + {i * W}', 0, ea)};"
-                 for i in range(nvec)]
-    for j in range(J):
-        body.append(f"      {{ const {vt} f = {v.set1(factor(j))};")
+    if tile != GDOT_TILE8:   # every row's group in registers, then key by key
+        for r in range(R):
+            body += [f"      const {vt} a{r}_{i} = {v.load(f'A + {r} * sa + g * {G} + {i * W}', 0, ea)};"
+                     for i in range(nvec)]
+        for j in range(J):
+            body.append(f"      {{ const {vt} f = {v.set1(factor(j))};")
+            for i in range(nvec):
+                wv = v.mul(v.load(f"B + {j} * sb + g * {G} + {i * W}", 0, eb), "f")
+                body.append(f"        {{ const {vt} w = {wv};")
+                body += [f"          acc{r}{j} = {v.fma(f'a{r}_{i}', 'w', f'acc{r}{j}')};" for r in range(R)]
+                body.append("        }")
+            body.append("      }")
+    else:   # the keys' factors in registers, the rows one vector at a time (16 sums, 8 rows, 2 factors: 27 registers)
+        body += [f"      const {vt} fv{j} = {v.set1(factor(j))};" for j in range(J)]   # (f<i>: the factors)
         for i in range(nvec):
-            body.append(f"        {{ const {vt} w = {v.mul(v.load(f'B + {j} * sb + g * {G} + {i * W}', 0, eb), 'f')};")
-            body += [f"          acc{r}{j} = {v.fma(f'a{r}_{i}', 'w', f'acc{r}{j}')};" for r in range(R)]
-            body.append("        }")
-        body.append("      }")
+            body.append("      {")
+            body += [f"        const {vt} a{r} = {v.load(f'A + {r} * sa + g * {G} + {i * W}', 0, ea)};"
+                     for r in range(R)]
+            for j in range(J):
+                wv = v.mul(v.load(f"B + {j} * sb + g * {G} + {i * W}", 0, eb), f"fv{j}")
+                body.append(f"        {{ const {vt} w = {wv};")
+                body += [f"          acc{r}{j} = {v.fma(f'a{r}', 'w', f'acc{r}{j}')};" for r in range(R)]
+                body.append("        }")
+            body.append("      }")
     accs = ", ".join(f"acc{r}{j} = {v.zero()}" for r in range(R) for j in range(J))
     sums = []
     for r in range(R):

@@ -64,8 +64,8 @@ def _reference(v: dict[str, np.ndarray], Gn: int, G: int) -> np.ndarray:
 
 @pytest.mark.parametrize("M", [1, 3, 8, 13, 40])
 def test_grouped_products_on_every_isa_against_float64(M: int) -> None:
-    """Rows 1-8: grouped dot products (tiles of 4 rows x 4 keys from 4 rows; 8, 4 and 2 rows sharing each
-    dequantized key, the rest one at a time);
+    """Rows 1-8: grouped dot products (from 4 rows tiles of 8 rows x 2 keys (32 registers) and 4 x 4 over chunks of
+    K, the rest one at a time; without vector tiles 8, 4 and 2 rows sharing each dequantized key);
     40 rows: blocks of keys dequantized into scratch, then the plain product. Groups of 32 (vectors on AVX-512
     and AVX2) and of 24 (the scalar form on AVX-512, vectors on AVX2); Gn = 37 (chunks and an odd group); float32
     and float16 scales (float16 from 6e-5 up: its normal range)."""
@@ -83,8 +83,10 @@ def test_grouped_products_on_every_isa_against_float64(M: int) -> None:
             else:
                 assert "pr_gdot_" not in src, (isa, G)
             if M == 8:
-                assert f"_g{G}_r8_" in src, (isa, G)   # (the keys past the last tile of 4: 70 = 17 * 4 + 2)
-                assert (f"_g{G}_4x4_" in src) == (G % ISAS[isa].width == 0 and isa != "portable"), (isa, G)
+                if G % ISAS[isa].width == 0 and isa != "portable":   # tiles, in chunks of K
+                    assert f"_g{G}_4x4_" in src and (f"_g{G}_8x2_" in src) == (ISAS[isa].nregs >= 32), (isa, G)
+                else:   # runs of 8 rows sharing each key
+                    assert f"_g{G}_r8_" in src and "_4x4_" not in src, (isa, G)
             assert "pr_nt_" not in src or M > 8, "the per-group products were lowered one by one"
             out = prism.compile(g, isa=isa)(**v)
             assert_close(out, ref, f"grouped M={M} G={G} {isa}")
