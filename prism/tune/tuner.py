@@ -39,8 +39,8 @@ from prism.verify.numeric import Float32Program, max_error, normal_reference
 # bfloat16 winners of row-major weights were measured with the widening loads); tune/9: a whole-K GEMV whose
 # row fits in half the L1 takes one key at a time with prefetch along the keys (microkernels.nt_row_stream);
 # tune/10: short B rows prefetch PF_AHEAD bytes ahead, short keys back to back none (attention's winners);
-# tune/11: grouped products (int8 weights with group scales): 4 x 4 tiles from 4 rows, and the cost model's
-# resident bytes over 8 rows (tune.cost._grouped_resident), so the candidates measured and their winners differ
+# tune/11: grouped products (int8 weights with group scales): 4 x 4 tiles from 4 rows, 8 x 2 from 8, and the cost
+# model's resident bytes over 8 rows (tune.cost._grouped_resident), so the candidates measured and winners differ
 TUNE_VERSION = "tune/11"
 # candidates compiled and measured per shape (default). 4, not 6: over 169 stored tunings of 147 programs
 # (corpus, models, suite; 2026-11-26) the fastest of the first 4 selected was within 0.6 % of the fastest of
