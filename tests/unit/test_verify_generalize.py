@@ -133,3 +133,20 @@ def test_the_search_checks_rope_at_small_sizes_of_the_sequence_axis() -> None:
     u = UnsplitCheck(g)
     assert not u.big and u.inputs["x0"].shape == (8, 16, UnsplitCheck.GENERAL_VALUE, 128)
     assert all(u(c.graph) for c in res.candidates)
+
+
+def test_a_flattened_batch_generalizes_with_its_product() -> None:
+    """A Linear over [8, 128, 96] rows flattened to 1024: 128 is a symbol and the reshape's 1024 its multiple
+    (8 * size128), so the numeric check runs at a few rows instead of 1024; at the real sizes the graphs are the
+    given ones."""
+    g = prism.Graph("flat")
+    x, w = g.input("x", (8, 128, 96)), g.input("w", (96, 80))
+    y = g.matmul(g.reshape(x, (1024, 96)), w)
+    g.output(g.reshape(y, (8, 128, 80)), "y")
+    gen = generalized(g, g)
+    assert gen is not None
+    c, r, fixed = gen
+    assert fixed.get("size128") == 128, fixed
+    shapes = {str(n.shape) for n in r.nodes if n.op == "reshape"}
+    assert any("size128" in s for s in shapes), shapes
+    assert r.instantiate(fixed).key == g.key   # the given graph at the real sizes
