@@ -145,7 +145,7 @@ def test_a_flattened_batch_generalizes_with_its_product() -> None:
     g.output(g.reshape(y, (8, 128, 80)), "y")
     gen = generalized(g, g)
     assert gen is not None
-    c, r, fixed = gen
+    _, r, fixed = gen
     assert fixed.get("size128") == 128, fixed
     shapes = {str(n.shape) for n in r.nodes if n.op == "reshape"}
     assert any("size128" in s for s in shapes), shapes
