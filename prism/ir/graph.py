@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from prism.errors import GraphError, InputError
+from prism.errors import GraphError, InputError, PrismError
 from prism.ir import dims as D
 from prism.ir import ops as O
 from prism.ir.block import BlockGraph, _subs_arg, generalized_size
@@ -17,6 +18,23 @@ from prism.ir.node import Node, toposort
 
 Evaluator = Callable[..., dict[str, Any]]
 _EVALUATOR: Evaluator | None = None
+
+
+MAX_IMAGE_CHOICES = 64   # combinations of its sizes' images tried per op (Graph.generalize's ``images``)
+
+
+def _resized(op: O.OpDef, arg: tuple, images: Mapping[int, tuple[int, ...]]) -> Iterator[tuple]:
+    """``arg`` with each size in ``op``'s size attributes replaced by one of its images (itself where it has
+    none): every combination, in order."""
+    slots: list[tuple[DimLike, ...]] = []
+
+    def note(d: DimLike) -> DimLike:
+        slots.append(images.get(d, (d,)) if isinstance(d, int) and not isinstance(d, bool) else (d,))
+        return d
+    O.map_sizes(op, arg, note)
+    for combo in itertools.product(*slots):
+        it = iter(combo)
+        yield O.map_sizes(op, arg, lambda _d, nxt=it.__next__: nxt())
 
 
 def register_evaluator(fn: Evaluator) -> None:
@@ -176,7 +194,8 @@ class Graph(OpMethods):
         return self._copy(env, {})
 
     def generalize(self, sizes: Mapping[int, DimLike],
-                   axes: Mapping[tuple[str, int], DimLike] | None = None) -> Graph:
+                   axes: Mapping[tuple[str, int], DimLike] | None = None,
+                   images: Mapping[int, tuple[int, ...]] | None = None) -> Graph:
         """A copy with the fixed sizes in ``sizes`` replaced, e.g. ``{2048: D.sym("K")}``: in input shapes,
         reshape/split sizes and block-graph inputs; every other shape, tile and constraint is derived again.
         ``copy.instantiate({"K": 2048})`` computes what this graph does. A size that only coincides with a
@@ -186,17 +205,35 @@ class Graph(OpMethods):
         ``axes``: single input axes replaced, ``{("x", 2): D.sym("S")}`` -- input ``x``'s axis 2 whatever its
         size, every other occurrence of that size kept (RoPE at a prompt length equal to the head dim, 128: the
         sequence axis generalizes, the head dim that ``rotate_half`` halves cannot). Block graphs take their
-        operands' new shapes; sizes inside ops are ``sizes``' only."""
-        return self._copy({}, sizes, axes)
+        operands' new shapes; sizes inside ops are ``sizes``' only.
+
+        ``images``: sizes inside ops (reshape shapes, split sizes) with several possible replacements, each
+        combination tried in turn and the first that keeps the graph consistent taken (``[2048, 64, 32]`` of a
+        ``[512, 2048]`` input, 2048's images (2048, 512): only 512 keeps the element count; at most
+        ``MAX_IMAGE_CHOICES`` per op, then ShapeError as for any inconsistent copy)."""
+        return self._copy({}, sizes, axes, images)
 
     def _copy(self, env: Mapping[str, object], sizes: Mapping[int, DimLike],
-              axes: Mapping[tuple[str, int], DimLike] | None = None) -> Graph:
+              axes: Mapping[tuple[str, int], DimLike] | None = None,
+              images: Mapping[int, tuple[int, ...]] | None = None) -> Graph:
         size = generalized_size(sizes)
         axes = axes or {}
 
         def arg_of(n: Node) -> tuple:
             a = _subs_arg(n.arg, env)
             return O.map_sizes(O.get(n.op), a, size) if sizes else a
+
+        def build(n: Node, srcs: list[Tensor]) -> Node:
+            op = O.get(n.op)
+            if not images or not op.size_attrs:
+                return g._apply(n.op, srcs, arg_of(n)).node
+            error: PrismError | None = None
+            for arg in itertools.islice(_resized(op, arg_of(n), images), MAX_IMAGE_CHOICES):
+                try:
+                    return g._apply(n.op, srcs, arg).node
+                except PrismError as e:   # (ShapeError, MapError: an inconsistent combination) the next one
+                    error = e
+            raise error if error is not None else GraphError(f"{n.op}: no combination of its sizes' images")
 
         def shape_of(name: str, shape: tuple[DimLike, ...]) -> tuple[DimLike, ...]:
             return tuple(axes[name, i] if (name, i) in axes else size(D.subs(d, env)) for i, d in enumerate(shape))
@@ -221,7 +258,7 @@ class Graph(OpMethods):
             elif n.op == "result":
                 new[n] = results[n.src[0]][n.arg[0]].node
             else:
-                new[n] = g._apply(n.op, [Tensor(g, new[s]) for s in n.src], arg_of(n)).node
+                new[n] = build(n, [Tensor(g, new[s]) for s in n.src])
         # keep declared-but-unused inputs, in declaration order
         for name, node in self._inputs.items():
             if name not in g._inputs:

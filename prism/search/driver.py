@@ -41,7 +41,7 @@ from prism.search.program import CoreProgram, check_searchable_sizes, peel
 from prism.search.space import Limits, derive_opset
 from prism.search.splitk import Refusal, estimate_split, split_reduction
 from prism.search.stats import Budget, Stats, StopReason, StopSearch
-from prism.search.transfer import family, size_map, transferred
+from prism.search.transfer import Family, family, size_map, transferred
 
 VERSION = "search/7"  # 2: split-reduction variants; 3: checksummed envelope, verifier fingerprint in the key;
 # 4: block graphs carry their split counts (BlockGraph.splits); 5: dtypes (casts to float32 abstractly the
@@ -278,10 +278,11 @@ def search(graph: Graph, limits: Limits | None = None, mode: str = "symbolic", *
         r = _load_cached(path, graph)
         if r is not None:
             return r
-    fam = _family_path(graph, limits, mode, env, axioms) if path is not None else None
+    own = family(graph) if path is not None else None
+    fam = _family_path(own[0], limits, mode, env, axioms) if own is not None else None
     donors = _donors(fam) if fam is not None else []
-    if transfer and path is not None and fam is not None:
-        r = _transfer(fam, donors, graph, env, progress)
+    if transfer and path is not None and fam is not None and own is not None:
+        r = _transfer(fam, donors, graph, own, env, progress)
         if r is not None:
             store.save(path, "search", r.to_json())
             return r
@@ -297,9 +298,9 @@ def search(graph: Graph, limits: Limits | None = None, mode: str = "symbolic", *
     return r
 
 
-def _family_path(graph: Graph, limits: Limits, mode: str, env: Mapping[str, int], axioms: tuple[str, ...]) -> Path:
-    """Where the family of ``graph`` (:func:`.transfer.family`) names the search that serves it."""
-    material = json.dumps({"v": VERSION, "space": SPACE, "family": family(graph)[0], "limits": limits.key(),
+def _family_path(text: str, limits: Limits, mode: str, env: Mapping[str, int], axioms: tuple[str, ...]) -> Path:
+    """Where a family (its text, :func:`.transfer.family`) names the searches that serve it."""
+    material = json.dumps({"v": VERSION, "space": SPACE, "family": text, "limits": limits.key(),
                            "mode": mode, "env": env, "axioms": axioms, "verifier": _verifier_key()}, sort_keys=True)
     return cache_dir() / "search" / "family" / (hashlib.sha256(material.encode()).hexdigest()[:32] + ".json")
 
@@ -311,30 +312,36 @@ def _donors(fam: Path) -> list[dict[str, Any]]:
     return [d for d in donors if isinstance(d, dict)] if isinstance(donors, list) else []
 
 
-def _transfer(fam: Path, donor_files: list[dict[str, Any]], graph: Graph, env: dict[str, int],
+def _transfer(fam: Path, donor_files: list[dict[str, Any]], graph: Graph, own: Family, env: dict[str, int],
               progress: Progress | None) -> SearchResult | None:
-    """The result of a search that serves ``graph``'s family, its candidates at ``graph``'s sizes and verified
-    against ``graph`` (:mod:`.transfer`), or None when there is none or no candidate verifies. Donors whose sizes
-    map one to one onto ``graph``'s come first (their searches saw the same pattern of equal sizes), then those
-    with one image per size, then the rest; the newest first among equals."""
+    """The result of a search that serves ``graph``'s family (``own``: its :func:`.transfer.family`), its
+    candidates at ``graph``'s sizes and verified against ``graph`` (:mod:`.transfer`), or None when there is none
+    or no candidate verifies. Donors whose sizes map one to one onto ``graph``'s come first (their searches saw
+    the same pattern of equal sizes), then those with one image per size, then the rest; the newest first among
+    equals. Only the programs are read to order them; a donor's candidates when it is tried."""
     t0 = time.monotonic()
-    donors: list[tuple[int, bool, int, SearchResult, dict[int, tuple[int, ...]]]] = []
+    donors: list[tuple[int, bool, int, Path, dict[str, Any], dict[int, tuple[int, ...]]]] = []
     for i, d in enumerate(donor_files):
         path = fam.parent.parent / str(d.get("file", ""))
         entry = store.load(path, "search")
         if entry.payload is None:
             continue
         try:
-            donor = SearchResult.from_json(entry.payload)
+            program = graph_from_json(json.dumps(entry.payload["program"]))
         except (PrismError, ValueError, KeyError, TypeError) as e:
             store.corrupt(path, "search", str(e).splitlines()[0][:300])
             continue
-        sizes = size_map(donor.program, graph)
+        sizes = size_map(family(program), own)
         if sizes is not None:   # one image per size (the same pattern of equal sizes, or a finer one) first
             donors.append((max(map(len, sizes.values()), default=1), len(set(sizes.values())) < len(sizes), i,
-                           donor, sizes))
+                           path, entry.payload, sizes))
     shapes = {name: n.shape for name, n in graph.inputs.items()}
-    for *_, donor, sizes in sorted(donors, key=lambda d: d[:3]):
+    for *_, path, payload, sizes in sorted(donors, key=lambda d: d[:3]):
+        try:
+            donor = SearchResult.from_json(payload)
+        except (PrismError, ValueError, KeyError, TypeError) as e:
+            store.corrupt(path, "search", str(e).splitlines()[0][:300])
+            continue
         stats = Stats()
         out: list[Candidate] = []
         seen: set[str] = set()

@@ -25,21 +25,22 @@ search pruned by its sizes. ``PRISM_SEARCH_TRANSFER=0`` turns it off.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 
 from prism.errors import PrismError
 from prism.ir import ops as O
-from prism.ir.builder import Tensor
 from prism.ir.dims import DimLike
 from prism.ir.graph import Graph
-from prism.ir.node import Node, toposort
+from prism.ir.node import toposort
 from prism.ir.serialize import encode
 
 # Sizes up to this stay literal in the family: a size of 1 broadcasts, any other is a placeholder.
 FAMILY_MIN = 1
+
+
+Family = tuple[str, list[int]]   # (canonical text, sizes at their places): family()
 
 
 def enabled() -> bool:
@@ -47,7 +48,7 @@ def enabled() -> bool:
     return os.environ.get("PRISM_SEARCH_TRANSFER", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def family(graph: Graph) -> tuple[str, list[int]]:
+def family(graph: Graph) -> Family:
     """``(the family's canonical text, the graph's sizes at their places in it)``: the graph's nodes with every
     size above FAMILY_MIN that :meth:`prism.Graph.generalize` would replace (input shapes, the size attributes of
     operators: reshape shapes, split sizes) made a placeholder. Everything else stays as it is: axes, symbolic
@@ -71,12 +72,12 @@ def family(graph: Graph) -> tuple[str, list[int]]:
                        "nodes": rows}, sort_keys=True, separators=(",", ":")), sizes
 
 
-def size_map(donor: Graph, graph: Graph) -> dict[int, tuple[int, ...]] | None:
-    """Each size of ``donor`` with the sizes of ``graph`` at its places (in order of first occurrence; one where
-    the donor's pattern of equal sizes is as fine as the program's, several where one of the donor's sizes stands
-    for two of the program's), None when the two are not of one family."""
-    fd, vd = family(donor)
-    fg, vg = family(graph)
+def size_map(donor: Family, program: Family) -> dict[int, tuple[int, ...]] | None:
+    """Each size of the donor with the program's sizes at its places (:func:`family` of each; in order of first
+    occurrence; one where the donor's pattern of equal sizes is as fine as the program's, several where one of the
+    donor's sizes stands for two of the program's), None when the two are not of one family."""
+    fd, vd = donor
+    fg, vg = program
     if fd != fg:
         return None
     out: dict[int, list[int]] = {}
@@ -87,64 +88,16 @@ def size_map(donor: Graph, graph: Graph) -> dict[int, tuple[int, ...]] | None:
     return {a: tuple(b) for a, b in out.items()}
 
 
-# at most this many ways to resize one operator's sizes (each ambiguous size tried at each of its images)
-MAX_CHOICES = 64
-
-
-def _taking(values: tuple[DimLike, ...]) -> Callable[[DimLike], DimLike]:
-    """A size function that returns ``values`` one after the other (whatever it is given)."""
-    it = iter(values)
-    return lambda _d: next(it)
-
-
-def _choices(n: Node, sizes: Mapping[int, tuple[int, ...]]) -> Iterator[tuple]:
-    """The node's argument with its sizes resized: every combination of the images of its sizes, in order."""
-    op = O.OPS.get(n.op)
-    if op is None or not op.size_attrs:
-        yield n.arg
-        return
-    slots: list[tuple[int, ...]] = []
-    O.map_sizes(op, n.arg, lambda d: slots.append(sizes.get(d, (d,)) if isinstance(d, int) else (d,)) or d)
-    for k, combo in enumerate(itertools.product(*slots)):
-        if k >= MAX_CHOICES:
-            return
-        yield O.map_sizes(op, n.arg, _taking(combo))
-
-
 def transferred(candidate: Graph, sizes: Mapping[int, tuple[int, ...]], inputs: Mapping[str, tuple[DimLike, ...]]
                 ) -> Graph | None:
     """``candidate`` rebuilt on inputs of the shapes ``inputs`` (the program's): each operator's sizes take
     their images under ``sizes`` (:func:`size_map`; where a size has several, the first that keeps the graph
-    consistent: a reshape's element count, a split's parts), block graphs their operands' new shapes, every tile
-    and constraint derived again. None where no choice is consistent."""
-    g = Graph(candidate.name)
-    new: dict[Node, Node] = {}
-    results: dict[Node, tuple[Tensor, ...]] = {}
-    try:
-        for name, node in candidate.inputs.items():   # first, in declaration order (unused ones too)
-            new[node] = g.input(name, inputs[name], node.dtype).node
-        for n in candidate.nodes:
-            if n.op == "input":
-                continue
-            if n.op == "output":
-                g.output(Tensor(g, new[n.src[0]]), n.arg[0])
-            elif n.op == "customized":
-                bg = n.arg[0].generalize({}, tuple(new[s].shape for s in n.src))
-                res = g.customized(bg, [Tensor(g, new[s]) for s in n.src])
-                new[n] = res[0].node.src[0]
-                results[n] = res
-            elif n.op == "result":
-                new[n] = results[n.src[0]][n.arg[0]].node
-            else:
-                srcs = [Tensor(g, new[s]) for s in n.src]
-                for arg in _choices(n, sizes):
-                    try:
-                        new[n] = g._apply(n.op, srcs, arg).node
-                        break
-                    except PrismError:
-                        continue
-                else:
-                    return None
-    except (PrismError, KeyError):
+    consistent: a reshape's element count, a split's parts; ``Graph.generalize``'s ``images``), block graphs
+    their operands' new shapes, every tile and constraint derived again. None where no choice is consistent."""
+    if any(name not in inputs for name in candidate.inputs):
         return None
-    return g
+    axes = {(name, i): d for name in candidate.inputs for i, d in enumerate(inputs[name])}
+    try:
+        return candidate.generalize({}, axes, images=sizes)
+    except PrismError:
+        return None

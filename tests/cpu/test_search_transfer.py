@@ -46,16 +46,20 @@ def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     clear_memory_caches()
 
 
+def sizes(donor: prism.Graph, program: prism.Graph) -> dict[int, tuple[int, ...]] | None:
+    return size_map(family(donor), family(program))
+
+
 def test_family_and_the_size_map() -> None:
     """Sizes above 1 are placeholders; each size of the donor maps to the program's sizes at its places."""
     assert family(rms_linear(64, 32))[0] == family(rms_linear(96, 48))[0]
-    assert size_map(rms_linear(64, 32), rms_linear(96, 48)) == {64: (96,), 32: (48,)}
-    assert size_map(rms_linear(64, 32), rms_linear(48, 48)) == {64: (48,), 32: (48,)}   # two sizes become one
-    assert size_map(rms_linear(48, 48), rms_linear(64, 32)) == {48: (64, 32)}          # one becomes two
-    assert size_map(rms_linear(64, 32), rms_linear(64, 32)) == {64: (64,), 32: (32,)}
-    assert size_map(rms_linear(64, 32), rms_linear(64, 32, eps=1e-5)) is None           # a constant differs
-    assert size_map(rms_linear(64, 32), rms_linear(64, 4)) == {64: (64,), 32: (4,)}
-    assert size_map(rms_linear(64, 32), rms_linear(64, 1)) is None                      # 1 broadcasts: literal
+    assert sizes(rms_linear(64, 32), rms_linear(96, 48)) == {64: (96,), 32: (48,)}
+    assert sizes(rms_linear(64, 32), rms_linear(48, 48)) == {64: (48,), 32: (48,)}   # two sizes become one
+    assert sizes(rms_linear(48, 48), rms_linear(64, 32)) == {48: (64, 32)}          # one becomes two
+    assert sizes(rms_linear(64, 32), rms_linear(64, 32)) == {64: (64,), 32: (32,)}
+    assert sizes(rms_linear(64, 32), rms_linear(64, 32, eps=1e-5)) is None           # a constant differs
+    assert sizes(rms_linear(64, 32), rms_linear(64, 4)) == {64: (64,), 32: (4,)}
+    assert sizes(rms_linear(64, 32), rms_linear(64, 1)) is None                      # 1 broadcasts: literal
 
 
 def test_a_search_serves_another_size_of_its_program(fresh_cache: Path) -> None:
@@ -170,7 +174,7 @@ def grouped_linear(n_out: int, k_in: int, group: int = 32) -> prism.Graph:
 def test_a_donor_with_equal_sizes_serves_a_program_where_they_differ(fresh_cache: Path) -> None:
     """[256, 256] serves [96, 256]: the donor's 256 stands for two sizes, and each of its candidates' reshapes
     takes the one that keeps the graph consistent (the weight's [256, 8, 32] becomes [96, 8, 32])."""
-    assert size_map(grouped_linear(256, 256), grouped_linear(96, 256)) == {256: (256, 96), 8: (8,), 32: (32,)}
+    assert sizes(grouped_linear(256, 256), grouped_linear(96, 256)) == {256: (256, 96), 8: (8,), 32: (32,)}
     donor = driver.search(grouped_linear(256, 256), LIMITS, env={"n": 8})
     g = grouped_linear(96, 256)
     got = driver.search(g, LIMITS, env={"n": 8}, transfer=True)

@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from prism.errors import GraphError
+from prism.errors import GraphError, PrismError
 from prism.ir import BlockBuilder, Graph
 from prism.ir.dims import Dim, structurally_equal, sym
 from prism.ir.node import Node, toposort
@@ -329,3 +329,17 @@ def test_customized_results_and_evaluate_params() -> None:
     np.testing.assert_allclose(out["e"], np.exp(xs), rtol=1e-12)
     np.testing.assert_allclose(out["s"], xs.sum(-1, keepdims=True), rtol=1e-12)
     assert graph_from_json(graph_to_json(g)).key == g.key
+
+
+def test_generalize_tries_each_image_of_a_size_in_turn() -> None:
+    """``images``: a reshape's 256 stands for (256, 96); with the weight's axis 0 now 96 only 96 keeps the element
+    count, and the copy computes what the same graph built at those sizes does. No consistent image: an error."""
+    g = Graph("img")
+    q = g.input("q", (256, 256))
+    g.output(g.reshape(q, (256, 8, 32)), "y")
+    c = g.generalize({}, {("q", 0): 96}, images={256: (256, 96)})
+    want = Graph("img")
+    want.output(want.reshape(want.input("q", (96, 256)), (96, 8, 32)), "y")
+    assert c.key == want.key
+    with pytest.raises(PrismError):
+        g.generalize({}, {("q", 0): 96}, images={256: (256, 100)})
