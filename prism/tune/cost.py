@@ -275,7 +275,8 @@ def _grouped_resident(found: list[tuple[Node, list[Node], list[Node]]], S: Dims)
     return fused, extra
 
 
-def _grouped_cost(found: list[tuple[Node, list[Node], list[Node]]], S: Dims, nodes: tuple[Node, ...]) -> float:
+def _grouped_cost(found: list[tuple[Node, list[Node], list[Node]]], fused: set[Node], S: Dims,
+                  nodes: tuple[Node, ...]) -> float:
     """Flops-equivalent per block beyond the matmul's own of the block's grouped products (codegen:
     ``matmul.emit_grouped``): up to GROUPED_DOT_ROWS rows (or a factor per row) every row widens each weight
     again, the matmul's flops twice over; more rows dequantize the keys once per block (2 a weight). A per-group
@@ -292,8 +293,7 @@ def _grouped_cost(found: list[tuple[Node, list[Node], list[Node]]], S: Dims, nod
             flops += 2.0 * rows * keys * k
         else:
             flops += 2.0 * keys * k
-    fused = {mm for mm, _, _ in found}
-    for n in nodes:
+    for n in nodes:   # (``fused``: the grouped products' nodes, _grouped_resident)
         if n.op == "matmul" and len(n.shape) == 3 and n not in fused:
             flops += (GROUPED_UNFUSED - 1) * _node_flops(n, S)
     return flops
@@ -351,7 +351,7 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
                                                                             and n.op not in ("matmul",)))):
             ws += numel(S(n.shape)) * BYTES
     ws = max(0, ws + grouped_ws)
-    eff_flops += _grouped_cost(found, S, nodes)
+    eff_flops += _grouped_cost(found, fused, S, nodes)
     out_bytes = sum(numel(S(s.shape)) * itemsize(s.dtype) * nb * (F if s.arg[2] is not None else 1)
                     for s in bg.outputs)
     unique_total = sum(numel(S(bg.inputs[i].shape)) * itemsize(bg.inputs[i].dtype) for i in reads)

@@ -409,7 +409,7 @@ def _op_sizes(g: Graph) -> set[int]:
             out.add(d)
         return d
     for n in g.nodes:
-        if n.op in O.OPS:
+        if n.op in O.OPS and n.op != "input":
             O.map_sizes(O.OPS[n.op], n.arg, take)
     for bg in g.customized_ops():
         for spec in bg.inputs:
