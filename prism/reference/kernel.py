@@ -73,13 +73,20 @@ def _evaluate(g: Graph, inputs: Mapping[str, Any], dtype: Any = None,
     vals: dict[Node, Any] = {}
     bgs: dict[Node, Any] = {}
     nodes = list(g.nodes)
-    last_use = {s: i for i, n in enumerate(nodes) for s in n.src}   # a value is dropped after its last use:
+    fused = _scaled_contractions(nodes) if dtype is not None and np.dtype(dtype) == np.float64 else {}
+    inner = {x for f in fused.values() for x in f[3:]}
+    src = {n: fused[n][:3] if n in fused else n.src for n in nodes}
+    last_use = {s: i for i, n in enumerate(nodes) for s in src[n]}   # a value is dropped after its last use:
     for i, n in enumerate(nodes):                                     # memory is the live set, not every value
         if i:
-            for s in set(nodes[i - 1].src):
+            for s in set(src[nodes[i - 1]]):
                 if last_use[s] == i - 1:
                     vals.pop(s, None)
-        if n.op == "input":
+        if n in inner:
+            continue
+        if n in fused:
+            vals[n] = _scaled_contraction(n, *(vals[s] for s in src[n]))
+        elif n.op == "input":
             name, _, dt = n.arg
             a = arrays[name]
             if dtype is None and a.dtype != dt.np:
@@ -116,6 +123,59 @@ def _evaluate(g: Graph, inputs: Mapping[str, Any], dtype: Any = None,
     # working precision: each output stored in its dtype (a bfloat16 output rounded once, at the end)
     return {n.arg[0]: vals[n] if vals[n].dtype == n.dtype.np else np.asarray(vals[n]).astype(n.dtype.np)
             for n in g.outputs}
+
+
+def _scaled_contractions(nodes: list[Node]) -> dict[Node, tuple[Node, ...]]:
+    """The float64 mode's one rewrite: ``sum(matmul(A, B) * S, g)`` over a batch axis ``g`` of the product, with
+    ``S`` constant along the product's rows (``S.shape[-2] == 1``) and neither intermediate used elsewhere, maps
+    each such sum to ``(A, B, S, the matmul, the mul)``. It equals ``A @ (B * S)`` contracted over ``g`` and K
+    together (each ``S[g]`` scales the columns of ``B[g]``), which :func:`_scaled_contraction` computes as one
+    product, never making the ``[G, M, N]`` intermediate: equal in exact arithmetic; in float64 the two orders
+    differ by a few ulps of the sum, far below every tolerance this mode serves. Measured need: the grouped
+    int8 Linear (``frontend.capture._fuse_grouped_linear``: one product per group of 32 input features, each
+    scaled, summed) at llama-1b's 1024-row batch-8 prompt made a [64, 1024, 5632] float64 intermediate (2.9 GB,
+    twice) and took 4.8 s per reference run; its reference runs (search, tuning, final checks) were 25 s of
+    the 86 s first ``generate()``. Not used in the working (float32) mode, whose rounding follows the program's
+    order."""
+    uses: dict[Node, int] = {}
+    for n in nodes:
+        for s in n.src:
+            uses[s] = uses.get(s, 0) + 1
+    out: dict[Node, tuple[Node, ...]] = {}
+    for n in nodes:
+        if n.op != "sum" or n.src[0].op != "mul" or uses.get(n.src[0]) != 1:
+            continue
+        mul = n.src[0]
+        for k in (0, 1):
+            prod, scale = mul.src[k], mul.src[1 - k]
+            nd = len(prod.shape)
+            if prod.op != "matmul" or uses.get(prod) != 1 or nd < 3 or len(scale.shape) > nd:
+                continue
+            axis = n.arg[0] % nd
+            rows_one = len(scale.shape) >= 2 and D.is_concrete(scale.shape[-2]) and scale.shape[-2] == 1
+            if axis >= nd - 2 or not rows_one or tuple(mul.shape) != tuple(prod.shape):
+                continue
+            out[n] = (prod.src[0], prod.src[1], scale, prod, mul)
+            break
+    return out
+
+
+def _scaled_contraction(n: Node, a: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """``sum(matmul(a, b) * s, axis)`` (keepdim) for a sum of :func:`_scaled_contractions`: ``b * s`` (the columns
+    of each ``b[g]`` scaled), then one product over the axis and K together."""
+    nd = len(n.shape)
+    axis = n.arg[0] % nd
+    a = a.reshape((1,) * (nd - a.ndim) + a.shape)
+    bs = b * s.reshape((1,) * (nd - s.ndim) + s.shape)
+    bs = bs.reshape((1,) * (nd - bs.ndim) + bs.shape)
+    if a.shape[axis] != bs.shape[axis]:   # one side broadcast along the axis: the operators as written
+        return apply("sum", [apply("matmul", [a, b], ()) * s], (axis,))
+    g, k = a.shape[axis], a.shape[-1]
+    a2 = np.moveaxis(a, axis, -2)   # [.., M, G, K] -> [.., M, G*K]
+    a2 = a2.reshape(*a2.shape[:-2], g * k)
+    b2 = np.moveaxis(bs, axis, -3)  # [.., G, K, N] -> [.., G*K, N]
+    b2 = b2.reshape(*b2.shape[:-3], g * k, b2.shape[-1])
+    return np.expand_dims(apply("matmul", [a2, b2], ()), axis)
 
 
 def _concrete(a: Any, env: Mapping[str, object]) -> Any:
