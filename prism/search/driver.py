@@ -41,7 +41,7 @@ from prism.search.program import CoreProgram, check_searchable_sizes, peel
 from prism.search.space import Limits, derive_opset
 from prism.search.splitk import Refusal, estimate_split, split_reduction
 from prism.search.stats import Budget, Stats, StopReason, StopSearch
-from prism.search.transfer import Family, family, size_map, transferred
+from prism.search.transfer import Family, family, narrows, size_map, transferred
 
 VERSION = "search/7"  # 2: split-reduction variants; 3: checksummed envelope, verifier fingerprint in the key;
 # 4: block graphs carry their split counts (BlockGraph.splits); 5: dtypes (casts to float32 abstractly the
@@ -279,28 +279,35 @@ def search(graph: Graph, limits: Limits | None = None, mode: str = "symbolic", *
         if r is not None:
             return r
     own = family(graph) if path is not None else None
-    fam = _family_path(own[0], limits, mode, env, axioms) if own is not None else None
-    donors = _donors(fam) if fam is not None else []
-    if transfer and path is not None and fam is not None and own is not None:
-        r = _transfer(fam, donors, graph, own, env, progress)
+    wide = family(graph, wide=True) if path is not None else None
+    fams = [_family_path(f[0], limits, mode, env, axioms, wide=w) for f, w in ((own, False), (wide, True))
+            if f is not None]
+    donors = [_donors(f) for f in fams]
+    if transfer and path is not None and own is not None and wide is not None:
+        r = _transfer(fams[0], donors[0], graph, own, env, progress)
+        if r is None and 1 in wide[1]:   # a size of 1: a donor of more rows may serve it (transfer.narrows)
+            r = _transfer(fams[1], donors[1], graph, wide, env, progress, narrowing=True)
         if r is not None:
             store.save(path, "search", r.to_json())
             return r
     r = _search(graph, limits, mode, env, workers, executor, progress, axioms)
     if path is not None:
         store.save(path, "search", r.to_json())
-        if fam is not None and r.candidates:
+        if r.candidates:
             # newest first, at most FAMILY_DONORS (two processes that record at once may lose one of the two
             # names: a later program of the family is then searched)
-            old = [d for d in donors if d.get("file") != path.name]
-            store.save(fam, "search-family",
-                       {"donors": [{"file": path.name, "program": graph.key}, *old][:FAMILY_DONORS]})
+            for fam, names in zip(fams, donors):
+                old = [d for d in names if d.get("file") != path.name]
+                store.save(fam, "search-family",
+                           {"donors": [{"file": path.name, "program": graph.key}, *old][:FAMILY_DONORS]})
     return r
 
 
-def _family_path(text: str, limits: Limits, mode: str, env: Mapping[str, int], axioms: tuple[str, ...]) -> Path:
-    """Where a family (its text, :func:`.transfer.family`) names the searches that serve it."""
-    material = json.dumps({"v": VERSION, "space": SPACE, "family": text, "limits": limits.key(),
+def _family_path(text: str, limits: Limits, mode: str, env: Mapping[str, int], axioms: tuple[str, ...],
+                 wide: bool = False) -> Path:
+    """Where a family (its text, :func:`.transfer.family`; ``wide``: a wide family's) names the searches that
+    serve it."""
+    material = json.dumps({"v": VERSION, "space": SPACE, "family": text, "limits": limits.key(), "wide": wide,
                            "mode": mode, "env": env, "axioms": axioms, "verifier": _verifier_key()}, sort_keys=True)
     return cache_dir() / "search" / "family" / (hashlib.sha256(material.encode()).hexdigest()[:32] + ".json")
 
@@ -313,12 +320,13 @@ def _donors(fam: Path) -> list[dict[str, Any]]:
 
 
 def _transfer(fam: Path, donor_files: list[dict[str, Any]], graph: Graph, own: Family, env: dict[str, int],
-              progress: Progress | None) -> SearchResult | None:
+              progress: Progress | None, narrowing: bool = False) -> SearchResult | None:
     """The result of a search that serves ``graph``'s family (``own``: its :func:`.transfer.family`), its
     candidates at ``graph``'s sizes and verified against ``graph`` (:mod:`.transfer`), or None when there is none
     or no candidate verifies. Donors whose sizes map one to one onto ``graph``'s come first (their searches saw
     the same pattern of equal sizes), then those with one image per size, then the rest; the newest first among
-    equals. Only the programs are read to order them; a donor's candidates when it is tried."""
+    equals. Only the programs are read to order them; a donor's candidates when it is tried. ``narrowing``:
+    ``own`` and ``fam`` are the wide family's, and a donor serves only where :func:`.transfer.narrows` holds."""
     t0 = time.monotonic()
     donors: list[tuple[int, bool, int, Path, dict[str, Any], dict[int, tuple[int, ...]]]] = []
     for i, d in enumerate(donor_files):
@@ -331,8 +339,9 @@ def _transfer(fam: Path, donor_files: list[dict[str, Any]], graph: Graph, own: F
         except (PrismError, ValueError, KeyError, TypeError) as e:
             store.corrupt(path, "search", str(e).splitlines()[0][:300])
             continue
-        sizes = size_map(family(program), own)
-        if sizes is not None:   # one image per size (the same pattern of equal sizes, or a finer one) first
+        sizes = size_map(family(program, wide=narrowing), own)
+        if sizes is not None and (not narrowing or narrows(sizes)):
+            # one image per size (the same pattern of equal sizes, or a finer one) first
             donors.append((max(map(len, sizes.values()), default=1), len(set(sizes.values())) < len(sizes), i,
                            path, entry.payload, sizes))
     shapes = {name: n.shape for name, n in graph.inputs.items()}

@@ -18,6 +18,13 @@ its element count decides). The driver then verifies every transferred candidate
 candidate of its own search (formal proof and numeric check): nothing is served on the strength of the donor's
 proof, and a candidate whose own sizes only coincide with the program's fails there and is dropped.
 
+A program with a size of 1 where a donor has more (a decode step's one row against a prompt's 128) is of the
+donor's *wide family* (:func:`family` with ``wide=True``: sizes of 1 are placeholders too) and is served by it
+only in that direction (:func:`narrows`): a structure for many rows, taken at one row, keeps every structure
+that does not split the rows; one found for one row may lack the row tiling a bigger program needs. Measured
+need: the LM head at one row (``logits_to_keep=1``) and every decode-step Linear were a family of their own,
+searched apart from the prompt's (3.6-5.4 s of llama-1b int8w-g32's start-up).
+
 What a transfer does not give: the new program's own ranking (the candidates keep the first program's order
 and cost reports; each shape is still ranked and measured by the tuner) and structures the first program's
 search pruned by its sizes. ``PRISM_SEARCH_TRANSFER=0`` turns it off.
@@ -48,15 +55,17 @@ def enabled() -> bool:
     return os.environ.get("PRISM_SEARCH_TRANSFER", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def family(graph: Graph) -> Family:
+def family(graph: Graph, wide: bool = False) -> Family:
     """``(the family's canonical text, the graph's sizes at their places in it)``: the graph's nodes with every
     size above FAMILY_MIN that :meth:`prism.Graph.generalize` would replace (input shapes, the size attributes of
     operators: reshape shapes, split sizes) made a placeholder. Everything else stays as it is: axes, symbolic
-    dims, constants, operators' other attributes (RoPE's ``half``), block graphs."""
+    dims, constants, operators' other attributes (RoPE's ``half``), block graphs. ``wide``: sizes of 1 are
+    placeholders too (the wide family; served only as :func:`narrows` allows)."""
     sizes: list[int] = []
+    least = 0 if wide else FAMILY_MIN
 
     def size(d: DimLike) -> DimLike:
-        if isinstance(d, int) and not isinstance(d, bool) and d > FAMILY_MIN:
+        if isinstance(d, int) and not isinstance(d, bool) and d > least:
             sizes.append(d)
             return "#"
         return d
@@ -86,6 +95,14 @@ def size_map(donor: Family, program: Family) -> dict[int, tuple[int, ...]] | Non
         if b not in images:
             images.append(b)
     return {a: tuple(b) for a, b in out.items()}
+
+
+def narrows(sizes: Mapping[int, tuple[int, ...]]) -> bool:
+    """Whether a wide family's size map (:func:`size_map` of two ``family(..., wide=True)``) takes the donor to
+    the program only by narrowing sizes to 1: every donor size of 1 stays 1 (a donor with a broadcast axis is not
+    widened), and some size above 1 becomes 1 (otherwise the two are of one plain family)."""
+    return all(images == (1,) for size, images in sizes.items() if size == 1) and any(
+        1 in images for size, images in sizes.items() if size > 1)
 
 
 def transferred(candidate: Graph, sizes: Mapping[int, tuple[int, ...]], inputs: Mapping[str, tuple[DimLike, ...]]

@@ -20,7 +20,7 @@ from prism.errors import CacheWarning
 from prism.runtime import store
 from prism.search import Limits, driver
 from prism.search.gate import verify as gate_verify
-from prism.search.transfer import family, size_map
+from prism.search.transfer import family, narrows, size_map
 from prism.tune import STATS, reset_stats
 
 pytestmark = pytest.mark.cpu
@@ -115,12 +115,15 @@ def test_a_candidate_that_does_not_verify_at_the_new_sizes_is_not_served(fresh_c
 
 def test_a_damaged_family_file_is_rebuilt(fresh_cache: Path) -> None:
     driver.search(rms_linear(64, 32), LIMITS, env={"n": 8})
-    (fam,) = sorted((fresh_cache / "search" / "family").glob("*.json"))
-    fam.write_bytes(b"{not json")
+    fams = sorted((fresh_cache / "search" / "family").glob("*.json"))
+    assert len(fams) == 2   # its family's file and its wide family's (transfer.family(..., wide=True))
+    for fam in fams:
+        fam.write_bytes(b"{not json")
     with pytest.warns(CacheWarning, match="corrupt"):
         got = driver.search(rms_linear(96, 48), LIMITS, env={"n": 8}, transfer=True)
     assert not got.transferred_from and got.candidates
-    assert store.load(fam, "search-family").payload is not None   # the new search is its family's donor now
+    for fam in fams:   # the new search is its families' donor now
+        assert store.load(fam, "search-family").payload is not None
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)
         assert driver.search(rms_linear(80, 40), LIMITS, env={"n": 8}, transfer=True).transferred_from
@@ -190,3 +193,39 @@ def test_a_donor_with_equal_sizes_serves_a_program_where_they_differ(fresh_cache
         for k in sorted(params):   # each grid size and loop range at 2 in turn (every divisor of 96 and 8 is)
             out = c.graph.evaluate(x, dtype=np.float64, params={**params, k: 2})
             np.testing.assert_allclose(out["y"], ref, rtol=1e-9, atol=1e-9 * float(np.abs(ref).max()))
+
+
+def rows_linear(rows: int, d: int = 64, m: int = 48) -> prism.Graph:
+    """A decode step's Linear: fixed rows, as Dynamo's static graphs give them (one row in decode)."""
+    g = prism.Graph("transfer_rows_linear")
+    X, W = g.input("X", (1, rows, d)), g.input("W", (m, d))
+    g.output(g.matmul(g.rms_norm(X, eps=1e-6), g.permute(W, (1, 0))), "Y")
+    return g
+
+
+def test_the_wide_family_narrows_only() -> None:
+    """Sizes of 1 are placeholders in the wide family; it serves a program only by narrowing sizes to 1."""
+    assert family(rows_linear(1))[0] != family(rows_linear(16))[0]
+    wide = size_map(family(rows_linear(16), wide=True), family(rows_linear(1), wide=True))
+    assert wide == {1: (1,), 16: (1,), 64: (64,), 48: (48,)}
+    assert narrows(wide)
+    back = size_map(family(rows_linear(1), wide=True), family(rows_linear(16), wide=True))
+    assert back is not None and not narrows(back)          # one row's search does not serve more rows
+    same = size_map(family(rows_linear(16), wide=True), family(rows_linear(24), wide=True))
+    assert same is not None and not narrows(same)          # nothing narrowed: the plain family's case
+
+
+def test_a_one_row_program_takes_the_many_row_search(fresh_cache: Path) -> None:
+    donor = driver.search(rows_linear(16), LIMITS, transfer=True)
+    assert not donor.transferred_from and donor.candidates
+    got = driver.search(rows_linear(1), LIMITS, transfer=True)
+    assert got.transferred_from == rows_linear(16).key and got.candidates
+    for c in got.candidates:   # rebuilt at one row and verified against the one-row program itself
+        assert c.graph.inputs["X"].shape == (1, 1, 64)
+        assert c.verdict.ok and c.verdict.how == "formal+numeric"
+        assert gate_verify(c.graph, rows_linear(1)).ok
+
+
+def test_a_one_row_search_does_not_serve_more_rows(fresh_cache: Path) -> None:
+    assert not driver.search(rows_linear(1), LIMITS, transfer=True).transferred_from
+    assert not driver.search(rows_linear(16), LIMITS, transfer=True).transferred_from   # searched: widening
