@@ -23,7 +23,7 @@ _EVALUATOR: Evaluator | None = None
 MAX_IMAGE_CHOICES = 64   # combinations of its sizes' images tried per op (Graph.generalize's ``images``)
 
 
-def _resized(op: O.OpDef, arg: tuple, images: Mapping[int, tuple[int, ...]]) -> Iterator[tuple]:
+def _resized(op: O.OpDef, arg: tuple, images: Mapping[int, tuple[DimLike, ...]]) -> Iterator[tuple]:
     """``arg`` with each size in ``op``'s size attributes replaced by one of its images (itself where it has
     none): every combination, in order."""
     slots: list[tuple[DimLike, ...]] = []
@@ -195,7 +195,7 @@ class Graph(OpMethods):
 
     def generalize(self, sizes: Mapping[int, DimLike],
                    axes: Mapping[tuple[str, int], DimLike] | None = None,
-                   images: Mapping[int, tuple[int, ...]] | None = None) -> Graph:
+                   images: Mapping[int, tuple[DimLike, ...]] | None = None) -> Graph:
         """A copy with the fixed sizes in ``sizes`` replaced, e.g. ``{2048: D.sym("K")}``: in input shapes,
         reshape/split sizes and block-graph inputs; every other shape, tile and constraint is derived again.
         ``copy.instantiate({"K": 2048})`` computes what this graph does. A size that only coincides with a
@@ -210,12 +210,13 @@ class Graph(OpMethods):
         ``images``: sizes inside ops (reshape shapes, split sizes) with several possible replacements, each
         combination tried in turn and the first that keeps the graph consistent taken (``[2048, 64, 32]`` of a
         ``[512, 2048]`` input, 2048's images (2048, 512): only 512 keeps the element count; at most
-        ``MAX_IMAGE_CHOICES`` per op, then ShapeError as for any inconsistent copy)."""
+        ``MAX_IMAGE_CHOICES`` per op, then ShapeError as for any inconsistent copy). Images may be symbols (the
+        numeric check's generalization: a reshape's 2048 as ``size2048`` or as itself)."""
         return self._copy({}, sizes, axes, images)
 
     def _copy(self, env: Mapping[str, object], sizes: Mapping[int, DimLike],
               axes: Mapping[tuple[str, int], DimLike] | None = None,
-              images: Mapping[int, tuple[int, ...]] | None = None) -> Graph:
+              images: Mapping[int, tuple[DimLike, ...]] | None = None) -> Graph:
         size = generalized_size(sizes)
         axes = axes or {}
 

@@ -278,28 +278,31 @@ def search(graph: Graph, limits: Limits | None = None, mode: str = "symbolic", *
         r = _load_cached(path, graph)
         if r is not None:
             return r
-    own = family(graph) if path is not None else None
-    wide = family(graph, wide=True) if path is not None else None
-    fams = [_family_path(f[0], limits, mode, env, axioms, wide=w) for f, w in ((own, False), (wide, True))
-            if f is not None]
-    donors = [_donors(f) for f in fams]
-    if transfer and path is not None and own is not None and wide is not None:
-        r = _transfer(fams[0], donors[0], graph, own, env, progress)
-        if r is None and 1 in wide[1]:   # a size of 1: a donor of more rows may serve it (transfer.narrows)
-            r = _transfer(fams[1], donors[1], graph, wide, env, progress, narrowing=True)
+    if path is None:
+        return _search(graph, limits, mode, env, workers, executor, progress, axioms)
+    # the program's family and its wide family (transfer.family): (family, its file, the donors the file names)
+    fams: list[tuple[Family, Path, list[dict[str, Any]]]] = []
+    for wide in (False, True):
+        fam = family(graph, wide=wide)
+        file = _family_path(fam[0], limits, mode, env, axioms, wide=wide)
+        fams.append((fam, file, _donors(file)))
+    if transfer:
+        (own, own_file, own_donors), (wide_fam, wide_file, wide_donors) = fams
+        r = _transfer(own_file, own_donors, graph, own, env, progress)
+        if r is None and 1 in wide_fam[1]:   # a size of 1: a donor of more rows may serve it (transfer.narrows)
+            r = _transfer(wide_file, wide_donors, graph, wide_fam, env, progress, narrowing=True)
         if r is not None:
             store.save(path, "search", r.to_json())
             return r
     r = _search(graph, limits, mode, env, workers, executor, progress, axioms)
-    if path is not None:
-        store.save(path, "search", r.to_json())
-        if r.candidates:
-            # newest first, at most FAMILY_DONORS (two processes that record at once may lose one of the two
-            # names: a later program of the family is then searched)
-            for fam, names in zip(fams, donors):
-                old = [d for d in names if d.get("file") != path.name]
-                store.save(fam, "search-family",
-                           {"donors": [{"file": path.name, "program": graph.key}, *old][:FAMILY_DONORS]})
+    store.save(path, "search", r.to_json())
+    if r.candidates:
+        # newest first, at most FAMILY_DONORS (two processes that record at once may lose one of the two names: a
+        # later program of the family is then searched)
+        for _, file, names in fams:
+            old = [d for d in names if d.get("file") != path.name]
+            store.save(file, "search-family",
+                       {"donors": [{"file": path.name, "program": graph.key}, *old][:FAMILY_DONORS]})
     return r
 
 
