@@ -62,18 +62,28 @@ class BlockContext:
 
     inputs: tuple[tuple[int, tuple[DimLike, ...]], ...]
     final: bool = False
+    # per input, per dim: a kept axis of the program (True), a known other axis (False), unknown (None);
+    # () or None for an input: nothing known (prism.search.axes)
+    axes: tuple[tuple[bool | None, ...] | None, ...] = ()
 
     # structural equality (contexts key a memo): the generated ``==`` would compare symbolic dims with
     # ``Dim.__eq__``, which raises on an undecidable ``n == 8`` whenever two different contexts' hashes collide
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BlockContext):
             return NotImplemented
-        return self.final == other.final and len(self.inputs) == len(other.inputs) and all(
+        return self.final == other.final and self.axes == other.axes and len(self.inputs) == len(other.inputs) and all(
             c1 == c2 and len(s1) == len(s2) and all(_beq(a, b) for a, b in zip(s1, s2))
             for (c1, s1), (c2, s2) in zip(self.inputs, other.inputs))
 
     def __hash__(self) -> int:
-        return hash((self.inputs, self.final))
+        return hash((self.inputs, self.final, self.axes))
+
+    def kept(self, d: TDim) -> bool | None:
+        """The axis flag of a tile dim (by its origin): True on a kept axis of the program."""
+        if d is None or not self.axes:
+            return None
+        a = self.axes[d[1]]
+        return None if a is None else a[d[2]]
 
     @property
     def gridless(self) -> bool:
@@ -362,6 +372,8 @@ class BlockSearch:
                 raise _Prune("structural")  # two permutes are one permute (or none)
             if xs[0].tmpl is not None and xs[0].tmpl.kind == "unary":
                 raise _Prune("canonical")  # permute(f(x)) == f(permute(x)) for element-wise f: keep the latter
+        if self._ctx.axes:
+            self._check_axes(t, xs)
         new: list[M.Constraint] = []
         post = [x for x in xs if x.phase == "post"]
         if t.op == "acc":
@@ -409,6 +421,35 @@ class BlockSearch:
         uses.append(0)
         return _State((*ts, bt), tuple(uses), cons, st.nops + cost, st.nacc + (t.op == "acc"),
                       (max(srcs), ti, srcs), unused_iters, sinks)
+
+    def _check_axes(self, t: Template, xs: list[BT]) -> None:
+        """Rule ``axes`` (:mod:`prism.search.axes`): no reduction, row-wise operator or contraction over a kept
+        axis of the program, and no element-wise pairing (or product batch) of a kept axis with another."""
+        kept = self._ctx.kept
+        k = t.kind
+        pairs: list[tuple[TDim, TDim]] = []
+        if k in ("reduce", "rowwise"):
+            s = xs[0].shape
+            d = len(s) + t.arg[0]
+            if 0 <= d < len(s) and kept(s[d]):
+                raise _Prune("axes")
+        elif k == "acc1":
+            s = xs[0].shape
+            if t.arg[0] != "sum" and s and kept(s[-1]):
+                raise _Prune("axes")
+        elif k in ("matmul", "acc2"):
+            a, b = xs[0].shape, xs[1].shape
+            if len(a) >= 2 and len(b) >= 2:
+                if kept(a[-1]) or kept(b[-2]):
+                    raise _Prune("axes")
+                pairs = list(zip(reversed(a[:-2]), reversed(b[:-2])))
+        elif k == "binary":
+            pairs = list(zip(reversed(xs[0].shape), reversed(xs[1].shape)))
+        for x, y in pairs:
+            if x is not None and y is not None:
+                fx, fy = kept(x), kept(y)
+                if fx is not None and fy is not None and fx != fy:
+                    raise _Prune("axes")
 
     def _shape(self, t: Template, xs: list[BT], new: list[M.Constraint]) -> tuple[TDim, ...]:
         k = t.kind

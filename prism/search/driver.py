@@ -29,6 +29,7 @@ from prism.runtime import store
 from prism.runtime.cache import cache_dir
 from prism.search import maps as M
 from prism.search.abstract import TreeAlgebra, format_tree, graph_exprs
+from prism.search.axes import kept_axes
 from prism.search.block import BlockContext, BlockSearch, BlockStruct, HardwareSpec, compile_templates
 from prism.search.build import assignments, build_graph
 from prism.search.cost import CostReport, Machine, estimate, machine
@@ -54,8 +55,9 @@ VERSION = "search/7"  # 2: split-reduction variants; 3: checksummed envelope, ve
 # 2: inputs read through views (transposes and per-channel scales outside the core, prism.search.program);
 # deeper levels explored only where they can win by kernel.LEVEL_MARGIN; 3: a permute of an input is an atom
 # of its own in the abstraction (abstract.permuted_atom: x @ x.T was searched to its time limit), and a
-# customized operator may take an input it multiplies by its own permutation twice (KernelSearch.twice)
-SPACE = 3
+# customized operator may take an input it multiplies by its own permutation twice (KernelSearch.twice);
+# 4: no reduction over a kept axis of the program (prism.search.axes)
+SPACE = 4
 MODES = ("symbolic", "concrete")
 CONCRETE_MAX_SIZE = 64   # concrete mode: grid sizes and F from {2, 4, ..., 64} dividing the split dims
 MAX_CHOICES = 4096       # map assignments costed per structure (the rest: rule enumerate_budget)
@@ -155,6 +157,8 @@ class _Context:
                             for n in self.core.inputs.values())
         self.roots = tuple(tab.roots)
         self.root_shapes = tuple(o.shape for o in self.core.outputs)
+        kept = kept_axes(self.core)
+        self.axes = tuple(kept[name] for name in self.core.inputs)
         self.memo: dict[BlockContext, list] = {}
         self.compiled = compile_templates(tab, self.templates)
 
@@ -175,7 +179,7 @@ class _Context:
             free = any(t.kernel and t.op in FREE_OPS for t in self.templates)
             bound = Bound(best, io * 4, dict(p.env), p.machine.bandwidth, p.machine.launch_s, 0 if free else 1)
         return KernelSearch(p.table, self.templates, lim, self.inputs, self.roots, self.root_shapes, stats, budget,
-                            blocks, sizes, self.memo, bound, exact)
+                            blocks, sizes, self.memo, bound, exact, self.axes)
 
 
 _CTX: _Context | None = None

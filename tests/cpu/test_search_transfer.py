@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from search_programs import grouped_linear
 from torch import nn
 
 import prism
@@ -160,18 +161,6 @@ def test_model_layers_of_other_shapes_share_one_search(fresh_cache: Path) -> Non
         ref = x.double() @ lin.weight.detach().double().t() + lin.bias.detach().double()
         np.testing.assert_allclose(y.double().numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
     assert (STATS.searches, STATS.search_transfers) == (1, 1)
-
-
-def grouped_linear(n_out: int, k_in: int, group: int = 32) -> prism.Graph:
-    """y = x @ (q * s per group of ``group`` inputs)^T as the frontend captures an int8 Linear with group scales."""
-    gn = k_in // group
-    g = prism.Graph("transfer_grouped")
-    x, q, s = g.input("x", ("n", k_in)), g.input("q", (n_out, k_in), "int8"), g.input("s", (n_out, gn))
-    x3 = g.permute(g.reshape(x, ("n", gn, group)), (1, 0, 2))
-    q3 = g.cast(g.permute(g.reshape(q, (n_out, gn, group)), (1, 2, 0)), "float32")
-    s3 = g.permute(g.reshape(s, (n_out, gn, 1)), (1, 2, 0))
-    g.output(g.reshape(g.sum(g.mul(g.matmul(x3, q3), s3), 0), ("n", n_out)), "y")
-    return g
 
 
 def test_a_donor_with_equal_sizes_serves_a_program_where_they_differ(fresh_cache: Path) -> None:
