@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 OUTTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8w": "q8_0", "int8w-bf16": "q8_0",
-           "w8a8": "q8_0", "int8w-g32": "q8_0"}
+           "w8a8": "q8_0", "int8w-g32": "q8_0", "int8w-g32-bf16": "q8_0"}
 
 
 @dataclass(frozen=True)

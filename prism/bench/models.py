@@ -39,8 +39,10 @@ and computes in float32, so the tokens must equal eager's. ``--dtype int8w-bf16`
 model moved to bfloat16 afterwards (torchao's int8 weight-only on a bfloat16 checkpoint: bfloat16 activations
 and scales), tokens judged as in bfloat16. ``--dtype int8w-g32``: as ``int8w`` with one scale per group of 32
 input features of each output (``quantize_weights(group_size=32)``: the weights of llama.cpp's ``q8_0``; float32
-activations, tokens must equal eager's). ``--dtype w8a8``: the int8 weights of ``int8w`` and every Linear's
-input rows quantized to int8 at each call (``prism.quantize_weights(activations="int8")``: per-row scales; the
+activations, tokens must equal eager's); ``--dtype int8w-g32-bf16``: those weights in the model moved to
+bfloat16 afterwards (bfloat16 activations, scales and biases; the int8 weights stay), tokens judged as in
+bfloat16. ``--dtype w8a8``: the int8 weights of ``int8w`` and every Linear's input rows quantized to int8 at each
+call (``prism.quantize_weights(activations="int8")``: per-row scales; the
 like-for-like of llama.cpp's ``q8_0``, which quantizes activations in blocks of 32); the quantized values and
 the products are exact in float32 on every system, but the quantizer's rounding is discontinuous (float32
 reassociation upstream flips some values by one step), so tokens are judged as in bfloat16.
@@ -72,7 +74,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prism.workloads.precision import HALF, INT8W, INT8W_G32, MODEL_PRECISIONS, W8A8, activation_dtype
+from prism.workloads.precision import (
+    HALF,
+    INT8W,
+    INT8W_G32,
+    INT8W_G32_BF16,
+    MODEL_PRECISIONS,
+    W8A8,
+    activation_dtype,
+)
 
 SYSTEMS = ("eager", "compile", "prism")
 
@@ -115,7 +125,8 @@ DTYPES = MODEL_PRECISIONS   # int8w: every Linear int8 weight-only; w8a8: int8 a
 # different between systems -- flips some values by one step: llama-1b's prompt logits moved 0.049 relative
 # when its input embeddings were scaled by 1 + 1e-7 in eager, and w8a8's own error against the float32 model is
 # 0.098 (/tmp script, 2026-11-29); torch.compile and Prism both part from eager's tokens by 0.05
-LOGITS_RTOL = {"float32": 1e-3, "bfloat16": 0.08, "float16": 0.02, "int8w-bf16": 0.08, W8A8: 0.1}
+LOGITS_RTOL = {"float32": 1e-3, "bfloat16": 0.08, "float16": 0.02, "int8w-bf16": 0.08, W8A8: 0.1,
+               INT8W_G32_BF16: 0.08}
 
 
 # where build() saved each float model's checkpoint, for copy_model
@@ -151,10 +162,10 @@ def build(spec: ModelSpec, seed: int = 0, dtype: str = "float32", from_checkpoin
     if spec.arch == "mistral":
         common["sliding_window"] = None
     torch.manual_seed(seed)
-    if dtype in INT8W or dtype in (W8A8, INT8W_G32):
+    if dtype in INT8W or dtype in (W8A8, INT8W_G32, INT8W_G32_BF16):
         from prism.frontend.quantize import quantize_weights
         model = quantize_weights(cls(cfg(**common)).eval(), activations="int8" if dtype == W8A8 else None,
-                                 group_size=32 if dtype == INT8W_G32 else None)
+                                 group_size=32 if dtype in (INT8W_G32, INT8W_G32_BF16) else None)
         act = activation_dtype(dtype)   # (float32: as built; .to() would widen the float16 group scales too)
         return model if act == "float32" else model.to(getattr(torch, act))
     model = cls(cfg(**common)).eval().to(getattr(torch, dtype))

@@ -46,6 +46,7 @@ from prism.ir.elementwise import is_exact_cast
 from prism.ir.graph import Graph
 from prism.ir.node import Node
 from prism.ir.ops import OPS
+from prism.search.program import identity_cast
 
 # the operators that make a unit worth a kernel of its own: contractions, reductions and row-wise composites
 HEAVY = frozenset(n for n, o in OPS.items() if o.group in ("contraction", "reduction", "composite"))
@@ -849,14 +850,16 @@ def _fuse_grouped_linear(units: list[Unit], by_node: dict[Any, Unit]) -> list[Un
     """A linear layer of int8 weights with a scale per group of G input features, written as its weight
     dequantized -- ``linear(x, (q.view(N, Gn, G).float() * s.unsqueeze(-1)).view(N, K), bias)`` with ``q`` int8
     [N, K] and ``s`` float32 [N, Gn] (or [N, Gn, 1]; or float16 / bfloat16 widened by ``.float()``), as
-    ``Int8Linear(group_size=G)`` and dequantize-then-linear code write it; float32 ``x`` -- -> one unit computing
-    the same product as a sum of per-group products:
+    ``Int8Linear(group_size=G)`` and dequantize-then-linear code write it; float32 or bfloat16 ``x`` -- -> one unit
+    computing the same product as a sum of per-group products:
     ``y[m, n] = sum_g s[n, g] * sum_k x[m, g*G + k] q[n, g*G + k]`` (``x @ (q * s)^T`` with the sum over K cut at
     the group boundaries and each group's scale taken out of its sum), which the search fuses into one block over
     the int8 weight as stored (codegen: ``matmul.emit_grouped``). Written out, the dequantized weight is an
     element-wise piece of its own whose float32 result (4x the int8 bytes) the product reads back: a view between
     the two ends the piece. Only where the intermediates have no other use and the weight's sizes are static; the
-    FX graph is unchanged (PyTorch, running a piece Prism leaves, dequantizes as written)."""
+    FX graph is unchanged (PyTorch, running a piece Prism leaves, dequantizes as written). A bfloat16 model's layer
+    (bfloat16 ``x``, scale and bias, the weight cast to bfloat16) is the same sum computed in float32 and rounded to
+    bfloat16 once, where eager rounds each dequantized weight to bfloat16 before the product too."""
     f32 = as_dtype("float32")
     def match(u: Unit) -> tuple[Lowered, list[Unit]] | None:
         ops = u.lowered.operands
@@ -889,12 +892,15 @@ def _fuse_grouped_linear(units: list[Unit], by_node: dict[Any, Unit]) -> list[Un
                     or q3s[1] * q3s[2] != qs[1]:
                 continue
             n_out, gn, g = q3s
-            # float32 only: a bfloat16 model's form (bfloat16 x and scale, the product in bfloat16) had every candidate
-            # rejected by the search's checks ([1, 2048] x [1024, 2048]: 92 rejected), and computed in float32 with
-            # casts at its ends it was too large a program (the search's time limit, no candidate); it stays
-            # dequantized as written (docs/frontend.md, "Known weaknesses")
+            # float32 or bfloat16 activations, the weight cast to their dtype. A bfloat16 model's layer is computed in
+            # float32 from the bfloat16 x and scales (exact widenings) and rounded to bfloat16 once, at the end: the
+            # eager form rounds each dequantized weight to bfloat16 first (a relative 2^-9 per weight, below the
+            # output's own rounding). Written in bfloat16 throughout, every candidate was rejected by the search's
+            # checks ([1, 2048] x [1024, 2048]: 92 rejected); with the casts at its ends the search ran to its time
+            # limit until the kept-axes rule (prism.search.axes): now 0.7 s, three verified candidates
             xv = meta_value(ops[0].node)
-            if not (is_tensor_meta(xv) and str(xv.dtype) == "torch.float32" and str(_sig(cu)[1]) == "float32"):
+            act = str(getattr(xv, "dtype", "")).removeprefix("torch.")
+            if not (is_tensor_meta(xv) and act in ("float32", "bfloat16") and str(_sig(cu)[1]) == act):
                 continue
             parts = [q3u, cu]
             su = by_node.get(sn)
@@ -909,13 +915,13 @@ def _fuse_grouped_linear(units: list[Unit], by_node: dict[Any, Unit]) -> list[Un
                 parts.append(su)
                 sn, s_wide = _src(su), True
             sv = meta_value(sn)
-            if static_shape(sn) not in ((n_out, gn), (n_out, gn, 1)) or \
-                    str(getattr(sv, "dtype", "")) not in (("torch.float32",) + (_HALF_SCALES if s_wide else ())):
+            scales = ("torch.float32",) + (_HALF_SCALES if s_wide else ()) if act == "float32" else ("torch." + act,)
+            if static_shape(sn) not in ((n_out, gn), (n_out, gn, 1)) or str(getattr(sv, "dtype", "")) not in scales:
                 continue
             bias = ops[2] if len(ops) == 3 else None
 
             def emit(gr: Any, t: list[Any], n_out: int = n_out, gn: int = gn, g: int = g,
-                     has_bias: bool = bias is not None) -> Any:
+                     has_bias: bool = bias is not None, act: str = act) -> Any:
                 x = t[0]
                 lead = x.shape[:-1]
                 rows = lead[0]
@@ -924,11 +930,15 @@ def _fuse_grouped_linear(units: list[Unit], by_node: dict[Any, Unit]) -> list[Un
                 xg = gr.permute(gr.reshape(x, (rows, gn, g)), (1, 0, 2))
                 qg = gr.cast(gr.permute(gr.reshape(t[1], (n_out, gn, g)), (1, 2, 0)), f32)
                 # (a float16 scale without its widening: the product promotes it, exactly; with the cast the search
-                # found no block in its time limit, [1, 256] x [96, 256]^T)
+                # found no block in its time limit, [1, 256] x [96, 256]^T. So do bfloat16 x, scale and bias: the
+                # float32 weight makes the product and everything after it float32; a bias cast explicitly was
+                # reshaped inside the program, where the search has no block operator for it)
                 sc = gr.permute(gr.reshape(t[2], (n_out, gn, 1)), (1, 2, 0))
                 y = gr.sum(gr.mul(gr.matmul(xg, qg), sc), 0)   # [1, rows, N]
                 if has_bias:   # (added before the reshape: after it, the search found no block in 60 s)
                     y = gr.add(y, gr.reshape(t[3], (1, 1, n_out)))
+                if act != "float32":   # rounded once, before the view back (a boundary reshape the search peels)
+                    y = gr.cast(y, act)
                 return gr.reshape(y, (*lead, n_out))
             operands = [ops[0], Operand(q), Operand(sn)] + ([bias] if bias is not None else [])
             parts += [mu, wu]
@@ -1250,8 +1260,12 @@ def _trial(gm: Any, units: list[Unit], env: SymbolEnv
         new = _new_ops(b, res, operands)
         # (the exact cast of a quantizer's int8 value back to a float is no operator the search keeps: it counted
         # against the piece's budget and left the W8A8 linear's last scale to PyTorch. The int8 weight's own cast
-        # still counts: not counting it would change every int8 weight-only model's pieces, unmeasured)
-        u.ops = sum(1 for n in new if n.op != "reshape" and not (is_exact_cast(n) and n.src[0].op == "cast"))
+        # still counts: not counting it would change every int8 weight-only model's pieces, unmeasured. A piece of
+        # its own counts what the search keeps, without the casts it drops: a bfloat16 model's grouped Linear with
+        # its bias is 9 operators with the weight's cast, 8 without; above the block limit (8) a piece is "wide" and
+        # searched with that limit raised to its count (with 12, its casts written out: the 20 s limit, no kernel)
+        u.ops = sum(1 for n in new if n.op != "reshape" and not (is_exact_cast(n) and n.src[0].op == "cast")
+                    and not (u.lowered.alone and identity_cast(n)))
         u.matmuls = sum(1 for n in new if n.op == "matmul")
         u.heavy = any(n.op in HEAVY for n in new)
         u.norm = any(n.op == "rms_norm" for n in new)

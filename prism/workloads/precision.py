@@ -32,14 +32,15 @@ HALF = ("bfloat16", "float16")   # every tensor stored in a 16-bit float
 INT8W = ("int8w", "int8w-bf16")   # int8 weight-only: float32 or bfloat16 activations
 W8A8 = "w8a8"   # int8 weights and dynamically quantized int8 activations: models only (prism bench --models)
 INT8W_G32 = "int8w-g32"   # int8 weight-only with a scale per group of 32 input features (q8_0's weights): models only
-MODEL_PRECISIONS = (*PRECISIONS, W8A8, INT8W_G32)
+INT8W_G32_BF16 = "int8w-g32-bf16"   # the same int8 weights and group scales in a bfloat16 model: models only
+MODEL_PRECISIONS = (*PRECISIONS, W8A8, INT8W_G32, INT8W_G32_BF16)
 SCALE = "_scale"   # suffix of an int8 weight's scale input
 
 
 def activation_dtype(precision: str) -> str:
     """The dtype of a precision's activations (every input but an int8 weight): what eager PyTorch rounds to."""
     return {"int8w": "float32", "int8w-bf16": "bfloat16", W8A8: "float32",
-            INT8W_G32: "float32"}.get(precision, precision)
+            INT8W_G32: "float32", INT8W_G32_BF16: "bfloat16"}.get(precision, precision)
 
 
 def precision_of(w: Workload) -> str:

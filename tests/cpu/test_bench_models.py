@@ -101,6 +101,18 @@ def test_int8w_g32_models_have_a_scale_per_group_of_32() -> None:
     assert decode_bytes(m) == linear + others
 
 
+def test_int8w_g32_bf16_models_keep_the_int8_weights_in_a_bfloat16_model() -> None:
+    """``--dtype int8w-g32-bf16``: the weights of int8w-g32 in the model moved to bfloat16 afterwards: int8 weights,
+    bfloat16 group scales and everything else bfloat16; compared with llama.cpp's q8_0 too."""
+    from prism.bench.llamacpp import OUTTYPE
+    from prism.frontend.quantize import Int8Linear
+    m = build(MODELS["llama-tiny"], dtype="int8w-g32-bf16")
+    q = [x for x in m.modules() if isinstance(x, Int8Linear)]
+    assert q and {x.group_size for x in q} == {32} and {x.qweight.dtype for x in q} == {torch.int8}
+    assert {x.scale.dtype for x in q} == {torch.bfloat16} and {p.dtype for p in m.parameters()} == {torch.bfloat16}
+    assert OUTTYPE["int8w-g32-bf16"] == "q8_0"
+
+
 def test_plot(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="matplotlib is in the bench extra: pip install -e '.[bench]'")
     from prism.bench.models import ModelResult, SystemResult, plot

@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", reason="transformers is an optional extra: pip install -e '.[test]'")
 
+import prism  # noqa: E402
 from prism.frontend import reports  # noqa: E402
 
 pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("fresh_dynamo")]
@@ -44,12 +45,17 @@ def _model(kind: str) -> Any:
 
 
 @pytest.mark.parametrize("kind,dtype", [("llama", "float32"), ("qwen2", "float32"), ("qwen3", "float32"),
-                                        ("mistral", "float32"), ("llama", "bfloat16")])
+                                        ("mistral", "float32"), ("llama", "bfloat16"), ("llama", "int8w-g32-bf16")])
 def test_generate_matches_eager_with_the_decoder_on_prism(kind: str, dtype: str) -> None:
     """(bfloat16: ``model.to(torch.bfloat16)``; Prism computes in float32 and rounds where PyTorch stores a
-    bfloat16 tensor, eager rounds every operator: the greedy tokens agree here.)"""
+    bfloat16 tensor, eager rounds every operator: the greedy tokens agree here. int8w-g32-bf16: every Linear
+    int8 with a scale per group of 32 inputs, then the model moved to bfloat16: each Linear one piece over the
+    int8 weight.)"""
     torch.manual_seed(0)
-    m = _model(kind).eval().to(getattr(torch, dtype))
+    if dtype == "int8w-g32-bf16":
+        m = prism.quantize_weights(_model(kind).eval(), group_size=32).to(torch.bfloat16)
+    else:
+        m = _model(kind).eval().to(getattr(torch, dtype))
     ids = torch.randint(0, 128, (1, 7))
     with torch.no_grad():
         ref = m.generate(ids, max_new_tokens=6, do_sample=False)
@@ -70,6 +76,9 @@ def test_generate_matches_eager_with_the_decoder_on_prism(kind: str, dtype: str)
         assert sum("scaled_dot_product_attention" in x for x in labels) == LAYERS, table
         # q, k, v, o, gate and up (one piece), down per layer, and the LM head
         assert sum(x.count("linear") for x in labels) == 7 * LAYERS + 1, table
+        if dtype.startswith("int8"):   # each Linear reads its int8 weight as stored (no dequantized copy)
+            assert all(any(s is not None and s.dtype == torch.int8 for s in p.runner.specs)
+                       for p in on if "linear" in p.label), table
         assert sum("rms_norm" in x for x in labels) >= 2 * LAYERS + 1, table
         assert sum(x.count("silu") for x in labels) == LAYERS, table
         # RoPE: q's and k's rotation on Prism, inside their pieces (no lone neg left to PyTorch)

@@ -160,18 +160,28 @@ def test_a_grouped_int8_linear_is_one_piece_over_the_int8_weight(bias: bool) -> 
         assert_close(y.numpy(), ref.numpy(), f"grouped Linear {shape}")
 
 
-def test_a_bfloat16_models_grouped_layers_stay_correct() -> None:
-    """A bfloat16 model's grouped layers are not read as one product (the form stays dequantized as written:
-    docs/frontend.md, "Known weaknesses"); its output stays within bfloat16's tolerance of float64."""
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_bfloat16_models_grouped_linear_is_one_piece_over_the_int8_weight(bias: bool) -> None:
+    """A bfloat16 model's grouped layer (scales and bias moved to bfloat16 with the model) is one piece over the
+    int8 weight too, computed in float32 and rounded to bfloat16 once: within bfloat16's tolerance of the float64
+    product of the same bfloat16 inputs, hostile rows included, at every row count."""
     torch.manual_seed(1)
-    lin = nn.Linear(128, 64, bias=False)
+    lin = nn.Linear(256, 96, bias=bias)
     m = Int8Linear.from_linear(lin, 32).to(torch.bfloat16)
-    x = torch.randn(3, 128).to(torch.bfloat16)
-    with torch.no_grad():
-        o = prism.optimize(m, (x,))
-        y = o(x).double()
-    ref = x.double() @ (m.qweight.double().view(64, 4, 32) * m.scale.double()[:, :, None]).view(64, 128).t()
-    assert_close(y.numpy(), ref.numpy(), "bfloat16 grouped Linear", rtol=3e-2)
+    assert m.scale.dtype == torch.bfloat16 and m.qweight.dtype == torch.int8
+    deq = (m.qweight.double().view(96, 8, 32) * m.scale.double()[:, :, None]).view(96, 256)
+    for shape in ((1, 256), (5, 256), (2, 7, 256)):
+        x = (torch.randn(*shape) * torch.where(torch.rand(*shape) < 0.01, 1e3, 1.0)).to(torch.bfloat16)
+        with torch.no_grad():
+            o = prism.optimize(m, (x,))
+            y = o(x)
+        (rep,) = o.report
+        assert rep.layout == 0 and not rep.fallbacks, o.explain()
+        (piece,) = rep.pieces
+        assert piece.by_prism and "[96, 256]" in piece.inputs and "[96, 8]" in piece.inputs, o.explain()
+        assert y.dtype == torch.bfloat16
+        ref = x.double() @ deq.t() + (m.bias.double() if bias else 0.0)
+        assert_close(y.double().numpy(), ref.numpy(), f"bfloat16 grouped Linear {shape}", rtol=1e-2)
 
 
 def test_a_grouped_product_whose_rows_are_not_contiguous_is_lowered_node_by_node() -> None:

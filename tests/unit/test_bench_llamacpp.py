@@ -34,7 +34,7 @@ def test_absent_or_incomplete_tree_says_why(monkeypatch: pytest.MonkeyPatch, tmp
 
 def test_precisions_map_to_gguf_types() -> None:
     assert llamacpp.OUTTYPE == {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8w": "q8_0",
-                                "int8w-bf16": "q8_0", "w8a8": "q8_0", "int8w-g32": "q8_0"}
+                                "int8w-bf16": "q8_0", "w8a8": "q8_0", "int8w-g32": "q8_0", "int8w-g32-bf16": "q8_0"}
     from prism.bench.models import DTYPES
     assert set(llamacpp.OUTTYPE) == set(DTYPES)   # every --models precision has its GGUF type
 
