@@ -545,12 +545,13 @@ def _rank_and_verify(prog: CoreProgram, cands: list[KernelCandidate], limits: Li
                         stats.pruned["unsplit"] += 1
                         continue
                 per_op = [[(s, a) for a in assignments(s)] for s in structs]
+                memo: dict = {}   # each op's block estimate, shared by the combinations (per_op keeps the keys alive)
                 for n_choice, choice in enumerate(itertools.product(*per_op)):
                     if n_choice >= MAX_CHOICES or (n_choice % 256 == 0 and time.monotonic() > enum_deadline):
                         stats.pruned["enumerate_budget"] += 1
                         break
                     stats.map_assignments += 1
-                    cost = estimate(cand.ops, choice, cand.shapes, env, m)
+                    cost = estimate(cand.ops, choice, cand.shapes, env, m, memo)
                     if not cost.feasible:
                         stats.pruned["hardware"] += 1
                         continue
