@@ -72,15 +72,13 @@ class _Axes:
             return None
         return "output" in m and "reduced" not in m
 
-    def align(self, out: Node, srcs: Sequence[Node], dims: int | None = None) -> None:
-        """Right-aligned broadcast: each operand dim of size above 1 is the result's dim at its place (the
-        last ``dims`` dims of each only, when given)."""
-        r = len(out.shape) if dims is None else dims
+    def align(self, out: Node, srcs: Sequence[Node]) -> None:
+        """Right-aligned broadcast: each operand dim of size above 1 is the result's dim at its place."""
+        r = len(out.shape)
         for s in srcs:
-            rs = len(s.shape) if dims is None else dims
-            for j in range(1, min(r, rs) + 1):
-                if not _one(s.shape[len(s.shape) - j]) and not _one(out.shape[len(out.shape) - j]):
-                    self.union((out, len(out.shape) - j), (s, len(s.shape) - j))
+            for j in range(1, min(r, len(s.shape)) + 1):
+                if not _one(s.shape[-j]) and not _one(out.shape[-j]):
+                    self.union((out, r - j), (s, len(s.shape) - j))
 
 
 def kept_axes(core: Graph) -> dict[str, Flags]:
@@ -184,9 +182,9 @@ def after(kind: str, arg: tuple, axes: Sequence[Flags | None], shapes: Sequence[
         """The flags of the first ``lead`` result dims, right-aligned with the operands' (None: a kept dim
         paired with a known other axis)."""
         out: list[bool | None] = []
-        for j in range(lead):
-            fa = get(0, j - (lead - (len(shapes[0]) - len(shape) + lead)))
-            fb = get(1, j - (lead - (len(shapes[1]) - len(shape) + lead)))
+        for j in range(lead):   # (a product's batch dims align as the whole tensors do: rows and columns last)
+            fa = get(0, j - (len(shape) - len(shapes[0])))
+            fb = get(1, j - (len(shape) - len(shapes[1])))
             if fa is not None and fb is not None and fa != fb:
                 return None
             out.append(fa if fa is not None else fb)
