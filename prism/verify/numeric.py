@@ -691,6 +691,47 @@ def _plan(reference: Graph, env: Mapping[str, int], kinds: Sequence[str], seeds:
     return runs
 
 
+# operators f with f(c * x) == c * f(x) for a scale c > 0 (positively homogeneous of degree 1 in their operand)
+_SCALE_LINEAR = frozenset(("neg", "mul_scalar", "relu", "abs", "rotate_half", "sum", "mean", "max", "min", "permute",
+                           "reshape", "output"))
+
+
+def scale_degrees(reference: Graph, name: str) -> dict[str, int] | None:
+    """Per output of ``reference``, the degree d with ``out(c * x) == c**d * out(x)`` for every scale ``c > 0`` of
+    input ``name`` (the others fixed), when every output has one; else None. The scaled kinds (hostile x30, tiny
+    x1e-3) of a float input need no float64 run of their own then: the normal run's outputs times ``c**d`` (within
+    float64 rounding). Measured need: the final check at a tuned shape ran the float64 reference three times (normal
+    from the tuner, hostile, tiny); at llama-1b's batch-8 prompt (1024 rows) each run of a grouped Linear is a float64
+    product of [1024, 2048] x [2048, 5632], and the reference runs took ~9.5 s of a 45 s start-up (py-spy).
+    Conservative: a cast that rounds, an eps (norms), a transcendental, a sum of different degrees -- anything but
+    products, quotients, sums of like degrees and the operators in ``_SCALE_LINEAR`` -- of a value that depends on
+    ``name`` gives None."""
+    deg: dict[Node, int | None] = {}
+    for n in reference.nodes:
+        if n.op == "input":
+            deg[n] = 1 if n.arg[0] == name else 0
+            continue
+        ds = [deg[s] for s in n.src]
+        if any(d is None for d in ds):
+            deg[n] = None
+        elif all(d == 0 for d in ds):
+            deg[n] = 0
+        elif n.op in _SCALE_LINEAR or (n.op == "cast" and (is_exact_cast(n) or (
+                n.src[0].dtype is not None and not n.src[0].dtype.low_precision and n.arg[0] in ("float32", "float64")
+                and n.src[0].dtype.kind == "float"))):
+            deg[n] = ds[0]
+        elif n.op in ("mul", "matmul"):
+            deg[n] = ds[0] + ds[1]
+        elif n.op == "div":
+            deg[n] = ds[0] - ds[1]
+        elif n.op in ("add", "sub", "maximum", "minimum", "concat") and len(set(ds)) == 1:
+            deg[n] = ds[0]
+        else:
+            deg[n] = None
+    out = {o.arg[0]: deg[o] for o in reference.outputs}
+    return None if any(d is None for d in out.values()) else out  # type: ignore[return-value]
+
+
 def reduction_length(reference: Graph, env: Mapping[str, int]) -> int:
     """The longest reduction (matmul contraction or reduced dim) of the reference at ``env``."""
     k = 1
@@ -995,17 +1036,26 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
         tol = tolerance(k, rtol)
         key = tuple(sorted(env.items()))
         drawn: dict[int, Mapping[str, np.ndarray]] = dict(draws or {})
+        normal: dict[int, Mapping[str, np.ndarray]] = {}   # the normal kind's reference outputs, per seed
         for kind, seed, changed in _plan(reference, env, kinds, seeds, scaled):
             if seed not in drawn:
                 drawn[seed] = standard_normal_inputs(reference, env, seed)
             x = _vary(drawn[seed], kind, changed, _dtypes(reference))
             # (checked above: a reference given for a seed is of draws[seed], the inputs used here)
             known = (normal_references or {}).get(seed) if kind == "normal" else None
+            if kind != "normal" and len(changed) == 1 and seed in normal and _SCALE[kind] > 0:
+                t = reference.inputs[changed[0]].dtype
+                d = scale_degrees(reference, changed[0]) if t is None or (t.kind == "float" and
+                                                                           not t.low_precision) else None
+                if d is not None:   # (a float32 input is scaled exactly in float64: scaled_inputs)
+                    known = {o: v * _SCALE[kind] ** d[o] for o, v in normal[seed].items()}
             if known is not None:
                 ref = known
             else:
                 with np.errstate(all="ignore"):  # non-finite results are judged below, not warned about
                     ref = reference.evaluate(x, dtype=np.float64, params=env)
+            if kind == "normal":
+                normal[seed] = ref
             program32 = Float32Program(reference, x, env)
             label = ",".join(changed)
             for runner in runners:
