@@ -72,13 +72,15 @@ class _Axes:
             return None
         return "output" in m and "reduced" not in m
 
-    def align(self, out: Node, srcs: Sequence[Node]) -> None:
-        """Right-aligned broadcast: each operand dim of size above 1 is the result's dim at its place."""
-        r = len(out.shape)
+    def align(self, out: Node, srcs: Sequence[Node], skip: int = 0) -> None:
+        """Right-aligned broadcast: each operand dim of size above 1 is the result's dim at its place (``skip``:
+        the last dims of every tensor left out -- a product's rows and columns, when aligning its batch dims)."""
+        r = len(out.shape) - skip
         for s in srcs:
-            for j in range(1, min(r, len(s.shape)) + 1):
-                if not _one(s.shape[-j]) and not _one(out.shape[-j]):
-                    self.union((out, r - j), (s, len(s.shape) - j))
+            rs = len(s.shape) - skip
+            for j in range(1, min(r, rs) + 1):
+                if not _one(s.shape[rs - j]) and not _one(out.shape[r - j]):
+                    self.union((out, r - j), (s, rs - j))
 
 
 def kept_axes(core: Graph) -> dict[str, Flags]:
@@ -100,7 +102,7 @@ def kept_axes(core: Graph) -> dict[str, Flags]:
             ax.union((n, rank - 1), (b, len(b.shape) - 1))
             ax.union((a, len(a.shape) - 1), (b, len(b.shape) - 2))
             ax.mark((a, len(a.shape) - 1), "reduced")
-            _batch(ax, n, a, b)
+            ax.align(n, src, skip=2)   # the batch dims
         elif op in ("sum", "max", "min", "mean"):
             (x,), d = src, n.arg[0]
             for j in range(rank):
@@ -136,16 +138,6 @@ def _elementwise(op: str) -> bool:
     return o is not None and (o.elementwise or o.group in ("unary", "binary"))
 
 
-def _batch(ax: _Axes, n: Node, a: Node, b: Node) -> None:
-    """A product's batch dims: right-aligned with the result's (the rows and columns excluded)."""
-    nb = len(n.shape) - 2
-    for s in (a, b):
-        sb = len(s.shape) - 2
-        for j in range(1, min(nb, sb) + 1):
-            if not _one(s.shape[sb - j]) and not _one(n.shape[nb - j]):
-                ax.union((n, nb - j), (s, sb - j))
-
-
 def _reshape(ax: _Axes, n: Node, x: Node) -> None:
     """Dims a reshape carries over unchanged (the same size at the same place among the dims above 1, from
     the left until the first difference) keep their axis; every other dim on either side is unknown."""
@@ -169,11 +161,12 @@ def _same(a: object, b: object) -> bool:
     return a is b
 
 
-def after(kind: str, arg: tuple, axes: Sequence[Flags | None], shapes: Sequence[tuple], shape: tuple
+def after(kind: str, arg: tuple, axes: Sequence[Flags | None], shapes: Sequence[tuple], rank: int
           ) -> tuple[bool, Flags | None]:
-    """A predefined kernel operator (template ``kind``, absolute ``arg``) on operands with flags ``axes``: (the
-    operator is allowed, its result's flags). Not allowed: a reduction, row-wise operator or contraction
-    over a kept dim, a pairing of a kept dim with a known other axis."""
+    """An operator (template ``kind``, absolute ``arg``) on operands of full ``shapes`` with flags ``axes``, its
+    result of ``rank`` dims: (the operator is allowed, its result's flags). Not allowed: a reduction, row-wise
+    operator or contraction over a kept dim, a pairing of a kept dim with a known other axis: a predefined
+    operator on whole tensors (kernel.py; block.py's ``_check_axes`` applies the same rule to tiles)."""
     def get(i: int, d: int) -> bool | None:
         a = axes[i]
         return None if a is None or d < 0 or _one(shapes[i][d]) else a[d]
@@ -183,8 +176,8 @@ def after(kind: str, arg: tuple, axes: Sequence[Flags | None], shapes: Sequence[
         paired with a known other axis)."""
         out: list[bool | None] = []
         for j in range(lead):   # (a product's batch dims align as the whole tensors do: rows and columns last)
-            fa = get(0, j - (len(shape) - len(shapes[0])))
-            fb = get(1, j - (len(shape) - len(shapes[1])))
+            fa = get(0, j - (rank - len(shapes[0])))
+            fb = get(1, j - (rank - len(shapes[1])))
             if fa is not None and fb is not None and fa != fb:
                 return None
             out.append(fa if fa is not None else fb)
@@ -205,7 +198,7 @@ def after(kind: str, arg: tuple, axes: Sequence[Flags | None], shapes: Sequence[
         return True, None   # reshape and the rest: nothing known of the result
     if kind == "matmul" and (get(0, len(shapes[0]) - 1) or get(1, len(shapes[1]) - 2)):
         return False, None
-    out = lined_up(len(shape) if kind == "binary" else len(shape) - 2)
+    out = lined_up(rank if kind == "binary" else rank - 2)
     if out is None:
         return False, None
     if kind == "matmul":

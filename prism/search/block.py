@@ -424,7 +424,10 @@ class BlockSearch:
 
     def _check_axes(self, t: Template, xs: list[BT]) -> None:
         """Rule ``axes`` (:mod:`prism.search.axes`): no reduction, row-wise operator or contraction over a kept
-        axis of the program, and no element-wise pairing (or product batch) of a kept axis with another."""
+        axis of the program, and no element-wise pairing (or product batch) of a kept axis with another. The
+        kernel level's twin is :func:`prism.search.axes.after`; written out here on the tiles' origins because
+        this runs for every candidate tile operator (calling ``after`` on per-call flag tuples: the grouped
+        Linear's two-level search 11.5 -> 12.4 s)."""
         kept = self._ctx.kept
         k = t.kind
         pairs: list[tuple[TDim, TDim]] = []

@@ -231,7 +231,7 @@ class KernelSearch:
         except (IndexError, ValueError, TypeError):
             self.stats.pruned["dims"] += 1
             return None
-        allowed, axes = after(t.kind, arg, [x.axes for x in xs], [x.shape for x in xs], shape)
+        allowed, axes = after(t.kind, arg, [x.axes for x in xs], [x.shape for x in xs], len(shape))
         if not allowed:
             self.stats.pruned["axes"] += 1
             return None

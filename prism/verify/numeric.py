@@ -703,9 +703,9 @@ def scale_degrees(reference: Graph, name: str) -> dict[str, int] | None:
     float64 rounding). Measured need: the final check at a tuned shape ran the float64 reference three times (normal
     from the tuner, hostile, tiny); at llama-1b's batch-8 prompt (1024 rows) each run of a grouped Linear is a float64
     product of [1024, 2048] x [2048, 5632], and the reference runs took ~9.5 s of a 45 s start-up (py-spy).
-    Conservative: a cast that rounds, an eps (norms), a transcendental, a sum of different degrees -- anything but
-    products, quotients, sums of like degrees and the operators in ``_SCALE_LINEAR`` -- of a value that depends on
-    ``name`` gives None."""
+    Conservative: a cast that rounds (not ``is_exact_cast``), an eps (norms), a transcendental, a sum of different
+    degrees -- anything but products, quotients, sums of like degrees and the operators in ``_SCALE_LINEAR`` -- of a
+    value that depends on ``name`` gives None."""
     deg: dict[Node, int | None] = {}
     for n in reference.nodes:
         if n.op == "input":
@@ -716,9 +716,7 @@ def scale_degrees(reference: Graph, name: str) -> dict[str, int] | None:
             deg[n] = None
         elif all(d == 0 for d in ds):
             deg[n] = 0
-        elif n.op in _SCALE_LINEAR or (n.op == "cast" and (is_exact_cast(n) or (
-                n.src[0].dtype is not None and not n.src[0].dtype.low_precision and n.arg[0] in ("float32", "float64")
-                and n.src[0].dtype.kind == "float"))):
+        elif n.op in _SCALE_LINEAR or is_exact_cast(n):
             deg[n] = ds[0]
         elif n.op in ("mul", "matmul"):
             deg[n] = ds[0] + ds[1]
@@ -1031,6 +1029,7 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
     rounding = {o: rounding_allowance(reference, o) for o in reference.output_names}
     out_dtypes = {n.arg[0]: n.dtype for n in reference.outputs}
     stepped = steps(reference)   # its own float32 error allowed at every element, at every kind
+    degrees: dict[str, dict[str, int] | None] = {}   # per scaled input: scale_degrees (a float input's), or None
     for env in envs:
         k = reduction_length(reference, env)
         tol = tolerance(k, rtol)
@@ -1044,9 +1043,12 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
             # (checked above: a reference given for a seed is of draws[seed], the inputs used here)
             known = (normal_references or {}).get(seed) if kind == "normal" else None
             if kind != "normal" and len(changed) == 1 and seed in normal and _SCALE[kind] > 0:
-                t = reference.inputs[changed[0]].dtype
-                d = scale_degrees(reference, changed[0]) if t is None or (t.kind == "float" and
-                                                                           not t.low_precision) else None
+                name = changed[0]
+                if name not in degrees:
+                    t = reference.inputs[name].dtype
+                    exact = t is None or (t.kind == "float" and not t.low_precision)
+                    degrees[name] = scale_degrees(reference, name) if exact else None
+                d = degrees[name]
                 if d is not None:   # (a float32 input is scaled exactly in float64: scaled_inputs)
                     known = {o: v * _SCALE[kind] ** d[o] for o, v in normal[seed].items()}
             if known is not None:

@@ -52,15 +52,15 @@ def test_layout_changes_across_an_axis_make_it_unknown() -> None:
 
 def test_predefined_operators_carry_and_refuse_kept_axes() -> None:
     kept, other = (True, False), (False, True)
-    assert after("permute", ((1, 0),), [kept], [(8, 64)], (64, 8)) == (True, (False, True))
-    assert after("reduce", (0,), [kept], [(8, 64)], (1, 64)) == (False, None)     # sums the kept rows
-    assert after("reduce", (1,), [kept], [(8, 64)], (8, 1)) == (True, (True, None))
-    assert after("binary", (), [kept, other], [(8, 8), (8, 8)], (8, 8)) == (False, None)   # kept lined up with other
-    assert after("binary", (), [kept, None], [(8, 64), (1, 64)], (8, 64)) == (True, (True, False))
+    assert after("permute", ((1, 0),), [kept], [(8, 64)], 2) == (True, (False, True))
+    assert after("reduce", (0,), [kept], [(8, 64)], 2) == (False, None)     # sums the kept rows
+    assert after("reduce", (1,), [kept], [(8, 64)], 2) == (True, (True, None))
+    assert after("binary", (), [kept, other], [(8, 8), (8, 8)], 2) == (False, None)   # kept lined up with other
+    assert after("binary", (), [kept, None], [(8, 64), (1, 64)], 2) == (True, (True, False))
     # a product: the contraction must not run over a kept dim; the result has the rows of one, columns of the other
-    assert after("matmul", (), [(True, False), (False, True)], [(8, 64), (64, 32)], (8, 32)) == (True, (True, True))
-    assert after("matmul", (), [(False, True), (True, False)], [(64, 8), (8, 32)], (64, 32)) == (False, None)
-    assert after("reshape", ((512,),), [kept], [(8, 64)], (512,)) == (True, None)
+    assert after("matmul", (), [(True, False), (False, True)], [(8, 64), (64, 32)], 2) == (True, (True, True))
+    assert after("matmul", (), [(False, True), (True, False)], [(64, 8), (8, 32)], 2) == (False, None)
+    assert after("reshape", ((512,),), [kept], [(8, 64)], 1) == (True, None)
 
 
 def test_block_contexts_with_different_axes_are_different_memo_keys() -> None:
