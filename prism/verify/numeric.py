@@ -10,9 +10,10 @@ instantiations of the symbols and compare.
   (at most ``SMALL_INPUT`` = 4 elements: a scalar, a (1, 1) scale, an (m, 1) column at m <= 4) with that
   input negated, so every small input is seen with both signs whatever the draw and an identity that
   holds for one sign only fails deterministically (no run when there is no small input); on the first
-  seed, ``hostile`` (x30: a softmax without max subtraction overflows) and ``tiny`` (x1e-3: a dropped
-  epsilon shows) once per input in turn (``hostile_input`` restricts them to named inputs), and ``tiny``
-  once more with all those inputs at once (``rms_norm(x + h)`` with its epsilon dropped shows only then).
+  seed, ``hostile`` (x32: a softmax without max subtraction overflows) and ``tiny`` (x2^-10: a dropped
+  epsilon shows; both powers of two, exact in every float dtype) once per input in turn (``hostile_input``
+  restricts them to named inputs), and ``tiny`` once more with all those inputs at once (``rms_norm(x + h)``
+  with its epsilon dropped shows only then).
   Cost: W1-W7's hand-written structures at their first shapes, 21-33 runs instead of 9, 2.8x the time
   (1.7 s -> 4.8 s for all seven, interleaved A/B on the shared 2-core machine); the 49 true identities
   1.05x (small graphs: the instantiation search dominates).
@@ -20,7 +21,7 @@ instantiations of the symbols and compare.
   float64 reference (a finite candidate where the reference is NaN fails, and so does the opposite sign
   of an infinity). One exception: where the candidate is non-finite and the float64 reference finite, the
   position is excused if the program itself, run in float32 on the same inputs, is non-finite the same
-  way there (scaling every input x30 reaches inputs that a program overflows on in float32 by itself: a
+  way there (scaling every input x32 reaches inputs that a program overflows on in float32 by itself: a
   candidate is rejected for being less safe than the program, not for being as unsafe). That float32 run
   is made only when such a position exists.
 * Tolerance (fp32 candidate against a float64 reference), per output element::
@@ -65,7 +66,10 @@ RTOL = 1e-4
 KINDS = ("normal", "negated", "hostile", "tiny")
 SEEDS = (0, 1)
 SMALL_INPUT = 4           # an input with at most this many elements at an instantiation is negated in turn
-_SCALE = {"normal": 1.0, "negated": -1.0, "hostile": 30.0, "tiny": 1e-3}
+# hostile and tiny scale by powers of two: the scaled draw is exact in every float dtype (bar bfloat16/float16's
+# subnormal range), so a program homogeneous in the scaled input takes the normal run's reference times c**d
+# (_joint_degrees) in bfloat16 too -- with x30 / x1e-3 a bfloat16 draw was rounded again after scaling
+_SCALE = {"normal": 1.0, "negated": -1.0, "hostile": 32.0, "tiny": 2.0 ** -10}
 _EVERY_SEED = ("normal", "negated")  # the kinds run on every seed; hostile and tiny on the first seed only
 
 RunFn = Callable[[Graph, Mapping[str, np.ndarray], Mapping[str, int]], Mapping[str, np.ndarray]]
@@ -615,7 +619,7 @@ def to_dtype(a: np.ndarray, dtype: DType, out: np.ndarray | None = None) -> np.n
 def make_inputs(reference: Graph, env: Mapping[str, int], kind: str, seed: int, hostile_input: str | None = None,
                 base: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Random float64 inputs at ``env``: standard normal; ``negated``/``hostile``/``tiny`` multiply one input
-    (``hostile_input``, default the first) by -1 / 30 / 1e-3.
+    (``hostile_input``, default the first) by -1 / 32 / 2^-10.
 
     ``base``: the standard-normal draw (:func:`standard_normal_inputs`) of an earlier call with the same
     ``env`` and ``seed`` -- every kind starts from the same draw -- reused instead of drawn again."""
@@ -696,16 +700,22 @@ _SCALE_LINEAR = frozenset(("neg", "mul_scalar", "relu", "abs", "rotate_half", "s
                            "reshape", "output"))
 
 
+# float dtypes with float32's exponent range: rounding to them commutes with a power-of-two scale (scale_degrees)
+_WIDE_EXPONENT = frozenset(("float32", "bfloat16"))
+
+
 def scale_degrees(reference: Graph, name: str) -> dict[str, int] | None:
-    """Per output of ``reference``, the degree d with ``out(c * x) == c**d * out(x)`` for every scale ``c > 0`` of
-    input ``name`` (the others fixed), when every output has one; else None. The scaled kinds (hostile x30, tiny
-    x1e-3) of a float input need no float64 run of their own then: the normal run's outputs times ``c**d`` (within
-    float64 rounding). Measured need: the final check at a tuned shape ran the float64 reference three times (normal
-    from the tuner, hostile, tiny); at llama-1b's batch-8 prompt (1024 rows) each run of a grouped Linear is a float64
-    product of [1024, 2048] x [2048, 5632], and the reference runs took ~9.5 s of a 45 s start-up (py-spy).
-    Conservative: a cast that rounds (not ``is_exact_cast``), an eps (norms), a transcendental, a sum of different
-    degrees -- anything but products, quotients, sums of like degrees and the operators in ``_SCALE_LINEAR`` -- of a
-    value that depends on ``name`` gives None."""
+    """Per output of ``reference``, the degree d with ``out(c * x) == c**d * out(x)`` for every power-of-two scale
+    ``c > 0`` of input ``name`` (the others fixed), when every output has one; else None. The scaled kinds (hostile
+    x32, tiny x2^-10) of a float input need no float64 run of their own then: the normal run's outputs times ``c**d``
+    (within float64 rounding). Measured need: the final check at a tuned shape ran the float64 reference three times
+    (normal from the tuner, hostile, tiny); at llama-1b's batch-8 prompt (1024 rows) each run of a grouped Linear is
+    a float64 product of [1024, 2048] x [2048, 5632], and the reference runs took ~9.5 s of a 45 s start-up (py-spy).
+    A rounding cast to bfloat16 or float32 keeps the degree: round to nearest commutes with a power-of-two scale
+    while the value stays in the normal range (8 exponent bits: 2^-126..2^128; the scaled kinds move a value by
+    2^(5 d) or 2^(-10 d)). Conservative otherwise: any other rounding cast (float16's range is 2^-14..2^16; to an
+    integer), an eps (norms), a transcendental, a sum of different degrees -- anything but products, quotients, sums
+    of like degrees and the operators in ``_SCALE_LINEAR`` -- of a value that depends on ``name`` gives None."""
     deg: dict[Node, int | None] = {}
     for n in reference.nodes:
         if n.op == "input":
@@ -716,7 +726,8 @@ def scale_degrees(reference: Graph, name: str) -> dict[str, int] | None:
             deg[n] = None
         elif all(d == 0 for d in ds):
             deg[n] = 0
-        elif n.op in _SCALE_LINEAR or is_exact_cast(n):
+        elif n.op in _SCALE_LINEAR or is_exact_cast(n) or (
+                n.op == "cast" and n.arg[0] in _WIDE_EXPONENT and (n.src[0].dtype or float32).kind == "float"):
             deg[n] = ds[0]
         elif n.op in ("mul", "matmul"):
             deg[n] = ds[0] + ds[1]
@@ -728,6 +739,32 @@ def scale_degrees(reference: Graph, name: str) -> dict[str, int] | None:
             deg[n] = None
     out = {o.arg[0]: deg[o] for o in reference.outputs}
     return None if any(d is None for d in out.values()) else out  # type: ignore[return-value]
+
+
+def _joint_degrees(reference: Graph, changed: Sequence[str], degrees: dict[str, dict[str, int] | None],
+                   x: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray], c: float) -> dict[str, int] | None:
+    """Per output, the degree d with ``out(x) == c**d * out(base)`` where ``x`` is ``base`` with the ``changed``
+    inputs scaled by ``c > 0``; None where some output has none. A program homogeneous of degree d_i in each input
+    by itself (:func:`scale_degrees`, the others fixed at any value) is of degree sum(d_i) in them together. An
+    integer input is never scaled (:func:`scaled_inputs`): degree 0. A low-precision float input counts only where
+    its scaled draw is exactly ``c`` times the base one -- the scales are powers of two, so bar the subnormal range
+    it is, and bfloat16 models (every activation bfloat16) need no float64 run of their own for these kinds.
+    ``degrees`` caches :func:`scale_degrees` per input."""
+    total: dict[str, int] = {o.arg[0]: 0 for o in reference.outputs}
+    for name in changed:
+        t = reference.inputs[name].dtype
+        if t is not None and t.kind == "int":
+            continue
+        if t is not None and t.low_precision and not np.array_equal(x[name], base[name] * c):
+            return None
+        if name not in degrees:
+            degrees[name] = scale_degrees(reference, name)
+        d = degrees[name]
+        if d is None:
+            return None
+        for o in total:
+            total[o] += d[o]
+    return total
 
 
 def reduction_length(reference: Graph, env: Mapping[str, int]) -> int:
@@ -1042,14 +1079,9 @@ def numeric_check(candidate: Graph, reference: Graph, *, instantiations: Sequenc
             x = _vary(drawn[seed], kind, changed, _dtypes(reference))
             # (checked above: a reference given for a seed is of draws[seed], the inputs used here)
             known = (normal_references or {}).get(seed) if kind == "normal" else None
-            if kind != "normal" and len(changed) == 1 and seed in normal and _SCALE[kind] > 0:
-                name = changed[0]
-                if name not in degrees:
-                    t = reference.inputs[name].dtype
-                    exact = t is None or (t.kind == "float" and not t.low_precision)
-                    degrees[name] = scale_degrees(reference, name) if exact else None
-                d = degrees[name]
-                if d is not None:   # (a float32 input is scaled exactly in float64: scaled_inputs)
+            if kind != "normal" and seed in normal and _SCALE[kind] > 0:
+                d = _joint_degrees(reference, changed, degrees, x, drawn[seed], _SCALE[kind])
+                if d is not None:
                     known = {o: v * _SCALE[kind] ** d[o] for o, v in normal[seed].items()}
             if known is not None:
                 ref = known
