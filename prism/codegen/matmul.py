@@ -619,8 +619,21 @@ def _emit_transpose(w: CWriter, nm: Namer, sup: Support, src: str, ss: int, dst:
             w.line(f"{dst}[{k_} * {ds} + {n_}] {op} {ld(elem, f'{src}[{n_} * {ss} + {k_}]')};")
 
 
+@dataclass(frozen=True)
+class GroupScales:
+    """A grouped product's one factor for emit_tn: key j's scale of group c at ``ptr[j * per_key + c * per_group]``
+    (float32, bfloat16 or float16 ``elem``), one per ``size`` values of K."""
+
+    ptr: str
+    per_key: int
+    per_group: int
+    size: int
+    elem: str
+
+
 def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str, sa0: int, bt: str, sbt: int,
-            c: str, sc0: int, scratch: Scratch, beta: str = "0", elems: tuple[str, str] = ("bf16", "bf16")) -> None:
+            c: str, sc0: int, scratch: Scratch, beta: str = "0", elems: tuple[str, str] = ("bf16", "bf16"),
+            groups: GroupScales | None = None) -> None:
     """C[M x N] = A @ Bt^T for A and Bt (keys contiguous in K) of storage ``elems``, as the transposed product
     C^T = Bt @ A^T: per group of ``mk.ACC_ROWS`` of K, A's rows are packed (a 16 x 16 register transpose,
     ``pr_tr16``) into the thread's scratch ``Xp``; every block of RN keys broadcasts its elements
@@ -640,8 +653,13 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     never read (each lane is its own output). The summation order is the nt kernels': ACC_CHUNK products per lane
     from zero, ACC_GROUP chunks into a group sum, groups into C (here Ct). ``beta`` (0, or the iteration's of a
     block's for-loop that accumulates the product, with each iteration's part of K): C = Ct^T, or C += Ct^T where
-    it is non-zero. Measured: docs/codegen.md, "tn"."""
-    RN, MV = mk.tn_shape(elems[1], elems[0])
+    it is non-zero. ``groups``: a grouped product's scales (bfloat16 rows, int8 keys; emit_grouped), each group of
+    ``groups.size`` products per lane summed from zero and multiplied by its key's scale (mk.tn_kernel_grouped).
+    Measured: docs/codegen.md, "tn"."""
+    RN, MV = mk.tn_shape(elems[1], elems[0]) if groups is None else mk.TN_GROUPED_SHAPE
+    if groups is not None:
+        assert elems == ("bf16", "i8") and groups.size % 2 == 0 and mk.ACC_ROWS % groups.size == 0
+        assert not isinstance(K, int) or K % groups.size == 0
     mt = 16 * MV
     ldm = (M + mt - 1) // mt * mt
     G = mk.ACC_ROWS
@@ -665,6 +683,9 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     form = ("bf16_dp" if esz == 2 else f"bf16_dp_pf{esz}") if pairs else "i8_dp" if quads else f"f32_pf{esz}"
 
     def kernel(rn: int, mv: int = MV) -> str:
+        if groups is not None:
+            return sup.need(mk.tn_grouped_name(rn, mv, groups.size, groups.elem),
+                            mk.tn_kernel_grouped(sup.isa, rn, mv, groups.size, groups.elem))
         return sup.need(mk.tn_name(rn, mv, form), mk.tn_kernel(rn, mv, esz) if pairs else
                         mk.tn_kernel_i8(rn, mv) if quads else mk.tn_kernel_f32(rn, mv, esz))
 
@@ -703,9 +724,13 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         else:
             sb = sbt
 
+        scales = "" if groups is None else (
+            f", {groups.ptr} + {n0} * {groups.per_key} + ({g0}) / {groups.size} * {groups.per_group}, "
+            f"{groups.per_key}, {groups.per_group}")
+
         def call(f: str, at: str) -> None:
             w.line(f"{f}({gn}, {src}, {sb}, {pf}, {sbt * esz}, {xp} + {at}, {ldm}, {ct} + {n0} * {ldm} + {at}, "
-                   f"{ldm}, {beta});")
+                   f"{ldm}, {beta}{scales});")
         if not fn_l:
             with w.block(f"for (long {m0} = {mc}; {m0} < pr_minl({ldm}, {mc} + {mk.TN_MC}); {m0} += {mt})"):
                 call(fn, m0)
@@ -1030,14 +1055,26 @@ def emit_grouped(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View,
         if full < n_all:
             block(str(full), n_all - full)
 
+    def paired() -> None:
+        (f,), (fs,) = factors, fst
+        emit_tn(w, nm, sup, M, N, concrete(Gn) * concrete(G), A.ptr, sam, B.ptr, sbn, C.ptr, sc0, scratch,
+                elems=("bf16", "i8"), groups=GroupScales(f.ptr, fs[2], fs[0], concrete(G), f.elem))
+
+    # bfloat16 rows against int8 keys with one scale per key and group: the tn form's vdpbf16ps, each group's sum
+    # scaled (mk.tn_kernel_grouped), instead of float32 FMAs on a dequantized block
+    many = paired if (row_free and len(factors) == 1 and (A.elem, B.elem) == ("bf16", "i8")
+                      and mk.nt_dot(sup.isa, ("bf16", "bf16")) and sam % 2 == 0 and sbn % 2 == 0
+                      and not varies(G) and concrete(G) % 2 == 0 and mk.ACC_ROWS % concrete(G) == 0
+                      and not varies(N) and concrete(N) >= mk.TN_GROUPED_SHAPE[0]
+                      and concrete(Gn) * concrete(G) >= TN_MIN_K) else dequantized
     if not row_free:
         dots()
     elif varies(M):
         with w.block(f"if ({M} <= {GROUPED_DOT_ROWS})"):
             dots()
         with w.block("else"):
-            dequantized()
+            many()
     elif M <= GROUPED_DOT_ROWS:
         dots()
     else:
-        dequantized()
+        many()

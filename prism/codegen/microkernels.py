@@ -1070,6 +1070,65 @@ def tn_kernel_i8(rn: int, mv: int) -> str:
     return "\n".join(L) + "\n"
 
 
+# keys x vectors of 16 rows of the grouped tn kernel. Measured on the Zen 5 VM (2 threads, bfloat16 [m, 2048] x int8
+# [5632, 2048]^T through prism.optimize, groups of 32, three alternations of processes, load 1.3-1.7): m = 128 6 x 4
+# 3.62-3.79 ms against 12 x 1 (tn_shape's for int8 keys) 3.98-4.33; m = 1024 28.4-29.9 against 31.9-32.5. (The
+# per-channel form beside it moved the same way, 3.28-3.39 against 3.71-3.89 and 26.6-27.3 against 30.0; it keeps
+# 12 x 1, chosen on the Zen 4 VM where 6 x 4 was 5-6 % slower: not measured again there.)
+TN_GROUPED_SHAPE = (6, 4)
+
+
+def tn_grouped_name(rn: int, mv: int, G: int, fel: str) -> str:
+    return f"pr_tn_avx512_{rn}x{mv}_bf16_dp_g{G}_f{fel}"
+
+
+def tn_kernel_grouped(isa: ISA, rn: int, mv: int, G: int, fel: str) -> str:
+    """The tn kernel of a grouped product (int8 weights with a scale per group of ``G`` values of K on a bfloat16
+    model; matmul.emit_grouped): Ct[r * sct + m] (beta) sum_c S[r * ssr + c * ssg] * sum_{k in group c}
+    Bt[r * sb0 + k] * A[m, k] for r < rn, m < 16 * mv, over K (a multiple of G, G even) of this call, the groups
+    c counted from the call's first. ``Bt``: the keys' int8 values converted into a bfloat16 panel by the caller
+    (exact), ``Xp``: A's k pairs as :func:`tn_kernel`'s. Each group's G / 2 ``vdpbf16ps`` steps start from zero
+    in registers (the products exact, two float32 additions per lane and step); the group sum times its key's
+    scale (a broadcast, one FMA per accumulator and group) is added into the call's sum (on the stack), which is
+    stored (beta 0) or added (beta 1) into Ct. The program's exact grouped sum: ``q * s`` is never rounded (it
+    can have 16 significant bits), the scale multiplies each group's float32 dot product as the program writes
+    it. Per group, rn * mv * G / 2 ``vdpbf16ps`` and rn * mv FMAs: 1/16 more instructions than the per-channel
+    form at G = 32, where the float32 form (each block of keys dequantized, ``q * s`` exact in float32, then FMAs)
+    takes twice the products' instructions."""
+    cells = [(r, v) for r in range(rn) for v in range(mv)]
+    L = [f"PR_INLINE void {tn_grouped_name(rn, mv, G, fel)}(long K, const uint16_t* restrict Bt, long sb0, "
+         "const char* pf, long spf, const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta, "
+         f"const {ctype(fel)}* restrict S, long ssr, long ssg) {{",
+         f"  __m512 g[{rn * mv}];",
+         f"  for (long c0 = 0; c0 < K; c0 += {G}) {{",
+         "    " + " ".join(f"__m512 a{r}_{v} = _mm512_setzero_ps();" for r, v in cells),
+         f"    for (long k = c0; k < c0 + {G}; k += 2) {{",
+         "      const float* xp = Xp + (k >> 1) * ldm;",
+         _tn_prefetch(rn, 2, 1)]
+    L.extend(f"      const __m512bh x{v} = (__m512bh)_mm512_loadu_ps(xp + {16 * v});" for v in range(mv))
+    for r in range(rn):
+        L.append(f"      {{ int32_t p; memcpy(&p, Bt + {r} * sb0 + k, 4);")
+        L.append("        const __m512bh b = (__m512bh)_mm512_set1_epi32(p);")
+        L.extend(f"        a{r}_{v} = _mm512_dpbf16_ps(a{r}_{v}, b, x{v});" for v in range(mv))
+        L.append("      }")
+    L.append("    }")
+    L.append(f"    const long c = c0 / {G};")
+    for r in range(rn):
+        f = _gdot_factor(isa, (fel,), f"{r} * ssr + c * ssg").replace("f0[", "S[")
+        L.append(f"    const __m512 s{r} = _mm512_set1_ps({f});")
+    L.append("    if (c0 == 0) {")
+    L.extend(f"      g[{i}] = _mm512_mul_ps(a{r}_{v}, s{r});" for i, (r, v) in enumerate(cells))
+    L.append("    } else {")
+    L.extend(f"      g[{i}] = _mm512_fmadd_ps(a{r}_{v}, s{r}, g[{i}]);" for i, (r, v) in enumerate(cells))
+    L.append("    }")
+    L.append("  }")
+    for i, (r, v) in enumerate(cells):
+        p = f"Ct + {r} * sct + {16 * v}"
+        L.append(f"  _mm512_storeu_ps({p}, beta ? _mm512_add_ps(_mm512_loadu_ps({p}), g[{i}]) : g[{i}]);")
+    L.append("}")
+    return "\n".join(L) + "\n"
+
+
 def _tn_text(name: str, bt: str, rn: int, mv: int, kstep: int, pf_bytes: int, xrow: str, xtype: str,
              keys: list[str]) -> str:
     """The tn kernels' common text: chunks of ACC_CHUNK products per lane start from zero in registers, in steps of

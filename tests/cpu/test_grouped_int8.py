@@ -16,20 +16,20 @@ from prism.codegen import microkernels as mk
 from prism.codegen.isa import ISAS
 from prism.frontend.quantize import Int8Linear
 from prism.ir import BlockBuilder
-from prism.ir.dtypes import quantize_int8
+from prism.ir.dtypes import bfloat16, quantize_int8
 from prism.runtime.kernel import compile as compile_kernel
 
 pytestmark = pytest.mark.cpu
 
 
-def _grouped(M: int, N: int, Gn: int, G: int, acc: bool = False, blocks: int = 2, s_dtype: str = "float32"
-             ) -> prism.Graph:
+def _grouped(M: int, N: int, Gn: int, G: int, acc: bool = False, blocks: int = 2, s_dtype: str = "float32",
+             x_dtype: str = "float32") -> prism.Graph:
     """y [1, M, N] = sum_g s[n, g] * sum_k x[m, g, k] q[n, g, k]: the block the search finds for a grouped Linear
     (``blocks`` blocks of keys; ``acc``: a sum accumulator over a loop of one iteration between the product and
     its scale, a form the search also returns; ``s_dtype`` float16: the scales as Int8Linear stores them, promoted
     by the product)."""
     g = prism.Graph()
-    x = g.input("x", (M, Gn * G))
+    x = g.input("x", (M, Gn * G), x_dtype)
     q = g.input("q", (N, Gn * G), "int8")
     s = g.input("s", (N, Gn), s_dtype)
     x3, q3, s3 = g.reshape(x, (M, Gn, G)), g.reshape(q, (N, Gn, G)), g.reshape(s, (N, Gn, 1))
@@ -90,6 +90,41 @@ def test_grouped_products_on_every_isa_against_float64(M: int) -> None:
             assert "pr_nt_" not in src or M > 8, "the per-group products were lowered one by one"
             out = prism.compile(g, isa=isa)(**v)
             assert_close(out, ref, f"grouped M={M} G={G} {isa}")
+
+
+@pytest.mark.parametrize("M", [9, 40, 70])
+def test_bfloat16_rows_against_grouped_int8_keys_take_vdpbf16ps_groups(M: int) -> None:
+    """More rows than GROUPED_DOT_ROWS, bfloat16 rows and scales (a bfloat16 model's grouped Linear): the tn form
+    with each group's vdpbf16ps sum scaled by its key's scale (mk.tn_kernel_grouped) where the machine has
+    AVX512_BF16, float32 FMAs on dequantized key blocks elsewhere -- both the exact grouped sum, against float64 of
+    the same bfloat16 inputs with hostile rows (outliers 1e4, scales 1e-4..1e3, a zero key group). K of 288 (one
+    call shorter than a group of ACC_ROWS) and 1184 (two whole ACC_ROWS groups and a remainder); 70 keys (blocks
+    of 6 and a tail of 4); rows 9 and 40 (one block of 64 rows, partly filled: the kernels of 1 and 3 vectors of
+    16) and 70 (a whole block and 6 rows)."""
+    rng = np.random.default_rng(M)
+    for Gn, G in ((9, 32), (37, 32)):
+        N = 70
+        g = _grouped(M, N, Gn, G, s_dtype="bfloat16", x_dtype="bfloat16")
+        v = _values(rng, M, N, Gn, G)
+        v["x"], v["s"] = v["x"].astype(bfloat16.np), v["s"].astype(bfloat16.np)   # (rounded: the reference's too)
+        ref = _reference(v, Gn, G)
+        for isa in supported_isas():
+            src = compile_kernel(g, isa=isa).source
+            paired = mk.nt_dot(ISAS[isa], ("bf16", "bf16"))
+            assert ("_bf16_dp_g32_fbf16" in src) == paired, (isa, Gn)
+            assert ("pr_gdot_" in src) == (M <= 8)
+            out = prism.compile(g, isa=isa)(**v)
+            assert out.dtype == bfloat16.np   # stored in bfloat16: within one rounding of it (2^-8 of the value)
+            assert_close(np.asarray(out, dtype=np.float64), ref, f"bf16 grouped M={M} Gn={Gn} {isa}", rtol=2.0 ** -8)
+
+
+def test_the_grouped_tn_kernel_scales_each_group_once_per_key() -> None:
+    """Per group of 32 k: 16 vdpbf16ps steps per accumulator from zero, then one FMA (the first group: a product)
+    by the key's broadcast scale into the call's sum -- the scale is never folded into the bfloat16 keys."""
+    text = mk.tn_kernel_grouped(ISAS["avx512"], 6, 4, 32, "bf16")
+    assert text.count("_mm512_dpbf16_ps(") == 24 and "c0 + 32; k += 2" in text
+    assert text.count("_mm512_fmadd_ps(a") == 24 and text.count("_mm512_mul_ps(a") == 24
+    assert text.count("_mm512_set1_ps(") == 6 and "S[" in text
 
 
 def test_a_one_iteration_accumulator_between_product_and_scale_is_the_same_grouped_product() -> None:
