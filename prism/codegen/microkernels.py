@@ -1003,12 +1003,16 @@ def tn_kernel(rn: int, mv: int, pf_bytes: int = 2) -> str:
     (32 steps of two) start from zero in registers; their sums are added into the group sum (on the stack);
     the group sum is stored (beta 0) or added (beta 1) into Ct. ``pf_bytes``: the element size of the keys it
     prefetches (1: int8 keys, converted into a bfloat16 panel by the caller)."""
-    keys = [f"      {{ int32_t p; memcpy(&p, Bt + {r} * sb0 + k, 4);\n"
+    return _tn_text(tn_name(rn, mv, "bf16_dp" if pf_bytes == 2 else f"bf16_dp_pf{pf_bytes}"), "uint16_t", rn, mv,
+                    2, pf_bytes, "(k >> 1) * ldm", "__m512bh", _tn_pair_keys(rn, mv))
+
+
+def _tn_pair_keys(rn: int, mv: int) -> list[str]:
+    """The bfloat16 tn kernels' step per key: its k pair broadcast (32 bits) against the mv row vectors."""
+    return [f"      {{ int32_t p; memcpy(&p, Bt + {r} * sb0 + k, 4);\n"
             "        const __m512bh b = (__m512bh)_mm512_set1_epi32(p);\n"
             + "\n".join(f"        a{r}_{v} = _mm512_dpbf16_ps(a{r}_{v}, b, x{v});" for v in range(mv)) + "\n      }"
             for r in range(rn)]
-    return _tn_text(tn_name(rn, mv, "bf16_dp" if pf_bytes == 2 else f"bf16_dp_pf{pf_bytes}"), "uint16_t", rn, mv,
-                    2, pf_bytes, "(k >> 1) * ldm", "__m512bh", keys)
 
 
 def tn_kernel_i8(rn: int, mv: int) -> str:
@@ -1095,54 +1099,28 @@ def tn_kernel_grouped(isa: ISA, rn: int, mv: int, G: int, fel: str) -> str:
     it. Per group, rn * mv * G / 2 ``vdpbf16ps`` and rn * mv FMAs: 1/16 more instructions than the per-channel
     form at G = 32, where the float32 form (each block of keys dequantized, ``q * s`` exact in float32, then FMAs)
     takes twice the products' instructions."""
-    cells = [(r, v) for r in range(rn) for v in range(mv)]
-    L = [f"PR_INLINE void {tn_grouped_name(rn, mv, G, fel)}(long K, const uint16_t* restrict Bt, long sb0, "
-         "const char* pf, long spf, const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta, "
-         f"const {ctype(fel)}* restrict S, long ssr, long ssg) {{",
-         f"  __m512 g[{rn * mv}];",
-         f"  for (long c0 = 0; c0 < K; c0 += {G}) {{",
-         "    " + " ".join(f"__m512 a{r}_{v} = _mm512_setzero_ps();" for r, v in cells),
-         f"    for (long k = c0; k < c0 + {G}; k += 2) {{",
-         "      const float* xp = Xp + (k >> 1) * ldm;",
-         _tn_prefetch(rn, 2, 1)]
-    L.extend(f"      const __m512bh x{v} = (__m512bh)_mm512_loadu_ps(xp + {16 * v});" for v in range(mv))
-    for r in range(rn):
-        L.append(f"      {{ int32_t p; memcpy(&p, Bt + {r} * sb0 + k, 4);")
-        L.append("        const __m512bh b = (__m512bh)_mm512_set1_epi32(p);")
-        L.extend(f"        a{r}_{v} = _mm512_dpbf16_ps(a{r}_{v}, b, x{v});" for v in range(mv))
-        L.append("      }")
-    L.append("    }")
-    L.append(f"    const long c = c0 / {G};")
-    for r in range(rn):
-        f = _gdot_factor(isa, (fel,), f"{r} * ssr + c * ssg").replace("f0[", "S[")
-        L.append(f"    const __m512 s{r} = _mm512_set1_ps({f});")
-    L.append("    if (c0 == 0) {")
-    L.extend(f"      g[{i}] = _mm512_mul_ps(a{r}_{v}, s{r});" for i, (r, v) in enumerate(cells))
-    L.append("    } else {")
-    L.extend(f"      g[{i}] = _mm512_fmadd_ps(a{r}_{v}, s{r}, g[{i}]);" for i, (r, v) in enumerate(cells))
-    L.append("    }")
-    L.append("  }")
-    for i, (r, v) in enumerate(cells):
-        p = f"Ct + {r} * sct + {16 * v}"
-        L.append(f"  _mm512_storeu_ps({p}, beta ? _mm512_add_ps(_mm512_loadu_ps({p}), g[{i}]) : g[{i}]);")
-    L.append("}")
-    return "\n".join(L) + "\n"
+    return _tn_text(tn_grouped_name(rn, mv, G, fel), "uint16_t", rn, mv, 2, 1, "(k >> 1) * ldm", "__m512bh",
+                    _tn_pair_keys(rn, mv), scales=(isa, G, fel))
 
 
 def _tn_text(name: str, bt: str, rn: int, mv: int, kstep: int, pf_bytes: int, xrow: str, xtype: str,
-             keys: list[str]) -> str:
+             keys: list[str], scales: tuple[ISA, int, str] | None = None) -> str:
     """The tn kernels' common text: chunks of ACC_CHUNK products per lane start from zero in registers, in steps of
     ``kstep`` k (``keys``: per key, its broadcast and products against the ``mv`` row vectors at ``Xp + xrow``);
     the chunk sums are added into the group sum (on the stack), which is stored (beta 0) or added (beta 1) into
-    Ct."""
+    Ct. ``scales`` = (isa, G, factor dtype): a grouped product's (:func:`tn_kernel_grouped`): chunks of G, each
+    chunk's sums multiplied by its key's factor ``S[r * ssr + c * ssg]`` as they are added."""
     cells = [(r, v) for r in range(rn) for v in range(mv)]
     cast = "" if xtype == "__m512" else f"({xtype})"
     inc = "k++" if kstep == 1 else f"k += {kstep}"
+    chunk = ACC_CHUNK if scales is None else scales[1]
+    extra = "" if scales is None else f", const {ctype(scales[2])}* restrict S, long ssr, long ssg"
     L = [f"PR_INLINE void {name}(long K, const {bt}* restrict Bt, long sb0, const char* pf, long spf, "
-         "const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta) {",
+         f"const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta{extra}) {{",
          f"  __m512 g[{rn * mv}];",
-         f"  for (long c0 = 0; c0 < K; c0 += {ACC_CHUNK}) {{",
-         f"    const long c1 = pr_minl(K, c0 + {ACC_CHUNK});",
+         f"  for (long c0 = 0; c0 < K; c0 += {chunk}) {{",
+         # (a grouped call's K is a multiple of G: each chunk's trip count a constant)
+         f"    const long c1 = {'pr_minl(K, c0 + ' + str(chunk) + ')' if scales is None else 'c0 + ' + str(chunk)};",
          "    " + " ".join(f"__m512 a{r}_{v} = _mm512_setzero_ps();" for r, v in cells),
          f"    for (long k = c0; k < c1; {inc}) {{",
          f"      const float* xp = Xp + {xrow};",
@@ -1150,10 +1128,17 @@ def _tn_text(name: str, bt: str, rn: int, mv: int, kstep: int, pf_bytes: int, xr
     L.extend(f"      const {xtype} x{v} = {cast}_mm512_loadu_ps(xp + {16 * v});" for v in range(mv))
     L.extend(keys)
     L.append("    }")
+    first, later = "a{r}_{v}", "_mm512_add_ps(g[{i}], a{r}_{v})"
+    if scales is not None:
+        isa, G, fel = scales
+        L.append(f"    const long c = c0 / {G};")
+        L.extend(f"    const __m512 s{r} = _mm512_set1_ps("
+                 + _gdot_factor(isa, (fel,), f"{r} * ssr + c * ssg").replace("f0[", "S[") + ");" for r in range(rn))
+        first, later = "_mm512_mul_ps(a{r}_{v}, s{r})", "_mm512_fmadd_ps(a{r}_{v}, s{r}, g[{i}])"
     L.append("    if (c0 == 0) {")
-    L.extend(f"      g[{i}] = a{r}_{v};" for i, (r, v) in enumerate(cells))
+    L.extend(f"      g[{i}] = " + first.format(r=r, v=v, i=i) + ";" for i, (r, v) in enumerate(cells))
     L.append("    } else {")
-    L.extend(f"      g[{i}] = _mm512_add_ps(g[{i}], a{r}_{v});" for i, (r, v) in enumerate(cells))
+    L.extend(f"      g[{i}] = " + later.format(r=r, v=v, i=i) + ";" for i, (r, v) in enumerate(cells))
     L.append("    }")
     L.append("  }")
     for i, (r, v) in enumerate(cells):
