@@ -225,21 +225,30 @@ def test_a_grouped_product_whose_rows_are_not_contiguous_is_lowered_node_by_node
     assert_close(out, _reference(v, Gn, G), "grouped, rows not contiguous")
 
 
-def test_a_grouped_int8_linear_over_a_dynamic_row_count_is_correct_at_every_count() -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_grouped_int8_linear_over_a_dynamic_row_count_is_correct_at_every_count(dtype: str) -> None:
     """Rows symbolic (a prompt's length): one search serves every row count, each tuned, derived or served by a
-    template whose text chooses the grouped dot products or the dequantized blocks at run time; correct against
-    float64 at counts on both sides of GROUPED_DOT_ROWS, every call by Prism."""
+    template whose text chooses the grouped dot products or the many-row form at run time (float32: dequantized
+    blocks; bfloat16 with K >= TN_MIN_K: the tn form's vdpbf16ps groups, its last block of rows by its vectors);
+    correct against float64 at counts on both sides of GROUPED_DOT_ROWS, every call by Prism."""
     torch.manual_seed(2)
-    lin = nn.Linear(128, 80, bias=False)
+    k, n = (128, 80) if dtype == "float32" else (256, 96)
+    lin = nn.Linear(k, n, bias=False)
     m = Int8Linear.from_linear(lin, 32)
-    deq = m.dequantized().double()
+    if dtype == "bfloat16":
+        m = m.to(torch.bfloat16)
+    deq = (m.qweight.double().view(n, k // 32, 32) * m.scale.double()[:, :, None]).view(n, k)
+    dt = getattr(torch, dtype)
     with torch.no_grad():
-        o = prism.optimize(m, (torch.randn(6, 128),), dynamic={0: [0]})
-        for rows in (1, 5, 8, 9, 40, 64, 3):
-            x = torch.randn(rows, 128)
-            assert_close(o(x).numpy(), (x.double() @ deq.t()).numpy(), f"grouped Linear, {rows} rows")
+        o = prism.optimize(m, (torch.randn(6, k).to(dt),), dynamic={0: [0]})
+        for rows in (1, 5, 8, 9, 40, 64, 3, 83):
+            x = torch.randn(rows, k).to(dt)
+            y = o(x)
+            assert y.dtype == dt
+            assert_close(y.double().numpy(), (x.double() @ deq.t()).numpy(), f"grouped Linear {dtype}, {rows} rows",
+                         **({"rtol": 2.0 ** -8} if dtype == "bfloat16" else {}))
     (piece,) = o.prism_pieces()
-    assert piece.runner.prism_calls == 8 and piece.runner.fallback_calls == 0, o.explain()   # (+ the example call)
+    assert piece.runner.prism_calls == 9 and piece.runner.fallback_calls == 0, o.explain()   # (+ the example call)
 
 
 def test_the_cost_model_counts_what_a_many_row_grouped_product_keeps_resident() -> None:
