@@ -98,24 +98,29 @@ def test_bfloat16_rows_against_grouped_int8_keys_take_vdpbf16ps_groups(M: int) -
     with each group's vdpbf16ps sum scaled by its key's scale (mk.tn_kernel_grouped) where the machine has
     AVX512_BF16, float32 FMAs on dequantized key blocks elsewhere -- both the exact grouped sum, against float64 of
     the same bfloat16 inputs with hostile rows (outliers 1e4, scales 1e-4..1e3, a zero key group). K of 288 (one
-    call shorter than a group of ACC_ROWS) and 1184 (two whole ACC_ROWS groups and a remainder); 70 keys (blocks
+    call shorter than a group of ACC_ROWS) and 1184 (two whole ACC_ROWS groups and a remainder); groups of 64 with
+    float32 scales and of 32 with float16 ones (as stored, each read as a float per group); 70 keys (blocks
     of 6 and a tail of 4); rows 9 and 40 (one block of 64 rows, partly filled: the kernels of 1 and 3 vectors of
     16) and 70 (a whole block and 6 rows)."""
     rng = np.random.default_rng(M)
-    for Gn, G in ((9, 32), (37, 32)):
+    for Gn, G, s_dtype in ((9, 32, "bfloat16"), (37, 32, "bfloat16"), (5, 64, "float32"), (9, 32, "float16")):
         N = 70
-        g = _grouped(M, N, Gn, G, s_dtype="bfloat16", x_dtype="bfloat16")
+        g = _grouped(M, N, Gn, G, s_dtype=s_dtype, x_dtype="bfloat16")
         v = _values(rng, M, N, Gn, G)
-        v["x"], v["s"] = v["x"].astype(bfloat16.np), v["s"].astype(bfloat16.np)   # (rounded: the reference's too)
+        v["x"], v["s"] = v["x"].astype(bfloat16.np), v["s"].astype(s_dtype)   # (rounded: the reference's too)
         ref = _reference(v, Gn, G)
+        fel = {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}[s_dtype]
         for isa in supported_isas():
             src = compile_kernel(g, isa=isa).source
             paired = mk.nt_dot(ISAS[isa], ("bf16", "bf16"))
-            assert ("_bf16_dp_g32_fbf16" in src) == paired, (isa, Gn)
+            assert (f"_bf16_dp_g{G}_f{fel}" in src) == paired, (isa, Gn)
             assert ("pr_gdot_" in src) == (M <= 8)
             out = prism.compile(g, isa=isa)(**v)
-            assert out.dtype == bfloat16.np   # stored in bfloat16: within one rounding of it (2^-8 of the value)
-            assert_close(np.asarray(out, dtype=np.float64), ref, f"bf16 grouped M={M} Gn={Gn} {isa}", rtol=2.0 ** -8)
+            # bfloat16 scales: stored in bfloat16, within one rounding of it (2^-8 of the value); others promote
+            low = s_dtype == "bfloat16"
+            assert out.dtype == (bfloat16.np if low else np.float32)
+            assert_close(np.asarray(out, dtype=np.float64), ref, f"bf16 grouped M={M} Gn={Gn} G={G} {s_dtype} {isa}",
+                         **({"rtol": 2.0 ** -8} if low else {}))
 
 
 def test_the_grouped_tn_kernel_scales_each_group_once_per_key() -> None:
