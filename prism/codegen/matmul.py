@@ -658,7 +658,8 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     Measured: docs/codegen.md, "tn"."""
     RN, MV = mk.tn_shape(elems[1], elems[0]) if groups is None else mk.TN_GROUPED_SHAPE
     if groups is not None:
-        assert elems == ("bf16", "i8") and groups.size % 2 == 0 and mk.ACC_ROWS % groups.size == 0
+        assert elems in (("bf16", "i8"), ("f32", "i8")) and mk.ACC_ROWS % groups.size == 0
+        assert elems[0] == "f32" or groups.size % 2 == 0
         assert not isinstance(K, int) or K % groups.size == 0
     mt = 16 * MV
     ldm = (M + mt - 1) // mt * mt
@@ -684,8 +685,8 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
 
     def kernel(rn: int, mv: int = MV) -> str:
         if groups is not None:
-            return sup.need(mk.tn_grouped_name(rn, mv, groups.size, groups.elem),
-                            mk.tn_kernel_grouped(sup.isa, rn, mv, groups.size, groups.elem))
+            return sup.need(mk.tn_grouped_name(rn, mv, groups.size, groups.elem, elems[0]),
+                            mk.tn_kernel_grouped(sup.isa, rn, mv, groups.size, groups.elem, elems[0]))
         return sup.need(mk.tn_name(rn, mv, form), mk.tn_kernel(rn, mv, esz) if pairs else
                         mk.tn_kernel_i8(rn, mv) if quads else mk.tn_kernel_f32(rn, mv, esz))
 
@@ -709,7 +710,8 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     tail_l = {v: kernel(rn_tail, v) for v in lasts} if rn_tail else {}
     m_full = M // mt * mt   # rows in whole blocks
     if panel:
-        cvt = sup.need("pr_i8_bf16_panel", I8_BF16_PANEL) if pairs else sup.need("pr_f16_panel", F16_PANEL)
+        cvt = (sup.need("pr_i8_bf16_panel", I8_BF16_PANEL) if pairs else sup.need("pr_i8_f32_panel", I8_F32_PANEL)
+               if elems[1] == "i8" else sup.need("pr_f16_panel", F16_PANEL))
 
     def keys(fn: str, rn: int, n0: str, nxt: str, g0: str, gn: int, m0: str, mc: str, beta: str,
              fn_l: dict[int, str]) -> None:
@@ -793,6 +795,19 @@ F16_PANEL = """PR_INLINE void pr_f16_panel(const uint16_t* restrict src, long ss
     long k = 0;
     for (; k + 16 <= n; k += 16) _mm512_storeu_ps(dst + r * n + k, pr_v16_f16(src + r * ss + k));
     for (; k < n; k++) dst[r * n + k] = pr_ld_f16(src[r * ss + k]);
+  }
+}
+"""
+
+# a block of int8 keys as a float32 panel (a grouped product's float32 rows: emit_grouped)
+I8_F32_PANEL = """PR_INLINE void pr_i8_f32_panel(const int8_t* restrict src, long ss, float* restrict dst, long rows,
+                                   long n) {
+  for (long r = 0; r < rows; r++) {
+    long k = 0;
+    for (; k + 16 <= n; k += 16)
+      _mm512_storeu_ps(dst + r * n + k, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+          _mm_loadu_si128((const __m128i*)(src + r * ss + k)))));
+    for (; k < n; k++) dst[r * n + k] = (float)src[r * ss + k];
   }
 }
 """
@@ -1055,18 +1070,20 @@ def emit_grouped(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View,
         if full < n_all:
             block(str(full), n_all - full)
 
-    def paired() -> None:
+    def transposed() -> None:
         (f,), (fs,) = factors, fst
         emit_tn(w, nm, sup, M, N, concrete(Gn) * concrete(G), A.ptr, sam, B.ptr, sbn, C.ptr, sc0, scratch,
-                elems=("bf16", "i8"), groups=GroupScales(f.ptr, fs[2], fs[0], concrete(G), f.elem))
+                elems=(A.elem, "i8"), groups=GroupScales(f.ptr, fs[2], fs[0], concrete(G), f.elem))
 
-    # bfloat16 rows against int8 keys with one scale per key and group: the tn form's vdpbf16ps, each group's sum
-    # scaled (mk.tn_kernel_grouped), instead of float32 FMAs on a dequantized block
-    many = paired if (row_free and len(factors) == 1 and (A.elem, B.elem) == ("bf16", "i8")
-                      and mk.nt_dot(sup.isa, ("bf16", "bf16")) and sam % 2 == 0 and sbn % 2 == 0
-                      and not varies(G) and concrete(G) % 2 == 0 and mk.ACC_ROWS % concrete(G) == 0
-                      and not varies(N) and concrete(N) >= mk.TN_GROUPED_SHAPE[0]
-                      and concrete(Gn) * concrete(G) >= TN_MIN_K) else dequantized
+    # int8 keys with one scale per key and group, against bfloat16 rows (the tn form's vdpbf16ps) or float32 rows
+    # (its FMAs, the keys converted into a float32 panel): each group's sum scaled (mk.tn_kernel_grouped), instead of
+    # FMAs on a dequantized block in the nt kernels
+    paired = A.elem == "bf16" and mk.nt_dot(sup.isa, ("bf16", "bf16")) and sam % 2 == 0 and concrete(G) % 2 == 0
+    wide = A.elem == "f32" and sup.isa.name == "avx512"
+    many = transposed if (row_free and len(factors) == 1 and B.elem == "i8" and (paired or wide)
+                          and not varies(G) and mk.ACC_ROWS % concrete(G) == 0
+                          and not varies(N) and concrete(N) >= mk.TN_GROUPED_SHAPE[0]
+                          and concrete(Gn) * concrete(G) >= TN_MIN_K) else dequantized
     if not row_free:
         dots()
     elif varies(M):

@@ -990,10 +990,15 @@ def tn_kernel_f32(rn: int, mv: int, pf_bytes: int = 4) -> str:
     to float32, row k of A's columns at ``Xp[k * ldm + m]``, and Bt float32 keys (a float16 weight's keys
     converted by the caller, a panel at a time; ``pf_bytes``: the element size of the keys it prefetches). The
     summation order of :func:`tn_kernel`."""
-    keys = [f"      {{ const __m512 b = _mm512_set1_ps(Bt[{r} * sb0 + k]);\n"
+    return _tn_text(tn_name(rn, mv, f"f32_pf{pf_bytes}"), "float", rn, mv, 1, pf_bytes, "k * ldm", "__m512",
+                    _tn_f32_keys(rn, mv))
+
+
+def _tn_f32_keys(rn: int, mv: int) -> list[str]:
+    """The float32 tn kernels' step per key: its element broadcast against the mv row vectors."""
+    return [f"      {{ const __m512 b = _mm512_set1_ps(Bt[{r} * sb0 + k]);\n"
             + "\n".join(f"        a{r}_{v} = _mm512_fmadd_ps(b, x{v}, a{r}_{v});" for v in range(mv)) + "\n      }"
             for r in range(rn)]
-    return _tn_text(tn_name(rn, mv, f"f32_pf{pf_bytes}"), "float", rn, mv, 1, pf_bytes, "k * ldm", "__m512", keys)
 
 
 def tn_kernel(rn: int, mv: int, pf_bytes: int = 2) -> str:
@@ -1082,11 +1087,11 @@ def tn_kernel_i8(rn: int, mv: int) -> str:
 TN_GROUPED_SHAPE = (6, 4)
 
 
-def tn_grouped_name(rn: int, mv: int, G: int, fel: str) -> str:
-    return f"pr_tn_avx512_{rn}x{mv}_bf16_dp_g{G}_f{fel}"
+def tn_grouped_name(rn: int, mv: int, G: int, fel: str, rows: str = "bf16") -> str:
+    return f"pr_tn_avx512_{rn}x{mv}_{'bf16_dp' if rows == 'bf16' else 'f32'}_g{G}_f{fel}"
 
 
-def tn_kernel_grouped(isa: ISA, rn: int, mv: int, G: int, fel: str) -> str:
+def tn_kernel_grouped(isa: ISA, rn: int, mv: int, G: int, fel: str, rows: str = "bf16") -> str:
     """The tn kernel of a grouped product (int8 weights with a scale per group of ``G`` values of K on a bfloat16
     model; matmul.emit_grouped): Ct[r * sct + m] (beta) sum_c S[r * ssr + c * ssg] * sum_{k in group c}
     Bt[r * sb0 + k] * A[m, k] for r < rn, m < 16 * mv, over K (a multiple of G, G even) of this call, the groups
@@ -1099,6 +1104,9 @@ def tn_kernel_grouped(isa: ISA, rn: int, mv: int, G: int, fel: str) -> str:
     it. Per group, rn * mv * G / 2 ``vdpbf16ps`` and rn * mv FMAs: 1/16 more instructions than the per-channel
     form at G = 32, where the float32 form (each block of keys dequantized, ``q * s`` exact in float32, then FMAs)
     takes twice the products' instructions."""
+    if rows == "f32":   # float32 rows: the keys converted into a float32 panel, FMAs (tn_kernel_f32's steps)
+        return _tn_text(tn_grouped_name(rn, mv, G, fel, rows), "float", rn, mv, 1, 1, "k * ldm", "__m512",
+                        _tn_f32_keys(rn, mv), scales=(isa, G, fel))
     return _tn_text(tn_grouped_name(rn, mv, G, fel), "uint16_t", rn, mv, 2, 1, "(k >> 1) * ldm", "__m512bh",
                     _tn_pair_keys(rn, mv), scales=(isa, G, fel))
 

@@ -66,9 +66,10 @@ def _reference(v: dict[str, np.ndarray], Gn: int, G: int) -> np.ndarray:
 def test_grouped_products_on_every_isa_against_float64(M: int) -> None:
     """Rows 1-8: grouped dot products (from 4 rows tiles of 8 rows x 2 keys (32 registers) and 4 x 4 over chunks of
     K, the rest one at a time; without vector tiles 8, 4 and 2 rows sharing each dequantized key);
-    40 rows: blocks of keys dequantized into scratch, then the plain product. Groups of 32 (vectors on AVX-512
-    and AVX2) and of 24 (the scalar form on AVX-512, vectors on AVX2); Gn = 37 (chunks and an odd group); float32
-    and float16 scales (float16 from 6e-5 up: its normal range)."""
+    13 and 40 rows: on AVX-512 the tn form, the keys a float32 panel, each group's sum scaled (mk.tn_kernel_grouped)
+    where G divides ACC_ROWS; elsewhere blocks of keys dequantized into scratch, then the plain product. Groups of
+    32 (vectors on AVX-512 and AVX2) and of 24 (the scalar form on AVX-512, vectors on AVX2); Gn = 37 (chunks and an
+    odd group); float32 and float16 scales (float16 from 6e-5 up: its normal range)."""
     rng = np.random.default_rng(M)
     for G, s_dtype in ((32, "float32"), (24, "float32"), (32, "float16")):
         Gn, N = 37, 70
@@ -80,8 +81,9 @@ def test_grouped_products_on_every_isa_against_float64(M: int) -> None:
             src = compile_kernel(g, isa=isa).source
             if M <= 8:
                 assert "pr_gdot_" in src, (isa, G)
-            else:
+            else:   # the tn form's scaled groups on AVX-512 where G divides ACC_ROWS, else dequantized blocks
                 assert "pr_gdot_" not in src, (isa, G)
+                assert (f"_f32_g{G}_f" in src) == (isa == "avx512" and mk.ACC_ROWS % G == 0), (isa, G)
             if M == 8:
                 if G % ISAS[isa].width == 0 and isa != "portable":   # tiles, in chunks of K
                     assert f"_g{G}_4x4_" in src and (f"_g{G}_8x2_" in src) == (ISAS[isa].nregs >= 32), (isa, G)
@@ -230,14 +232,13 @@ def test_a_grouped_product_whose_rows_are_not_contiguous_is_lowered_node_by_node
     assert_close(out, _reference(v, Gn, G), "grouped, rows not contiguous")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_grouped_int8_linear_over_a_dynamic_row_count_is_correct_at_every_count(dtype: str) -> None:
+@pytest.mark.parametrize(("dtype", "k", "n"), [("float32", 128, 80), ("float32", 256, 96), ("bfloat16", 256, 96)])
+def test_a_grouped_int8_linear_over_a_dynamic_row_count_is_correct_at_every_count(dtype: str, k: int, n: int) -> None:
     """Rows symbolic (a prompt's length): one search serves every row count, each tuned, derived or served by a
-    template whose text chooses the grouped dot products or the many-row form at run time (float32: dequantized
-    blocks; bfloat16 with K >= TN_MIN_K: the tn form's vdpbf16ps groups, its last block of rows by its vectors);
-    correct against float64 at counts on both sides of GROUPED_DOT_ROWS, every call by Prism."""
+    template whose text chooses the grouped dot products or the many-row form at run time (K < TN_MIN_K: dequantized
+    blocks; from TN_MIN_K on AVX-512 the tn form's scaled groups, FMAs or vdpbf16ps, its last block of rows by its
+    vectors); correct against float64 at counts on both sides of GROUPED_DOT_ROWS, every call by Prism."""
     torch.manual_seed(2)
-    k, n = (128, 80) if dtype == "float32" else (256, 96)
     lin = nn.Linear(k, n, bias=False)
     m = Int8Linear.from_linear(lin, 32)
     if dtype == "bfloat16":
