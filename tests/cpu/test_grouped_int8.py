@@ -134,6 +134,27 @@ def test_the_grouped_tn_kernel_scales_each_group_once_per_key() -> None:
     assert text.count("_mm512_set1_ps(") == 6 and "S[" in text
 
 
+def test_the_cost_model_runs_bfloat16_grouped_products_over_many_rows_at_the_pair_rate() -> None:
+    """Where the code generator takes the vdpbf16ps groups (bfloat16 rows, more than GROUPED_DOT_ROWS, a machine with
+    vdpbf16ps) the cost model's compute term is PAIR_TN times shorter than on a machine without; at 8 rows (the
+    grouped dot products) and for float32 rows (FMAs) the two machines cost alike."""
+    import dataclasses
+
+    from prism.tune.cost import PAIR_TN, estimate
+    from prism.tune.machine import detect
+    base = detect(False)
+    yes, no = dataclasses.replace(base, pair_dot=True), dataclasses.replace(base, pair_dot=False)
+
+    def compute(M: int, x_dtype: str, m: object) -> float:
+        g = _grouped(M, 512, 64, 32, s_dtype="bfloat16" if x_dtype == "bfloat16" else "float32", x_dtype=x_dtype)
+        return estimate(g, m).ops[-1].compute_s
+
+    ratio = compute(128, "bfloat16", no) / compute(128, "bfloat16", yes)
+    assert ratio == pytest.approx(PAIR_TN, rel=0.25), ratio   # (the dequantization's flops are not paired)
+    assert compute(8, "bfloat16", no) == pytest.approx(compute(8, "bfloat16", yes))
+    assert compute(128, "float32", no) == pytest.approx(compute(128, "float32", yes))
+
+
 def test_a_one_iteration_accumulator_between_product_and_scale_is_the_same_grouped_product() -> None:
     rng = np.random.default_rng(3)
     M, N, Gn, G = 2, 40, 12, 32
