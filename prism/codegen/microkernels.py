@@ -1123,8 +1123,12 @@ def _tn_text(name: str, bt: str, rn: int, mv: int, kstep: int, pf_bytes: int, xr
     inc = "k++" if kstep == 1 else f"k += {kstep}"
     chunk = ACC_CHUNK if scales is None else scales[1]
     extra = "" if scales is None else f", const {ctype(scales[2])}* restrict S, long ssr, long ssg"
-    L = [f"PR_INLINE void {name}(long K, const {bt}* restrict Bt, long sb0, const char* pf, long spf, "
-         f"const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta{extra}) {{",
+    # a grouped kernel is not inlined: a template over a prompt's length calls each of its 8 kernels (keys and
+    # tail keys, by the last block's vectors) from 2-3 places, and gcc took 1.41 s for such a source inlined, 0.86 s
+    # not (each call runs a whole K chunk: the call costs nothing measurable; docs/codegen.md)
+    L = [f"{'PR_INLINE' if scales is None else 'PR_NOINLINE'} void {name}(long K, const {bt}* restrict Bt, long sb0, "
+         f"const char* pf, long spf, const float* restrict Xp, long ldm, float* restrict Ct, long sct, "
+         f"int beta{extra}) {{",
          f"  __m512 g[{rn * mv}];",
          f"  for (long c0 = 0; c0 < K; c0 += {chunk}) {{",
          # (a grouped call's K is a multiple of G: each chunk's trip count a constant)
