@@ -946,6 +946,13 @@ GROUPED_DOT_ROWS = NT_WHOLE_K_ROWS
 GROUPED_BLOCK_BYTES = 256 * 1024
 
 
+def grouped_tn_sizes(rows: str, G: int, K: int) -> bool:
+    """Whether a grouped product of row storage ``rows``, groups of ``G`` and ``K`` values per key has the sizes
+    the tn form's scaled groups take (``emit_grouped``; the cost model's rate, tune.cost._grouped_paired): whole
+    groups in each ACC_ROWS call, k pairs for bfloat16 rows, K of at least TN_MIN_K."""
+    return mk.ACC_ROWS % G == 0 and (rows != "bf16" or G % 2 == 0) and K >= TN_MIN_K
+
+
 def grouped_block_keys(K: int, N: int) -> int:
     """Keys per dequantized block of a grouped product over ``N`` keys of ``K`` values (``emit_grouped``)."""
     return min(N, max(16, GROUPED_BLOCK_BYTES // (4 * K) // 16 * 16))
@@ -1078,12 +1085,11 @@ def emit_grouped(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View,
     # int8 keys with one scale per key and group, against bfloat16 rows (the tn form's vdpbf16ps) or float32 rows
     # (its FMAs, the keys converted into a float32 panel): each group's sum scaled (mk.tn_kernel_grouped), instead of
     # FMAs on a dequantized block in the nt kernels
-    paired = A.elem == "bf16" and mk.nt_dot(sup.isa, ("bf16", "bf16")) and sam % 2 == 0 and concrete(G) % 2 == 0
+    paired = A.elem == "bf16" and mk.nt_dot(sup.isa, ("bf16", "bf16")) and sam % 2 == 0
     wide = A.elem == "f32" and sup.isa.name == "avx512"
     many = transposed if (row_free and len(factors) == 1 and B.elem == "i8" and (paired or wide)
-                          and not varies(G) and mk.ACC_ROWS % concrete(G) == 0
-                          and not varies(N) and concrete(N) >= mk.TN_GROUPED_SHAPE[0]
-                          and concrete(Gn) * concrete(G) >= TN_MIN_K) else dequantized
+                          and not varies(G) and not varies(N) and concrete(N) >= mk.TN_GROUPED_SHAPE[0]
+                          and grouped_tn_sizes(A.elem, concrete(G), concrete(Gn) * concrete(G))) else dequantized
     if not row_free:
         dots()
     elif varies(M):

@@ -1145,7 +1145,7 @@ def _tn_text(name: str, bt: str, rn: int, mv: int, kstep: int, pf_bytes: int, xr
         isa, G, fel = scales
         L.append(f"    const long c = c0 / {G};")
         L.extend(f"    const __m512 s{r} = _mm512_set1_ps("
-                 + _gdot_factor(isa, (fel,), f"{r} * ssr + c * ssg").replace("f0[", "S[") + ");" for r in range(rn))
+                 + _gdot_factor(isa, (fel,), f"{r} * ssr + c * ssg", "S") + ");" for r in range(rn))
         first, later = "_mm512_mul_ps(a{r}_{v}, s{r})", "_mm512_fmadd_ps(a{r}_{v}, s{r}, g[{i}])"
     L.append("    if (c0 == 0) {")
     L.extend(f"      g[{i}] = " + first.format(r=r, v=v, i=i) + ";" for i, (r, v) in enumerate(cells))
@@ -1194,11 +1194,12 @@ GDOT_TILE = (4, 4)   # rows x keys of the grouped tile kernel (matmul.emit_group
 GDOT_TILE8 = (8, 2)
 
 
-def _gdot_factor(isa: ISA, fel: tuple[str, ...], at: str) -> str:
-    """The product of the factors ``f<i>[at]`` as a float: a float16 one by vcvtph2ps where there are vectors
-    (``pr_ld1_f16``; pr_ld_f16's bit operations per group took a GEMV of [5632, 2048] from 134 to 187 us)."""
-    return " * ".join((f"pr_ld1_f16(f{i}[{at.format(i=i)}])" if e == "f16" and isa.vector
-                       else ld(e, f"f{i}[{at.format(i=i)}]")) for i, e in enumerate(fel))
+def _gdot_factor(isa: ISA, fel: tuple[str, ...], at: str, array: str = "f{i}") -> str:
+    """The product of the factors ``f<i>[at]`` (``array``: their names) as a float: a float16 one by vcvtph2ps where
+    there are vectors (``pr_ld1_f16``; pr_ld_f16's bit operations per group took a GEMV of [5632, 2048] from 134 to
+    187 us)."""
+    return " * ".join((f"pr_ld1_f16({array.format(i=i)}[{at.format(i=i)}])" if e == "f16" and isa.vector
+                       else ld(e, f"{array.format(i=i)}[{at.format(i=i)}]")) for i, e in enumerate(fel))
 
 
 def gdot_tile_name(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...],

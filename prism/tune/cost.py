@@ -42,8 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from prism.codegen.block import grouped_products
-from prism.codegen.matmul import GROUPED_BLOCK_BYTES, GROUPED_DOT_ROWS, TN_MIN_K, tn_min_rows
-from prism.codegen.microkernels import ACC_ROWS
+from prism.codegen.matmul import GROUPED_BLOCK_BYTES, GROUPED_DOT_ROWS, TN_MIN_K, grouped_tn_sizes, tn_min_rows
 from prism.codegen.tiles import elem_of
 from prism.ir import dims as D
 from prism.ir.block import BlockGraph
@@ -303,7 +302,7 @@ def _grouped_cost(found: list[tuple[Node, list[Node], list[Node]]], fused: set[N
 def _grouped_paired(found: list[tuple[Node, list[Node], list[Node]]], S: Dims, m: Machine) -> set[Node]:
     """The grouped products ``emit_grouped`` runs in the tn form's ``vdpbf16ps`` groups (mk.tn_kernel_grouped):
     bfloat16 rows against int8 keys, more than GROUPED_DOT_ROWS rows, one factor that does not vary with the row,
-    K of at least TN_MIN_K, an even group size dividing ACC_ROWS, on a machine with ``vdpbf16ps``: PAIR_TN.
+    the sizes it takes (``grouped_tn_sizes``), on a machine with ``vdpbf16ps``: PAIR_TN.
     Measured (Zen 5 VM, 2 threads, bfloat16 [128, 2048] x int8 [5632, 2048]^T, groups of 32, through
     prism.optimize): 7.64 ms on float32 FMAs against dequantized blocks, 3.96 ms so (the per-channel form's tn
     3.61, the bfloat16 weight's 3.21). (float32 rows take the tn form's FMAs: rate 1, as before.)"""
@@ -315,7 +314,7 @@ def _grouped_paired(found: list[tuple[Node, list[Node], list[Node]]], S: Dims, m
         a, b = mm.src
         g = S.dim(a.shape[-1])
         if (str(a.dtype), str(b.dtype)) == ("bfloat16", "int8") and rows > GROUPED_DOT_ROWS and len(factors) == 1 \
-                and S(factors[0].shape)[1] == 1 and gn * g >= TN_MIN_K and ACC_ROWS % g == 0 and g % 2 == 0:
+                and S(factors[0].shape)[1] == 1 and grouped_tn_sizes("bf16", g, gn * g):
             out.add(mm)
     return out
 

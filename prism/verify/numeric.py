@@ -755,13 +755,11 @@ def _joint_degrees(reference: Graph, changed: Sequence[str], degrees: dict[str, 
         t = reference.inputs[name].dtype
         if t is not None and t.kind == "int":
             continue
-        if t is not None and t.low_precision and not np.array_equal(x[name], base[name] * c):
-            return None
         if name not in degrees:
             degrees[name] = scale_degrees(reference, name)
         d = degrees[name]
-        if d is None:
-            return None
+        if d is None or (t is not None and t.low_precision and not np.array_equal(x[name], base[name] * c)):
+            return None   # (the O(n) comparison only where the degrees would be used)
         for o in total:
             total[o] += d[o]
     return total
