@@ -10,6 +10,7 @@ import pytest
 
 import prism
 import prism.reference.kernel as RK
+from prism.reference.numpy_ops import apply
 
 pytestmark = pytest.mark.unit
 
@@ -53,6 +54,26 @@ def test_the_rewrite_equals_the_operators_as_written(a_shape: tuple, b_shape: tu
     want = _as_written(x, axis)
     assert got.shape == want.shape
     assert np.max(np.abs(got - want)) <= 1e-13 * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("a_shape,b_shape,s_shape,axis", CASES)
+@pytest.mark.parametrize("cols", [1, 3])
+def test_the_scaled_columns_made_a_chunk_at_a_time_give_the_same_value(
+        monkeypatch: pytest.MonkeyPatch, a_shape: tuple, b_shape: tuple, s_shape: tuple, axis: int, cols: int) -> None:
+    # SCALED_CHUNK elements of B * S at a time (the LM head's weight is never scaled whole): a column at a time
+    # and a few columns at a time equal the whole product
+    g = _graph(a_shape, b_shape, s_shape, axis)
+    x = _inputs(g)
+    whole = g.evaluate(x, dtype=np.float64)["y"]
+    per_col = int(np.prod(np.broadcast_shapes(b_shape, s_shape))) // b_shape[-1]
+    monkeypatch.setattr(RK, "SCALED_CHUNK", cols * per_col)
+    calls = []
+    monkeypatch.setattr(RK, "apply", lambda op, xs, arg: calls.append(op) or apply(op, xs, arg))
+    got = g.evaluate(x, dtype=np.float64)["y"]
+    assert calls.count("matmul") == -(-b_shape[-1] // cols)   # one product per chunk of columns
+    assert got.shape == whole.shape
+    assert np.max(np.abs(got - whole)) <= 1e-13 * np.max(np.abs(whole))
+    assert np.max(np.abs(got - _as_written(x, axis))) <= 1e-13 * np.max(np.abs(whole))
 
 
 def test_not_applied_where_the_value_would_differ_or_is_used_elsewhere() -> None:
