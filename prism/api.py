@@ -34,10 +34,11 @@ from prism.ir.serialize import graph_from_json, graph_to_json
 from prism.runtime import cache, store
 from prism.runtime.kernel import Kernel
 from prism.runtime.kernel import compile as compile_graph
+from prism.tune import ahead
 from prism.tune.contention import contended
 from prism.tune.machine import Machine, detect
 from prism.tune.stats import STATS
-from prism.tune.tuner import TOP_K, TUNE_VERSION, Row, Tuned, TuneResult, candidate_key, tune
+from prism.tune.tuner import TOP_K, TUNE_VERSION, Plan, Row, Tuned, TuneResult, candidate_key, plan, tune
 from prism.verify.numeric import forget_normal_reference
 
 LOG = logging.getLogger("prism")
@@ -393,6 +394,7 @@ class SuperKernel:
         self._pending_octaves: set[tuple] = set()   # octaves of far shapes recorded pending (_mark_pending)
         self._graphs_json: dict[str, Any] | None = None   # the program and sGraphs as a record holds them
         self._symbols: frozenset[str] | None = None   # the program's symbolic dims (symbols)
+        self._planned: dict[tuple, Plan] = {}   # shapes planned ahead -> their tuning's plan (compile_ahead)
 
     @property
     def stop_reason(self) -> str:
@@ -461,9 +463,46 @@ class SuperKernel:
             with shared_draws():
                 spec = self._build(dict(dims))
                 self._specs[key] = spec
+                self._planned.pop(key, None)
                 if spec.derived_from is None and dims:
                     self._prebuild(dict(dims), spec)
             return spec
+
+    def compile_ahead(self, dims: Mapping[str, int]) -> int:
+        """Plan the tuning that the first ``specialize(**dims)`` will run (:func:`prism.tune.tuner.plan`) and submit
+        its candidates to the background compiler (:mod:`prism.tune.ahead`), which compiles them while the caller
+        goes on (the frontend: searching the graph's next pieces). Returns how many compiles were submitted: none
+        where that call will not tune -- the shape is held, a tuning of it is on disk, or it derives from a tuning
+        (``_nearest_anchor``) -- or with ``PRISM_AHEAD=0``. Nothing is measured here, and the kernels are still
+        checked and timed by the tuning that takes them."""
+        env = {k: int(v) for k, v in dims.items()}
+        if not ahead.enabled() or set(env) != self.symbols():
+            return 0
+        key = tuple(sorted(env.items()))
+        with self._lock:
+            if key in self._specs or key in self._planned:
+                return 0
+            path, material = self._cache_path(env)
+            if store.load(path, "tuning").payload is not None:
+                return 0
+            if self.options.derive and self._nearest_anchor(env, material) is not None:
+                return 0
+            top_k = self._top_k(time.perf_counter())
+            try:
+                planned = plan([i.graph for i in self.implementations], self.program, env, self.machine,
+                               top_k=top_k)
+            except PrismError:
+                return 0   # the tuning raises it, with its message
+            self._planned[key] = planned
+        return ahead.submit([x.graph for x in planned.chosen])
+
+    def _top_k(self, now: float) -> int:
+        """Candidates a tuning measures: the option's, or BUDGET_TOP_K for the first shape once the superoptimize
+        call's time limit is spent."""
+        top_k, deadline = self.options.top_k, self.options.deadline
+        if deadline is not None and not self._specs and deadline - now <= 0 and top_k > BUDGET_TOP_K:
+            return BUDGET_TOP_K
+        return top_k
 
     def has_spec(self, dims: Mapping[str, int]) -> bool:
         """Whether the shape of ``dims`` has its specialization already (``specialize`` returns it at once)."""
@@ -700,11 +739,9 @@ class SuperKernel:
         return env, dataclasses.replace(res, rows=rows, winner=winner,
                                         sgraph_keys=[i.graph.key for i in self.implementations])
 
-    def _derive(self, env: dict[str, int], material: dict[str, Any]) -> Specialization | None:
-        """The winner of the nearest tuned shape within a factor of 2 in every dim, compiled at ``env`` and
-        numerically checked there (never unverified); None when there is none or it fails (then ``env``
-        is tuned). Saves the tuning's compiles and measurements (decode attention: 1.9 s per KV length,
-        of which 1.5 s compiling 6 candidates); the choice is the neighbour's, not measured at ``env``."""
+    def _nearest_anchor(self, env: dict[str, int], material: dict[str, Any]
+                        ) -> tuple[dict[str, int], TuneResult, bool] | None:
+        """The tuning :meth:`_derive` derives ``env`` from (its shape, the tuning, whether it is far), if any."""
         best: tuple[float, dict[str, int], TuneResult, bool] | None = None
         far_ok = os.environ.get("PRISM_DERIVE_FAR", "1").strip() != "0"
         anchors = [(aenv, res, False) for aenv, res in self._anchors(material)]
@@ -721,9 +758,17 @@ class SuperKernel:
             dist = sum(abs(math.log(r)) for r in ratios)
             if best is None or dist < best[0]:
                 best = (dist, aenv, res, far)
+        return None if best is None else best[1:]
+
+    def _derive(self, env: dict[str, int], material: dict[str, Any]) -> Specialization | None:
+        """The winner of the nearest tuned shape within a factor of 2 in every dim, compiled at ``env`` and
+        numerically checked there (never unverified); None when there is none or it fails (then ``env``
+        is tuned). Saves the tuning's compiles and measurements (decode attention: 1.9 s per KV length,
+        of which 1.5 s compiling 6 candidates); the choice is the neighbour's, not measured at ``env``."""
+        best = self._nearest_anchor(env, material)
         if best is None:
             return None
-        _, anchor, res, far = best
+        anchor, res, far = best
         spec = self._derived(env, anchor, res)
         if spec is None:
             return None
@@ -1080,7 +1125,7 @@ class SuperKernel:
             left = deadline - t0
             if budget is None:
                 budget = max(0.5, left)
-            if left <= 0 and top_k > BUDGET_TOP_K:
+            if self._top_k(t0) != top_k:
                 LOG.warning("prism: the time_limit of %g s is spent: tuning %r at %s with %d candidates instead of %d",
                             self.options.time_limit, self.program.name, shape, BUDGET_TOP_K, top_k)
                 top_k = BUDGET_TOP_K
@@ -1090,7 +1135,8 @@ class SuperKernel:
             while True:
                 with _status(console, self.options.verbose, f"tuning at {shape}") as update:
                     tuned = tune([i.graph for i in self.implementations], self.program, env, self.machine,
-                                 top_k=top_k, budget_s=budget, progress=update, skip=tried)
+                                 top_k=top_k, budget_s=budget, progress=update, skip=tried,
+                                 planned=None if tried else self._planned.pop(tuple(sorted(env.items())), None))
                 t1 = time.perf_counter()
                 try:
                     spec = self._pick(env, tuned)

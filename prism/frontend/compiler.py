@@ -37,6 +37,7 @@ from prism.frontend.runtime import InputSpec, PieceRunner
 from prism.frontend.symbolic import symbol_env, to_shape
 from prism.ir import dims as D
 from prism.ir.graph import Graph
+from prism.tune import ahead
 from prism.tune.tuner import TOP_K
 
 log = logging.getLogger("prism")
@@ -353,6 +354,36 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
     for a in report.assumptions:
         log.info("prism: graph %d assumes %s", report.index, a)
     report.layout = len(cap.layout_units)
+    ahead.forget()   # compiled ahead for an earlier graph and not taken by its tunings
+    try:
+        _search_pieces(gm, cap, report, opts)
+    finally:
+        # nothing compiles in the background once the graph is returned: its first call's tunings time kernels
+        ahead.drain()
+    _drop_identity_casts(gm.graph)
+    _drop_identity_slices(gm.graph)
+    _share_repeated_views(gm.graph)
+    _collapse_layout_chains(gm.graph)
+    _absorb_output_reshapes(gm)
+    gm.graph.eliminate_dead_code(is_impure_node=_kept)
+    if opts.chains:
+        report.chains = form_chains(gm, f"prism_chain_{report.index}")
+    gm.graph.lint()
+    gm.recompile()
+    log.info("prism: %s", report.summary())
+    return gm, report
+
+
+# Unused results the rewritten graph need not compute: Dynamo's graphs keep size arithmetic whose values no
+# operator reads (``torch.sym_sum([1, s40])`` after a cache update, ``keys.numel()``): ~50 µs of a decode
+# step of a 4-layer Llama (7 such calls, each a Python call in the graph's code). Only these are removed:
+# FX counts every method call as pure, in-place ones (``add_``, ``copy_``) included.
+_DEAD_IF_UNUSED = frozenset(("sym_sum", "sym_size", "sym_numel", "sym_stride"))
+_DEAD_METHODS_IF_UNUSED = frozenset(("numel", "size", "dim", "stride"))
+
+
+def _search_pieces(gm: Any, cap: Captured, report: GraphReport, opts: Options) -> None:
+    """Search every piece of the capture and put the ones with a kernel into ``gm`` (compile_graph)."""
     pieces = plan_pieces(cap, opts.budget)
     built = [b for k, piece in enumerate(pieces)
              if (b := _build(cap, report, k, piece, joins=opts.chains)) is not None]
@@ -399,6 +430,8 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
                 opts.progress("failed", done, total, pr.label)
             continue
         pr.status, pr.reason = "prism", ""
+        # its first call's tuning compiled on the other core while the next pieces are searched (tune.ahead)
+        kernel.compile_ahead({k: v for k, v in prog.example.items() if k in kernel.symbols()})
         runner = PieceRunner(f"{pr.index} ({pr.label})", kernel, list(prog.specs), fallback, prog.out_slots,
                              huge_pages=opts.huge_pages)
         pr.runner = runner
@@ -406,26 +439,6 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
         _replace(gm, prog, runner, f"prism_piece_{report.index}_{pr.index}", replaced, order)
         if opts.progress:
             opts.progress("done", done, total, pr.label)
-    _drop_identity_casts(gm.graph)
-    _drop_identity_slices(gm.graph)
-    _share_repeated_views(gm.graph)
-    _collapse_layout_chains(gm.graph)
-    _absorb_output_reshapes(gm)
-    gm.graph.eliminate_dead_code(is_impure_node=_kept)
-    if opts.chains:
-        report.chains = form_chains(gm, f"prism_chain_{report.index}")
-    gm.graph.lint()
-    gm.recompile()
-    log.info("prism: %s", report.summary())
-    return gm, report
-
-
-# Unused results the rewritten graph need not compute: Dynamo's graphs keep size arithmetic whose values no
-# operator reads (``torch.sym_sum([1, s40])`` after a cache update, ``keys.numel()``): ~50 µs of a decode
-# step of a 4-layer Llama (7 such calls, each a Python call in the graph's code). Only these are removed:
-# FX counts every method call as pure, in-place ones (``add_``, ``copy_``) included.
-_DEAD_IF_UNUSED = frozenset(("sym_sum", "sym_size", "sym_numel", "sym_stride"))
-_DEAD_METHODS_IF_UNUSED = frozenset(("numel", "size", "dim", "stride"))
 
 
 def _identity_cast_input(node: Any) -> Any:

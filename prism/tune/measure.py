@@ -24,6 +24,7 @@ import numpy as np
 from prism.ir.graph import Graph
 from prism.runtime.kernel import Kernel, _aligned_empty
 from prism.runtime.kernel import compile as compile_graph
+from prism.tune import ahead
 from prism.verify.numeric import reduction_length, rounding_allowance, to_dtype, tolerance
 
 # Samples per candidate after which a measurement may stop early (see time_interleaved). Not a measured
@@ -67,10 +68,15 @@ def compile_all(graphs: Sequence[Graph], workers: int) -> list[Kernel | BaseExce
             return compile_graph(g)
         except Exception as e:  # any failure disqualifies this candidate only
             return e
-    if workers <= 1 or len(graphs) <= 1:
-        return [one(g) for g in graphs]
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prism-tune-cc") as pool:
-        return list(pool.map(one, graphs))
+    early = [ahead.take(g) for g in graphs]   # compiled (or compiling) ahead: SuperKernel.compile_ahead
+    rest = [g for g, f in zip(graphs, early) if f is None]
+    if workers <= 1 or len(rest) <= 1:
+        done = [one(g) for g in rest]
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prism-tune-cc") as pool:
+            done = list(pool.map(one, rest))
+    it = iter(done)
+    return [f.result() if f is not None else next(it) for f in early]
 
 
 def typed_inputs(program: Graph, draw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

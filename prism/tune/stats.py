@@ -26,6 +26,8 @@ class TuneStats:
     machine_measurements: int = 0  # triad/peak measurements (once per machine fingerprint)
     compiles: int = 0            # candidate kernels compiled by the tuner
     compile_failures: int = 0
+    compiled_ahead: int = 0      # candidates submitted to the background compiler (tune.ahead) after their search
+    ahead_taken: int = 0         # ... of them, taken compiled (or compiling) by their tuning
     measured: int = 0            # candidate kernels timed
     wrong_results: int = 0       # candidates whose output did not match the reference
     final_checks: int = 0        # numeric checks of a winner's compiled kernel

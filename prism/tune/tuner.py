@@ -266,16 +266,33 @@ class Tuned:
     reference: dict[str, np.ndarray] = field(default_factory=dict)  # the float64 reference's outputs on draw
 
 
-def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Machine, *, top_k: int = TOP_K,
-         workers: int | None = None, budget_s: float | None = None, seed: int = 0,
-         progress: Progress | None = None, measure_s: float = 0.4,
-         skip: Collection[tuple] = ()) -> Tuned:
-    """Tune ``sgraphs`` (verified implementations of ``program``) at batch dims ``env`` on machine ``m``.
-    ``skip``: candidates (:func:`candidate_key`) already tried; the others are selected."""
+@dataclass
+class Plan:
+    """What a tuning compiles, decided before any compile (:func:`plan`): each sGraph's instantiations at ``env``,
+    the pool of candidates and the ``chosen`` ones (:func:`select`, each built by the IR). :func:`tune` takes one
+    made ahead (``SuperKernel.compile_ahead``: the candidates compiled while the search of other pieces runs)
+    where its ``key`` is the tuning's own."""
+
+    key: tuple
+    insts: list[Instantiation]
+    pool: list[Instance]
+    chosen: list[Instance]
+    seconds: float   # instantiating
+
+
+def plan_key(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Machine, top_k: int,
+             skip: Collection[tuple] = ()) -> tuple:
+    return (program.key, tuple(g.key for g in sgraphs), tuple(sorted((k, int(v)) for k, v in env.items())),
+            m.fingerprint, m.threads, m.isa, top_k, tuple(sorted(skip)))
+
+
+def plan(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Machine, *, top_k: int = TOP_K,
+         skip: Collection[tuple] = ()) -> Plan:
+    """The candidates :func:`tune` compiles and measures at ``env`` (the others of the pool are not measured);
+    raises :class:`NoInstanceError` where no sGraph instantiates."""
     if top_k < 1:
         raise PrismError(f"top_k must be >= 1, got {top_k}")
     t0 = time.perf_counter()
-    deadline = t0 + budget_s if budget_s else math.inf
     env = {k: int(v) for k, v in env.items()}
     missing = sorted(program.symbols() - set(env))
     if missing:
@@ -283,15 +300,12 @@ def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Ma
     expected = expected_shapes(program, env)
     insts: list[Instantiation] = [instantiate(g, env, m, i, expected) for i, g in enumerate(sgraphs)]
     pool = [x for r in insts for x in r.kept if candidate_key(x.sgraph, x.params) not in skip]
-    seconds = {"instantiate": time.perf_counter() - t0}
-    per = [{"sgraph": r.sgraph, "kept": len(r.kept), "dropped": len(r.dropped), "relaxed": r.relaxed,
-            "invalid": r.invalid, "failure": r.failure, "values": r.values} for r in insts]
     if not pool:
         raise NoInstanceError(_no_instance_message(sgraphs, insts, env, m))
-    STATS.tunings += 1
+    k = top_k
     if min(x.estimate.seconds for x in pool) < TINY_S:
-        top_k = min(top_k, TINY_TOP_K)
-    chosen = select(pool, top_k)
+        k = min(k, TINY_TOP_K)
+    chosen = select(pool, k)
     while True:  # the IR builds the chosen ones; one it rejects is replaced by the next in the ranking
         bad = [x for x in chosen if not _builds(x)]
         if not bad:
@@ -300,7 +314,27 @@ def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Ma
         if not pool:
             raise NoInstanceError(f"no instantiation of the sGraphs builds at {env}: {bad[0].label} and others "
                                   "were rejected by the IR")
-        chosen = select(pool, top_k)
+        chosen = select(pool, k)
+    return Plan(plan_key(sgraphs, program, env, m, top_k, skip), insts, pool, chosen, time.perf_counter() - t0)
+
+
+def tune(sgraphs: Sequence[Graph], program: Graph, env: Mapping[str, int], m: Machine, *, top_k: int = TOP_K,
+         workers: int | None = None, budget_s: float | None = None, seed: int = 0,
+         progress: Progress | None = None, measure_s: float = 0.4,
+         skip: Collection[tuple] = (), planned: Plan | None = None) -> Tuned:
+    """Tune ``sgraphs`` (verified implementations of ``program``) at batch dims ``env`` on machine ``m``.
+    ``skip``: candidates (:func:`candidate_key`) already tried; the others are selected. ``planned``: a
+    :func:`plan` made before (used where its key is this tuning's)."""
+    t0 = time.perf_counter()
+    deadline = t0 + budget_s if budget_s else math.inf
+    env = {k: int(v) for k, v in env.items()}
+    if planned is None or planned.key != plan_key(sgraphs, program, env, m, top_k, skip):
+        planned = plan(sgraphs, program, env, m, top_k=top_k, skip=skip)
+    insts, pool, chosen = planned.insts, planned.pool, planned.chosen
+    seconds = {"instantiate": planned.seconds}
+    per = [{"sgraph": r.sgraph, "kept": len(r.kept), "dropped": len(r.dropped), "relaxed": r.relaxed,
+            "invalid": r.invalid, "failure": r.failure, "values": r.values} for r in insts]
+    STATS.tunings += 1
     rank = {id(x): i for i, x in enumerate(sorted(pool, key=lambda i: i.estimate.seconds))}
     rows = [Row(x.sgraph, dict(x.params), x.estimate.seconds, rank[id(x)]) for x in chosen]
     if progress:

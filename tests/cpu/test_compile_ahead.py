@@ -1,0 +1,134 @@
+"""Compiling tuning candidates ahead (prism/tune/ahead.py, ``SuperKernel.compile_ahead``): the frontend plans each
+piece's first tuning right after its search and compiles the candidates on a background thread; the tuning takes
+them instead of compiling, the result is the same, and nothing compiles in the background once the graph is
+returned (its tunings time kernels)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import prism
+from prism.tune import STATS, ahead, detect, reset_stats
+from prism.tune.tuner import plan, tune
+from prism.workloads import WORKLOADS
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.cpu
+
+SHAPE = {"n": 8, "d": 256, "m": 512}
+
+
+def _small(n: int, seed: int) -> prism.Graph:
+    g = prism.Graph(f"ahead{seed}")
+    a, b = g.input("a", (n, 16)), g.input("b", (16, 24))
+    g.output(g.add(g.matmul(a, b), g.input("c", (n, 24))), "y")
+    return g
+
+
+def test_submitted_compiles_are_taken_once_and_queued_ones_are_the_callers(monkeypatch: pytest.MonkeyPatch) -> None:
+    g1, g2 = _small(3, 1), _small(5, 2)
+    assert ahead.submit([g1, g2, g1]) == 2   # a candidate submitted twice is compiled once
+    ahead.drain()
+    assert ahead.pending() == 0
+    f = ahead.take(g1)
+    assert f is not None and f.done()
+    k = f.result()
+    x = {"a": np.ones((3, 16), np.float32), "b": np.full((16, 24), 2, np.float32), "c": np.ones((3, 24), np.float32)}
+    np.testing.assert_array_equal(k(**x), np.full((3, 24), 33, np.float32))
+    assert ahead.take(g1) is None   # taken
+    ahead.forget()
+    assert ahead.take(g2) is None   # done and never taken: dropped
+    # a job not started yet is the caller's: take() removes it from the queue
+    monkeypatch.setattr(ahead, "_WORKER", [object()])   # no background thread starts
+    g3 = _small(4, 3)
+    assert ahead.submit([g3]) == 1 and ahead.pending() == 1
+    assert ahead.take(g3) is None and ahead.pending() == 0
+    ahead.drain()   # nothing left
+
+
+def test_a_failed_compile_is_the_candidates_result() -> None:
+    g = _small(2, 4)
+    import prism.tune.ahead as A
+    orig = A.compile_graph
+    try:
+        A.compile_graph = lambda graph: (_ for _ in ()).throw(RuntimeError("no compiler"))
+        ahead.submit([g])
+        ahead.drain()
+    finally:
+        A.compile_graph = orig
+    f = ahead.take(g)
+    assert f is not None and isinstance(f.result(), RuntimeError)
+
+
+def test_a_tuning_uses_the_plan_made_ahead_only_where_it_is_its_own() -> None:
+    w = WORKLOADS["W1"]
+    hand, prog = w.hand_written(SHAPE), w.program(SHAPE)
+    m = detect(measure=False)
+    env = {"n": 8}
+    p2 = plan([hand], prog, env, m, top_k=2)
+    assert len(p2.chosen) == 2
+    ahead.submit([x.graph for x in p2.chosen])
+    ahead.drain()
+    reset_stats()
+    r = tune([hand], prog, env, m, top_k=2, measure_s=0.05, planned=p2).result
+    assert STATS.ahead_taken == 2 and len(r.rows) == 2
+    assert [(row.sgraph, row.params) for row in r.rows] == [(x.sgraph, dict(x.params)) for x in p2.chosen]
+    # another top_k: the plan is not this tuning's; it plans again and compiles what it chose
+    reset_stats()
+    r3 = tune([hand], prog, env, m, top_k=3, measure_s=0.05, planned=p2).result
+    assert len(r3.rows) == 3 and STATS.ahead_taken == 0
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(7)
+        self.a, self.b = torch.nn.Linear(48, 80), torch.nn.Linear(80, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.b(torch.relu(self.a(x)))
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, tmp: Any, on: bool) -> dict[str, int]:
+    from prism.frontend import clear_reports
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp))   # nothing tuned before: every piece is tuned at its first call
+    monkeypatch.setenv("PRISM_AHEAD", "1" if on else "0")
+    torch._dynamo.reset()
+    clear_reports()
+    net = _Net()
+    c = torch.compile(net, backend="prism", options={"top_k": 3, "time_limit": 60.0, "measure_machine": False})
+    x = torch.randn(6, 48, generator=torch.Generator().manual_seed(1))
+    reset_stats()
+    seen: list[int] = []
+    orig = ahead.drain
+
+    def drain() -> None:
+        orig()
+        seen.append(ahead.pending())
+    monkeypatch.setattr(ahead, "drain", drain)
+    with torch.no_grad():
+        y = c(x)
+        ref = net(x)
+    stats = {"ahead": STATS.compiled_ahead, "taken": STATS.ahead_taken, "compiles": STATS.compiles,
+             "tunings": STATS.tunings}
+    assert seen and all(p == 0 for p in seen)   # the graph was returned with nothing compiling
+    err = float((y.double() - ref.double()).abs().max()) / float(ref.double().abs().max())
+    assert err <= 1e-4, err
+    torch._dynamo.reset()
+    return stats
+
+
+def test_the_frontend_compiles_the_first_tunings_ahead(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Any) -> None:
+    on = _run(monkeypatch, tmp_path / "on", True)
+    assert on["tunings"] >= 1 and on["ahead"] >= on["tunings"]
+    assert on["taken"] == on["ahead"] == on["compiles"]   # every candidate compiled ahead, each taken by its tuning
+    off = _run(monkeypatch, tmp_path / "off", False)
+    assert off["ahead"] == off["taken"] == 0 and off["tunings"] == on["tunings"]
+    # a warm cache: the tunings are on disk, so nothing is planned or compiled ahead
+    warm = _run(monkeypatch, tmp_path / "on", True)
+    assert warm["tunings"] == 0 and warm["ahead"] == 0
