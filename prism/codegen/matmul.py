@@ -657,6 +657,11 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     ``groups.size`` products per lane summed from zero and multiplied by its key's scale (mk.tn_kernel_grouped).
     Measured: docs/codegen.md, "tn"."""
     RN, MV = mk.tn_shape(elems[1], elems[0]) if groups is None else mk.TN_GROUPED_SHAPE
+    # float32 rows and scales of at most 16 significant bits (float16, bfloat16): q * s is exact in float32, so the
+    # panel holds the dequantized keys and the plain float32 kernel runs over them (no per-group sums: 1 FMA and a
+    # setzero per accumulator and group fewer). The grouped sum reassociated, as every float32 product is.
+    scaled = (groups is not None and elems[0] == "f32" and groups.elem in ("f16", "bf16") and groups.size % 16 == 0
+              and os.environ.get("PRISM_TN_SCALED_PANEL", "").strip() != "0")
     if groups is not None:
         assert elems in (("bf16", "i8"), ("f32", "i8")) and mk.ACC_ROWS % groups.size == 0
         assert elems[0] == "f32" or groups.size % 2 == 0
@@ -684,7 +689,7 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     form = ("bf16_dp" if esz == 2 else f"bf16_dp_pf{esz}") if pairs else "i8_dp" if quads else f"f32_pf{esz}"
 
     def kernel(rn: int, mv: int = MV) -> str:
-        if groups is not None:
+        if groups is not None and not scaled:
             return sup.need(mk.tn_grouped_name(rn, mv, groups.size, groups.elem, elems[0]),
                             mk.tn_kernel_grouped(sup.isa, rn, mv, groups.size, groups.elem, elems[0]))
         return sup.need(mk.tn_name(rn, mv, form), mk.tn_kernel(rn, mv, esz) if pairs else
@@ -710,8 +715,10 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     tail_l = {v: kernel(rn_tail, v) for v in lasts} if rn_tail else {}
     m_full = M // mt * mt   # rows in whole blocks
     if panel:
-        cvt = (sup.need("pr_i8_bf16_panel", I8_BF16_PANEL) if pairs else sup.need("pr_i8_f32_panel", I8_F32_PANEL)
-               if elems[1] == "i8" else sup.need("pr_f16_panel", F16_PANEL))
+        cvt = (sup.need("pr_i8_bf16_panel", I8_BF16_PANEL) if pairs else
+               sup.need(i8_f32_scaled_panel_name(groups.size, groups.elem),
+                        i8_f32_scaled_panel(sup.isa, groups.size, groups.elem)) if scaled and groups else
+               sup.need("pr_i8_f32_panel", I8_F32_PANEL) if elems[1] == "i8" else sup.need("pr_f16_panel", F16_PANEL))
 
     def keys(fn: str, rn: int, n0: str, nxt: str, g0: str, gn: int, m0: str, mc: str, beta: str,
              fn_l: dict[int, str]) -> None:
@@ -720,15 +727,16 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         rows that fills v of ``fn``'s vectors."""
         src = f"{bt} + {n0} * {sbt} + {g0}"
         pf = f"(const char*)({bt} + {nxt} * {sbt} + {g0})"
-        if panel:   # the block's keys as float32 or bfloat16 (rn rows of gn, row stride gn)
-            w.line(f"{cvt}({src}, {sbt}, {bf}, {rn}, {gn});")
-            src, sb = bf, gn
-        else:
-            sb = sbt
-
         scales = "" if groups is None else (
             f", {groups.ptr} + {n0} * {groups.per_key} + ({g0}) / {groups.size} * {groups.per_group}, "
             f"{groups.per_key}, {groups.per_group}")
+        if panel:   # the block's keys as float32 or bfloat16 (rn rows of gn, row stride gn; scaled: dequantized)
+            w.line(f"{cvt}({src}, {sbt}, {bf}, {rn}, {gn}{scales if scaled else ''});")
+            src, sb = bf, gn
+        else:
+            sb = sbt
+        if scaled:   # the scales are in the panel
+            scales = ""
 
         def call(f: str, at: str) -> None:
             w.line(f"{f}({gn}, {src}, {sb}, {pf}, {sbt * esz}, {xp} + {at}, {ldm}, {ct} + {n0} * {ldm} + {at}, "
@@ -811,6 +819,28 @@ I8_F32_PANEL = """PR_INLINE void pr_i8_f32_panel(const int8_t* restrict src, lon
   }
 }
 """
+
+def i8_f32_scaled_panel_name(G: int, fel: str) -> str:
+    return f"pr_i8_f32_panel_g{G}_s{fel}"
+
+
+def i8_f32_scaled_panel(isa: ISA, G: int, fel: str) -> str:
+    """dst[r * n + k] = src[r * ss + k] * S[r * ssr + k / G * ssg] for r < rows, k < n (a multiple of G): a block of
+    int8 keys dequantized into a float32 panel (emit_tn, float32 rows; G a multiple of 16). Exact: an int8 times a
+    scale of at most 16 significant bits (``fel`` float16 or bfloat16)."""
+    f = mk._gdot_factor(isa, (fel,), "r * ssr + c * ssg", "S")
+    return f"""PR_INLINE void {i8_f32_scaled_panel_name(G, fel)}(const int8_t* restrict src, long ss,
+    float* restrict dst, long rows, long n, const {ctype(fel)}* restrict S, long ssr, long ssg) {{
+  for (long r = 0; r < rows; r++)
+    for (long c = 0; c < n / {G}; c++) {{
+      const __m512 sc = _mm512_set1_ps({f});
+      for (long k = c * {G}; k < c * {G} + {G}; k += 16)
+        _mm512_storeu_ps(dst + r * n + k, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i*)(src + r * ss + k))))));
+    }}
+}}
+"""
+
 
 # a block of int8 keys (int8 weight-only on a bfloat16 model) as a bfloat16 panel for the vdpbf16ps kernels:
 # exact (an int8 has at most 8 significant bits, bfloat16's precision), so the rounding conversion changes nothing

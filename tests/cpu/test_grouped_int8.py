@@ -66,8 +66,9 @@ def _reference(v: dict[str, np.ndarray], Gn: int, G: int) -> np.ndarray:
 def test_grouped_products_on_every_isa_against_float64(M: int) -> None:
     """Rows 1-8: grouped dot products (from 4 rows tiles of 8 rows x 2 keys (32 registers) and 4 x 4 over chunks of
     K, the rest one at a time; without vector tiles 8, 4 and 2 rows sharing each dequantized key);
-    13 and 40 rows: on AVX-512 the tn form, the keys a float32 panel, each group's sum scaled (mk.tn_kernel_grouped)
-    where G divides ACC_ROWS; elsewhere blocks of keys dequantized into scratch, then the plain product. Groups of
+    13 and 40 rows: on AVX-512 the tn form where G divides ACC_ROWS, the keys a float32 panel, each group's sum scaled
+    (mk.tn_kernel_grouped; float32 scales) or the keys times their scales in the panel (float16 scales: exact);
+    elsewhere blocks of keys dequantized into scratch, then the plain product. Groups of
     32 (vectors on AVX-512 and AVX2) and of 24 (the scalar form on AVX-512, vectors on AVX2); Gn = 37 (chunks and an
     odd group); float32 and float16 scales (float16 from 6e-5 up: its normal range)."""
     rng = np.random.default_rng(M)
@@ -81,9 +82,12 @@ def test_grouped_products_on_every_isa_against_float64(M: int) -> None:
             src = compile_kernel(g, isa=isa).source
             if M <= 8:
                 assert "pr_gdot_" in src, (isa, G)
-            else:   # the tn form's scaled groups on AVX-512 where G divides ACC_ROWS, else dequantized blocks
+            else:   # the tn form on AVX-512 where G divides ACC_ROWS, else dequantized blocks
                 assert "pr_gdot_" not in src, (isa, G)
-                assert (f"_f32_g{G}_f" in src) == (isa == "avx512" and mk.ACC_ROWS % G == 0), (isa, G)
+                tn = isa == "avx512" and mk.ACC_ROWS % G == 0
+                # float32 scales: each group's sum scaled; float16 ones: a panel of q * s (exact), the plain kernel
+                assert (f"_f32_g{G}_f" in src) == (tn and s_dtype == "float32"), (isa, G, s_dtype)
+                assert (f"pr_i8_f32_panel_g{G}_sf16" in src) == (tn and s_dtype == "float16"), (isa, G, s_dtype)
             if M == 8:
                 if G % ISAS[isa].width == 0 and isa != "portable":   # tiles, in chunks of K
                     assert f"_g{G}_4x4_" in src and (f"_g{G}_8x2_" in src) == (ISAS[isa].nregs >= 32), (isa, G)
