@@ -485,8 +485,9 @@ class SuperKernel:
             path, material = self._cache_path(env)
             if store.load(path, "tuning").payload is not None:
                 return 0
-            if self.options.derive and self._nearest_anchor(env, material) is not None:
-                return 0
+            near = self._nearest_anchor(env, material) if self.options.derive else None
+            if near is not None:
+                return self._derived_ahead(env, near[0], near[1])
             top_k = self._top_k(time.perf_counter())
             try:
                 planned = plan([i.graph for i in self.implementations], self.program, env, self.machine,
@@ -495,6 +496,72 @@ class SuperKernel:
                 return 0   # the tuning raises it, with its message
             self._planned[key] = planned
         return ahead.submit([x.graph for x in planned.chosen])
+
+    def _derive_tries(self, env: dict[str, int], anchor: dict[str, int], res: TuneResult
+                      ) -> list[tuple[Row, Mapping[str, Any] | None]]:
+        """:meth:`_derived`'s (1)-(3): the winner and the candidates within DERIVE_SLACK of it, each with its grid sizes
+        that follow a moving dim, then as they are."""
+        ok = [r for r in res.rows if r.status == "ok" and math.isfinite(r.measured_s)]
+        win = res.best
+        tries: list[tuple[Row, Mapping[str, Any] | None]] = []
+        for row in [win] + sorted((r for r in ok if r is not win and r.measured_s <= win.measured_s * DERIVE_SLACK),
+                                  key=lambda r: r.measured_s):
+            follow = _following(row.params, anchor, env)
+            tries += [(row, follow), (row, None)] if follow is not None else [(row, None)]
+        return tries
+
+    def _near_tries(self, env: dict[str, int], anchor: dict[str, int], res: TuneResult) -> list[dict[str, Any]]:
+        """:meth:`_derived`'s (5): the winner's sGraph with the valid sizes nearest to its own (following the new dim
+        where equal to it), where close enough."""
+        win = res.best
+        found = self._nearest_params(env, win, anchor)
+        near, per_flop = found if found is not None else (None, math.inf)
+        if near is None or near == win.params or not (per_flop <= NEAR_ESTIMATE or all(
+                max(int(v), int(win.params[k])) <= NEAR * min(int(v), int(win.params[k]))
+                for k, v in near.items() if isinstance(v, int) and isinstance(win.params.get(k), int))):
+            return []
+        # a nearest size equal to the new dim (a prime length's only split but 1) follows it: one template serves
+        # every length
+        follow = _following(near, env, anchor)
+        return ([follow] if follow is not None else []) + [near]
+
+    def _derived_ahead(self, env: dict[str, int], anchor: dict[str, int], res: TuneResult) -> int:
+        """The first kernel :meth:`_derived` tries at ``env`` -- the anchor's winner, with its grid sizes that follow a
+        moving dim -- compiled at ``env`` (through its template) on the background compiler; 1 if submitted. The
+        derivation still decides and checks: where it takes another kernel (a split), this compile was spent on the
+        core the search leaves idle. Measured need: llama-1b int8w-g32-bf16's first new prompt length under Dynamo's
+        default: 15 template compiles, 5.2 s of gcc one after another on the main thread, after 5.2 s of searches
+        that kept one core of two busy."""
+        tries = [(r, dict(r.params if p is None else p)) for r, p in self._derive_tries(env, anchor, res)]
+        tries = [(r, p) for r, p in tries if 0 <= r.sgraph < len(self.implementations)]
+        if not tries:
+            return 0
+        kernels: list[Kernel] = []
+        for row, params in tries:
+            try:
+                kernels.append(self._kernel(self.implementations[row.sgraph], params))
+            except PrismError:
+                continue
+        if any(k.covers(**env) for k in kernels):
+            return 0
+        near = self._near_tries(env, anchor, res)   # where no try is valid at env (a dim they must divide)
+        win = self.implementations[res.best.sgraph] if 0 <= res.best.sgraph < len(self.implementations) else None
+
+        def compile_first() -> object:   # the first that compiles at env, in _derived's order
+            for k in kernels:
+                try:
+                    return k.specialize(**env)
+                except PrismError:
+                    continue
+            for params in near if win is not None else []:
+                try:
+                    return self._kernel(win, params).specialize(**env)
+                except PrismError:
+                    continue
+            return None
+        new = ahead.submit_call(f"{id(self)}:{sorted(env.items())}", compile_first)
+        STATS.derived_ahead += new
+        return new
 
     def _top_k(self, now: float) -> int:
         """Candidates a tuning measures: the option's, or BUDGET_TOP_K for the first shape once the superoptimize
@@ -832,10 +899,7 @@ class SuperKernel:
         ok = sorted((r for r in res.rows if r.status == "ok" and math.isfinite(r.measured_s)),
                     key=lambda r: r.measured_s)
         win = res.best
-        tries: list[tuple[Row, Mapping[str, Any] | None]] = []
-        for row in [win] + [r for r in ok if r is not win and r.measured_s <= win.measured_s * DERIVE_SLACK]:
-            follow = _following(row.params, anchor, env)
-            tries += [(row, follow), (row, None)] if follow is not None else [(row, None)]
+        tries = self._derive_tries(env, anchor, res)
         # where none of those has compiled code for env yet (each a new template: a gcc run and its checks at
         # values of its region), a split comes first if its parts are all compiled: the tuned kernel and the tail
         # templates the pre-build compiled and checked. Measured need: llama-1b bf16 under dynamic=True, prompt 190
@@ -858,18 +922,10 @@ class SuperKernel:
         spec = self._split(env, anchor, res)   # (again where the first try was over SPLIT_FIRST_RUNS)
         if spec is not None:
             return spec
-        found = self._nearest_params(env, win, anchor)
-        near, per_flop = found if found is not None else (None, math.inf)
-        if near is not None and near != win.params and (per_flop <= NEAR_ESTIMATE or all(
-                max(int(v), int(win.params[k])) <= NEAR * min(int(v), int(win.params[k]))
-                for k, v in near.items() if isinstance(v, int) and isinstance(win.params.get(k), int))):
-            # a nearest size equal to the new dim (a prime length's only split but 1) follows it: one template
-            # serves every length
-            follow = _following(near, env, anchor)
-            for params in ([follow] if follow is not None else []) + [near]:
-                spec = self._from_cached(env, res, params, template=True)
-                if spec is not None:
-                    return spec
+        for params in self._near_tries(env, anchor, res):
+            spec = self._from_cached(env, res, params, template=True)
+            if spec is not None:
+                return spec
         for row in ok:
             if row.measured_s > win.measured_s * DERIVE_SLACK:
                 spec = self._from_cached(env, res, None, template=True, row=row)

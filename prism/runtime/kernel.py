@@ -246,6 +246,9 @@ class Kernel:
         self._by_shapes: dict[tuple, Variant] = {}
         self._launchers: dict[tuple, Callable[[list[Any]], list[Any]]] = {}  # torch_launcher: shapes -> launch
         self._dims = graph.symbols()
+        # specialize's compiles, one at a time: a variant may be compiled ahead on a background thread
+        # (prism.tune.ahead) while the caller asks for it
+        self._compiling = threading.RLock()
         # templates: one compiled source per guard region of the dims instead of one per value
         # (codegen/template.py); each entry (template, params, its C text, library, path)
         self.templates = templates and bool(self._dims) and os.environ.get("PRISM_TEMPLATES", "1") != "0"
@@ -281,6 +284,11 @@ class Kernel:
         v = self._variants.get(key)
         if v is not None:
             return v
+        with self._compiling:
+            v = self._variants.get(key)
+            return v if v is not None else self._specialize(key, dims)
+
+    def _specialize(self, key: tuple, dims: dict[str, int]) -> Variant:
         missing = sorted(self._dims - set(dims))
         if missing:
             raise InputError(f"specialize: give values for the symbolic dims {missing}")

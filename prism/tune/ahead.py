@@ -14,6 +14,11 @@ is compiled once. ``PRISM_AHEAD=0`` turns it off.
 Measured need: llama-1b int8w-g32-bf16 at batch 8, the first ``generate()`` from empty caches (2026-11-30, Zen 5
 VM): 7.8 s of its ~42 s were the main thread waiting for the tunings' compiles, while the searches before them
 (9.1 s) kept one core of two busy.
+
+A piece whose first call will derive its kernel from a tuning (a dynamic graph's pieces after their fixed-shape
+twins: Dynamo's recompile at a model's first new prompt length) submits its guess of the derivation's compile
+(``SuperKernel._derived_ahead``, :func:`submit_call`): the kernel's variant lands in the kernel object, which the
+derivation then finds compiled, and still checks.
 """
 
 from __future__ import annotations
@@ -21,19 +26,19 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from prism.ir.graph import Graph
-from prism.runtime.kernel import Kernel
 from prism.runtime.kernel import compile as compile_graph
 from prism.tune.stats import STATS
 
 
 @dataclass
 class _Job:
-    graph: Graph
+    run: Callable[[], object]
+    needed: bool = True   # a tuning's candidate; False: a guess (submit_call), dropped by drain() if queued
     future: Future = field(default_factory=Future)
     started: bool = False
 
@@ -50,8 +55,8 @@ def enabled() -> bool:
 
 def _run(job: _Job) -> None:
     try:
-        result: Kernel | BaseException = compile_graph(job.graph)
-    except Exception as e:  # a failure is the candidate's, reported by the tuning that takes it
+        result: object = job.run()
+    except Exception as e:  # a failure is the job's: a candidate's is reported by the tuning that takes it
         result = e
     job.future.set_result(result)
 
@@ -70,20 +75,32 @@ def _work() -> None:
 def submit(graphs: Sequence[Graph]) -> int:
     """Queue the compiles of ``graphs`` (concrete candidate graphs) on the background thread; returns how many
     were new."""
+    new = _queue([(g.key, lambda g=g: compile_graph(g)) for g in graphs], needed=True)
+    STATS.compiled_ahead += new
+    return new
+
+
+def submit_call(key: str, fn: Callable[[], object]) -> int:
+    """Queue ``fn`` (a compile whose result lands where its caller will look: a kernel's variant) on the background
+    thread under ``key``; 1 if it was new. Such jobs are guesses: not taken (:func:`forget` drops them once done), and
+    :func:`drain` drops those not started."""
+    return _queue([(key, fn)], needed=False)
+
+
+def _queue(jobs: Sequence[tuple[str, Callable[[], object]]], needed: bool) -> int:
     new = 0
     with _LOCK:
-        for g in graphs:
-            if g.key in _JOBS:
+        for key, fn in jobs:
+            if key in _JOBS:
                 continue
-            job = _Job(g)
-            _JOBS[g.key] = job
+            job = _Job(fn, needed)
+            _JOBS[key] = job
             _QUEUE.append(job)
             new += 1
         if new and not _WORKER:
             t = threading.Thread(target=_work, name="prism-ahead-cc", daemon=True)
             _WORKER.append(t)
             t.start()
-    STATS.compiled_ahead += new
     return new
 
 
@@ -109,10 +126,14 @@ def pending() -> int:
 
 def drain() -> None:
     """Finish every submitted compile: the caller's thread compiles queued ones beside the background thread,
-    then waits for the running ones. The kernels stay for the tunings to take (their shared objects are in the
-    compile cache either way)."""
+    then waits for the running ones; a guess (:func:`submit_call`) not started is dropped. The kernels stay for the
+    tunings to take (their shared objects are in the compile cache either way)."""
     while True:
         with _LOCK:
+            for j in [j for j in _QUEUE if not j.needed]:
+                _QUEUE.remove(j)
+                j.started = True
+                j.future.set_result(None)
             job = _QUEUE.popleft() if _QUEUE else None
             if job is not None:
                 job.started = True

@@ -5,6 +5,7 @@ returned (its tunings time kernels)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,28 @@ def test_submitted_compiles_are_taken_once_and_queued_ones_are_the_callers(monke
     assert ahead.submit([g3]) == 1 and ahead.pending() == 1
     assert ahead.take(g3) is None and ahead.pending() == 0
     ahead.drain()   # nothing left
+
+
+def test_guesses_run_in_the_background_and_drain_drops_those_not_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+    assert ahead.submit_call("guess-a", lambda: ran.append("a")) == 1
+    assert ahead.submit_call("guess-a", lambda: ran.append("again")) == 0   # one job per key
+    for _ in range(1000):   # the background thread runs it
+        if ran:
+            break
+        time.sleep(0.01)
+    ahead.drain()
+    assert ran == ["a"]
+    ahead.forget()
+    monkeypatch.setattr(ahead, "_WORKER", [object()])   # no background thread starts: everything stays queued
+    g = _small(6, 5)
+    ahead.submit_call("guess-b", lambda: ran.append("b"))
+    ahead.submit([g])
+    ahead.drain()   # the candidate is compiled by the caller; the guess not started is dropped
+    assert ran == ["a"] and ahead.pending() == 0
+    f = ahead.take(g)
+    assert f is not None and not isinstance(f.result(), BaseException)
+    ahead.forget()
 
 
 def test_a_failed_compile_is_the_candidates_result() -> None:
@@ -132,3 +155,25 @@ def test_the_frontend_compiles_the_first_tunings_ahead(monkeypatch: pytest.Monke
     # a warm cache: the tunings are on disk, so nothing is planned or compiled ahead
     warm = _run(monkeypatch, tmp_path / "on", True)
     assert warm["tunings"] == 0 and warm["ahead"] == 0
+
+
+def test_a_dynamic_graphs_derivations_are_compiled_ahead(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    # Dynamo's default: a fixed-shape graph first, a dynamic one at the first new size, whose pieces derive from
+    # their fixed-shape twins: each derivation's kernel is compiled ahead while the next pieces are searched
+    from prism.frontend import clear_reports
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    clear_reports()
+    net = _Net()
+    c = torch.compile(net, backend="prism", options={"top_k": 2, "time_limit": 60.0, "measure_machine": False})
+    with torch.no_grad():
+        for n in (6, 9):
+            x = torch.randn(n, 48, generator=torch.Generator().manual_seed(n))
+            if n == 9:
+                reset_stats()
+            y, ref = c(x), net(x)
+            err = float((y.double() - ref.double()).abs().max()) / float(ref.double().abs().max())
+            assert err <= 1e-4, (n, err)
+    assert STATS.derived_ahead >= 1 and STATS.tune_derived >= 1 and STATS.tunings == 0
+    assert ahead.pending() == 0
+    torch._dynamo.reset()
