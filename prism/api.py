@@ -814,7 +814,10 @@ class SuperKernel:
         anchors = [(aenv, res, False) for aenv, res in self._anchors(material)]
         anchors += [(aenv, res, True) for aenv, res in self._twin_anchors()]
         for aenv, res, twin in anchors:
-            if set(aenv) != set(env) or aenv == env or any(aenv[k] <= 0 for k in env):
+            # a twin tuned at this very shape is the nearest anchor (its program is this one there: a dynamic graph
+            # called at the size its fixed-shape twin was tuned at); one of this kernel's own there is not (that
+            # shape is served before deriving, or failed)
+            if set(aenv) != set(env) or (aenv == env and not twin) or any(aenv[k] <= 0 for k in env):
                 continue
             ratios = [env[k] / aenv[k] for k in env]
             far = not all(1 / DERIVE_WINDOW <= r <= DERIVE_WINDOW for r in ratios)

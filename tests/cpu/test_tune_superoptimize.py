@@ -792,6 +792,12 @@ def test_a_symbolic_program_derives_from_its_fixed_shape_twins_tuning() -> None:
     assert sym.specialize(n=200).derived_from == {"n": 48} and STATS.tunings == 1 and STATS.tune_derived_far == 1
     _run_norm(sym, 10)                      # > 2x from 48 and below FAR_TWIN_MIN: its own tuning
     assert sym.specialize(n=10).derived_from is None and STATS.tunings == 2
+    # the very value the twin was tuned at (a dynamic prefill graph called at the first prompt's length again):
+    # the twin's winner, checked, not a tuning of its own (llama-1b int8w-g32-bf16 tuned 12 pieces again there)
+    _run_norm(sym, 48)
+    s48 = sym.specialize(n=48)
+    assert s48.derived_from == {"n": 48} and s48.check.passed and STATS.tunings == 2
+    assert s48.params == static.specialize().params
 
 
 def test_a_shape_called_before_skips_binding_and_keeps_every_check(monkeypatch: pytest.MonkeyPatch) -> None:
