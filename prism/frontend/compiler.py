@@ -430,8 +430,12 @@ def _search_pieces(gm: Any, cap: Captured, report: GraphReport, opts: Options) -
                 opts.progress("failed", done, total, pr.label)
             continue
         pr.status, pr.reason = "prism", ""
-        # its first call's tuning compiled on the other core while the next pieces are searched (tune.ahead)
-        kernel.compile_ahead({k: v for k, v in prog.example.items() if k in kernel.symbols()})
+        # its first call's tuning compiled on the other core while the next pieces are searched (tune.ahead); an
+        # optimization only: a failure here leaves that work to the first call
+        try:
+            kernel.compile_ahead({k: v for k, v in prog.example.items() if k in kernel.symbols()})
+        except Exception as e:
+            log.debug("prism: piece %d (%s): nothing compiled ahead: %s: %s", pr.index, pr.label, type(e).__name__, e)
         runner = PieceRunner(f"{pr.index} ({pr.label})", kernel, list(prog.specs), fallback, prog.out_slots,
                              huge_pages=opts.huge_pages)
         pr.runner = runner

@@ -177,3 +177,14 @@ def test_a_dynamic_graphs_derivations_are_compiled_ahead(monkeypatch: pytest.Mon
     assert STATS.derived_ahead >= 1 and STATS.tune_derived >= 1 and STATS.tunings == 0
     assert ahead.pending() == 0
     torch._dynamo.reset()
+
+
+def test_a_failure_to_compile_ahead_leaves_the_work_to_the_first_call(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Any) -> None:
+    import prism.api as A
+
+    def broken(self: Any, dims: Any) -> int:
+        raise RuntimeError("planning bug")
+    monkeypatch.setattr(A.SuperKernel, "compile_ahead", broken)
+    stats = _run(monkeypatch, tmp_path, True)   # the graph compiles, tunes at its first call and matches eager
+    assert stats["ahead"] == 0 and stats["tunings"] >= 1 and stats["compiles"] >= stats["tunings"]
