@@ -526,10 +526,11 @@ class SuperKernel:
         return ([follow] if follow is not None else []) + [near]
 
     def _derived_ahead(self, env: dict[str, int], anchor: dict[str, int], res: TuneResult) -> int:
-        """The first kernel :meth:`_derived` tries at ``env`` -- the anchor's winner, with its grid sizes that follow a
-        moving dim -- compiled at ``env`` (through its template) on the background compiler; 1 if submitted. The
-        derivation still decides and checks: where it takes another kernel (a split), this compile was spent on the
-        core the search leaves idle. Measured need: llama-1b int8w-g32-bf16's first new prompt length under Dynamo's
+        """The kernel :meth:`_derived` will most likely take at ``env`` compiled there (through its template) on the
+        background compiler: the first of its tries (1)-(3) that compiles, else of its nearest sizes (5), looked for
+        only then; 1 if submitted, 0 where a try has compiled code for ``env`` already. The derivation still decides
+        and checks: where it takes another kernel (a split), this compile was spent on the core the search leaves
+        idle. Measured need: llama-1b int8w-g32-bf16's first new prompt length under Dynamo's
         default: 15 template compiles, 5.2 s of gcc one after another on the main thread, after 5.2 s of searches
         that kept one core of two busy."""
         tries = [(r, dict(r.params if p is None else p)) for r, p in self._derive_tries(env, anchor, res)]
@@ -544,7 +545,6 @@ class SuperKernel:
                 continue
         if any(k.covers(**env) for k in kernels):
             return 0
-        near = self._near_tries(env, anchor, res)   # where no try is valid at env (a dim they must divide)
         win = self.implementations[res.best.sgraph] if 0 <= res.best.sgraph < len(self.implementations) else None
 
         def compile_first() -> object:   # the first that compiles at env, in _derived's order
@@ -553,7 +553,9 @@ class SuperKernel:
                     return k.specialize(**env)
                 except PrismError:
                     continue
-            for params in near if win is not None else []:
+            # no try is valid at env (a dim their grids must divide): the nearest sizes, whose instantiation at env
+            # is worth its time only now
+            for params in self._near_tries(env, anchor, res) if win is not None else []:
                 try:
                     return self._kernel(win, params).specialize(**env)
                 except PrismError:

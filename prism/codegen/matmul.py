@@ -727,16 +727,16 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         rows that fills v of ``fn``'s vectors."""
         src = f"{bt} + {n0} * {sbt} + {g0}"
         pf = f"(const char*)({bt} + {nxt} * {sbt} + {g0})"
-        scales = "" if groups is None else (
+        key_scales = "" if groups is None else (
             f", {groups.ptr} + {n0} * {groups.per_key} + ({g0}) / {groups.size} * {groups.per_group}, "
             f"{groups.per_key}, {groups.per_group}")
-        if panel:   # the block's keys as float32 or bfloat16 (rn rows of gn, row stride gn; scaled: dequantized)
-            w.line(f"{cvt}({src}, {sbt}, {bf}, {rn}, {gn}{scales if scaled else ''});")
+        # the scales go into the panel (scaled: dequantized keys) or to the grouped kernel
+        panel_scales, scales = (key_scales, "") if scaled else ("", key_scales)
+        if panel:   # the block's keys as float32 or bfloat16 (rn rows of gn, row stride gn)
+            w.line(f"{cvt}({src}, {sbt}, {bf}, {rn}, {gn}{panel_scales});")
             src, sb = bf, gn
         else:
             sb = sbt
-        if scaled:   # the scales are in the panel
-            scales = ""
 
         def call(f: str, at: str) -> None:
             w.line(f"{f}({gn}, {src}, {sb}, {pf}, {sbt * esz}, {xp} + {at}, {ldm}, {ct} + {n0} * {ldm} + {at}, "
