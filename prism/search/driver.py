@@ -293,8 +293,15 @@ def search(graph: Graph, limits: Limits | None = None, mode: str = "symbolic", *
     if transfer:
         (own, own_file, own_donors), (wide_fam, wide_file, wide_donors) = fams
         r = _transfer(own_file, own_donors, graph, own, env, progress)
-        if r is None and 1 in wide_fam[1]:   # a size of 1: a donor of more rows may serve it (transfer.narrows)
+        if r is None and any(d == 1 for d in wide_fam[1] if isinstance(d, int)):
+            # a size of 1: a donor of more rows may serve it (transfer.narrows)
             r = _transfer(wide_file, wide_donors, graph, wide_fam, env, progress, narrowing=True)
+        if r is None and env:
+            # a symbolic program: the same program at fixed sizes searched before (its fixed family; such donors
+            # were searched with no symbols, so with an empty env)
+            fixed = family(graph, symbols=True)
+            fixed_file = _family_path(fixed[0], limits, mode, {}, axioms)
+            r = _transfer(fixed_file, _donors(fixed_file), graph, fixed, env, progress, symbols=True)
         if r is not None:
             store.save(path, "search", r.to_json())
             return r
@@ -327,13 +334,14 @@ def _donors(fam: Path) -> list[dict[str, Any]]:
 
 
 def _transfer(fam: Path, donor_files: list[dict[str, Any]], graph: Graph, own: Family, env: dict[str, int],
-              progress: Progress | None, narrowing: bool = False) -> SearchResult | None:
+              progress: Progress | None, narrowing: bool = False, symbols: bool = False) -> SearchResult | None:
     """The result of a search that serves ``graph``'s family (``own``: its :func:`.transfer.family`), its
     candidates at ``graph``'s sizes and verified against ``graph`` (:mod:`.transfer`), or None when there is none
     or no candidate verifies. Donors whose sizes map one to one onto ``graph``'s come first (their searches saw
     the same pattern of equal sizes), then those with one image per size, then the rest; the newest first among
     equals. Only the programs are read to order them; a donor's candidates when it is tried. ``narrowing``:
-    ``own`` and ``fam`` are the wide family's, and a donor serves only where :func:`.transfer.narrows` holds."""
+    ``own`` and ``fam`` are the wide family's, and a donor serves only where :func:`.transfer.narrows` holds.
+    ``symbols``: ``own`` and ``fam`` are the fixed family of a symbolic ``graph`` (donors at fixed sizes)."""
     t0 = time.monotonic()
     donors: list[tuple[int, bool, int, Path, dict[str, Any], dict[int, tuple[int, ...]]]] = []
     for i, d in enumerate(donor_files):
@@ -346,11 +354,12 @@ def _transfer(fam: Path, donor_files: list[dict[str, Any]], graph: Graph, own: F
         except (PrismError, ValueError, KeyError, TypeError) as e:
             store.corrupt(path, "search", str(e).splitlines()[0][:300])
             continue
-        sizes = size_map(family(program, wide=narrowing), own)
+        sizes = size_map(family(program, wide=narrowing, symbols=symbols), own)
         if sizes is not None and (not narrowing or narrows(sizes)):
-            # one image per size (the same pattern of equal sizes, or a finer one) first
-            donors.append((max(map(len, sizes.values()), default=1), len(set(sizes.values())) < len(sizes), i,
-                           path, entry.payload, sizes))
+            # one image per size (the same pattern of equal sizes, or a finer one) first (images compared as text:
+            # a symbol's == with a number is undecided)
+            merged = len(set(map(repr, sizes.values()))) < len(sizes)
+            donors.append((max(map(len, sizes.values()), default=1), merged, i, path, entry.payload, sizes))
     shapes = {name: n.shape for name, n in graph.inputs.items()}
     for *_, path, payload, sizes in sorted(donors, key=lambda d: d[:3]):
         try:

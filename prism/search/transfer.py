@@ -38,7 +38,7 @@ from collections.abc import Mapping
 
 from prism.errors import PrismError
 from prism.ir import ops as O
-from prism.ir.dims import DimLike
+from prism.ir.dims import DimLike, structurally_equal
 from prism.ir.graph import Graph
 from prism.ir.node import toposort
 from prism.ir.serialize import encode
@@ -47,7 +47,7 @@ from prism.ir.serialize import encode
 FAMILY_MIN = 1
 
 
-Family = tuple[str, list[int]]   # (canonical text, sizes at their places): family()
+Family = tuple[str, list[DimLike]]   # (canonical text, sizes at their places): family()
 
 
 def enabled() -> bool:
@@ -55,17 +55,18 @@ def enabled() -> bool:
     return os.environ.get("PRISM_SEARCH_TRANSFER", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def family(graph: Graph, wide: bool = False) -> Family:
+def family(graph: Graph, wide: bool = False, symbols: bool = False) -> Family:
     """``(the family's canonical text, the graph's sizes at their places in it)``: the graph's nodes with every
     size above FAMILY_MIN that :meth:`prism.Graph.generalize` would replace (input shapes, the size attributes of
     operators: reshape shapes, split sizes) made a placeholder. Everything else stays as it is: axes, symbolic
     dims, constants, operators' other attributes (RoPE's ``half``), block graphs. ``wide``: sizes of 1 are
-    placeholders too (the wide family; served only as :func:`narrows` allows)."""
-    sizes: list[int] = []
+    placeholders too (the wide family; served only as :func:`narrows` allows). ``symbols``: symbolic dims are
+    placeholders too (a symbolic program's *fixed family*: the programs at fixed sizes it generalizes)."""
+    sizes: list[DimLike] = []
     least = 0 if wide else FAMILY_MIN
 
     def size(d: DimLike) -> DimLike:
-        if isinstance(d, int) and not isinstance(d, bool) and d > least:
+        if (isinstance(d, int) and not isinstance(d, bool) and d > least) or (symbols and not isinstance(d, int)):
             sizes.append(d)
             return "#"
         return d
@@ -81,7 +82,7 @@ def family(graph: Graph, wide: bool = False) -> Family:
                        "nodes": rows}, sort_keys=True, separators=(",", ":")), sizes
 
 
-def size_map(donor: Family, program: Family) -> dict[int, tuple[int, ...]] | None:
+def size_map(donor: Family, program: Family) -> dict[int, tuple[DimLike, ...]] | None:
     """Each size of the donor with the program's sizes at its places (:func:`family` of each; in order of first
     occurrence; one where the donor's pattern of equal sizes is as fine as the program's, several where one of the
     donor's sizes stands for two of the program's), None when the two are not of one family."""
@@ -89,10 +90,12 @@ def size_map(donor: Family, program: Family) -> dict[int, tuple[int, ...]] | Non
     fg, vg = program
     if fd != fg:
         return None
-    out: dict[int, list[int]] = {}
+    out: dict[int, list[DimLike]] = {}
     for a, b in zip(vd, vg):
+        if not isinstance(a, int):   # a donor's own symbols have no image (fixed families: donors at fixed sizes)
+            return None
         images = out.setdefault(a, [])
-        if b not in images:
+        if not any(structurally_equal(b, x) for x in images):   # (a symbol's == with a number is undecided)
             images.append(b)
     return {a: tuple(b) for a, b in out.items()}
 

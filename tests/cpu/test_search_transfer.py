@@ -218,3 +218,51 @@ def test_a_one_row_program_takes_the_many_row_search(fresh_cache: Path) -> None:
 def test_a_one_row_search_does_not_serve_more_rows(fresh_cache: Path) -> None:
     assert not driver.search(rows_linear(1), LIMITS, transfer=True).transferred_from
     assert not driver.search(rows_linear(16), LIMITS, transfer=True).transferred_from   # searched: widening
+
+
+def rms_linear_rows(n: object, d: int, m: int) -> prism.Graph:
+    g = prism.Graph("transfer_rms_linear")
+    X, W = g.input("X", (n, d)), g.input("W", (d, m))
+    g.output(g.matmul(g.rms_norm(X), W), "Y")
+    return g
+
+
+def test_the_fixed_family_of_a_symbolic_program() -> None:
+    """With ``symbols=True`` symbolic dims are placeholders too: a program at fixed sizes maps onto the symbolic
+    one (each fixed size to the symbols or sizes at its places); a symbolic donor maps onto nothing."""
+    sym = rms_linear_rows("n", 64, 32)
+    n = sym.inputs["X"].shape[0]
+    assert family(sym)[0] != family(rms_linear_rows(24, 64, 32))[0]
+    assert family(sym, symbols=True)[0] == family(rms_linear_rows(24, 64, 32))[0]
+    got = size_map(family(rms_linear_rows(24, 64, 32)), family(sym, symbols=True))
+    assert got is not None and got[64] == (64,) and got[32] == (32,) and got[24] == (n,)
+    both = size_map(family(rms_linear_rows(64, 64, 32)), family(sym, symbols=True))
+    assert both is not None and both[64] == (n, 64)   # the rows' size equals a fixed one: two images
+    assert size_map(family(sym, symbols=True), family(sym, symbols=True)) is None
+
+
+@pytest.mark.parametrize("rows", [24, 64])
+def test_a_symbolic_program_takes_its_fixed_twins_search(fresh_cache: Path, rows: int) -> None:
+    """Dynamo's recompile at a model's first new prompt length: the dynamic graph's pieces are the fixed-shape
+    pieces over a symbolic length. Each takes its twin's search (rebuilt over the symbol, verified against the
+    symbolic program) where it was searched afresh; the structures are the symbolic search's own."""
+    donor = driver.search(rms_linear_rows(rows, 64, 32), LIMITS, transfer=True)
+    assert not donor.transferred_from and donor.candidates
+    sym = rms_linear_rows("n", 64, 32)
+    got = driver.search(sym, LIMITS, env={"n": 8}, transfer=True)
+    assert got.transferred_from == donor.program.key and got.candidates
+    own = driver.search(sym, LIMITS, env={"n": 8}, cache=False)
+    assert {c.structure for c in got.candidates} <= {c.structure for c in own.candidates}
+    for c in got.candidates:
+        assert [tuple(map(str, n.shape)) for n in c.graph.inputs.values()] == [("n", "64"), ("64", "32")]
+        assert c.verdict.ok and gate_verify(c.graph, sym).ok
+    # through superoptimize (the frontend's path): transferred, tuned at a length the twin never had, exact
+    clear_memory_caches()
+    reset_stats()
+    k = prism.superoptimize(sym, limits=LIMITS, top_k=2, measure_machine=False)
+    assert STATS.search_transfers == 0 and STATS.search_cache_hits == 1   # the transfer above was cached
+    x = np.random.default_rng(0).standard_normal((13, 64)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32)
+    x64 = x.astype(np.float64)
+    ref = (x64 / np.sqrt((x64 ** 2).mean(1, keepdims=True) + 1e-6)) @ w
+    np.testing.assert_allclose(np.asarray(k(X=x, W=w), np.float64), ref, rtol=1e-4, atol=1e-4)
