@@ -395,6 +395,7 @@ class SuperKernel:
         self._graphs_json: dict[str, Any] | None = None   # the program and sGraphs as a record holds them
         self._symbols: frozenset[str] | None = None   # the program's symbolic dims (symbols)
         self._planned: dict[tuple, Plan] = {}   # shapes planned ahead -> their tuning's plan (compile_ahead)
+        self._deriving: set[tuple] = set()   # shapes whose derivation was submitted ahead (compile_ahead)
 
     @property
     def stop_reason(self) -> str:
@@ -471,14 +472,17 @@ class SuperKernel:
     def compile_ahead(self, dims: Mapping[str, int]) -> int:
         """Plan the tuning that the first ``specialize(**dims)`` will run (:func:`prism.tune.tuner.plan`) and submit
         its candidates to the background compiler (:mod:`prism.tune.ahead`), which compiles them while the caller
-        goes on (the frontend: searching the graph's next pieces). Returns how many compiles were submitted: none
-        where that call will not tune -- the shape is held, a tuning of it is on disk, or it derives from a tuning
-        (``_nearest_anchor``) -- or with ``PRISM_AHEAD=0``. Nothing is measured here, and the kernels are still
-        checked and timed by the tuning that takes them."""
+        goes on (the frontend: searching the graph's next pieces). Where that call derives its kernel from a tuning
+        (``_nearest_anchor``), the whole derivation is submitted instead (:meth:`_derive_early`). Returns how many jobs
+        were submitted: none where the first call will neither tune nor derive -- the shape is held or a tuning of it
+        is on disk -- or with ``PRISM_AHEAD=0``. Nothing is measured here, and the kernels are still checked and timed
+        by the tuning that takes them."""
         env = {k: int(v) for k, v in dims.items()}
         if not ahead.enabled() or set(env) != self.symbols():
             return 0
         key = tuple(sorted(env.items()))
+        if key in self._deriving:   # (a derivation in flight holds the lock: the caller must not wait for it)
+            return 0
         with self._lock:
             if key in self._specs or key in self._planned:
                 return 0
@@ -487,7 +491,10 @@ class SuperKernel:
                 return 0
             near = self._nearest_anchor(env, material) if self.options.derive else None
             if near is not None:
-                return self._derived_ahead(env, near[0], near[1])
+                self._deriving.add(key)
+                new = ahead.submit_call(f"derive:{id(self)}:{key}", lambda: self._derive_early(env))
+                STATS.derived_ahead += new
+                return new
             top_k = self._top_k(time.perf_counter())
             try:
                 planned = plan([i.graph for i in self.implementations], self.program, env, self.machine,
@@ -525,45 +532,29 @@ class SuperKernel:
         follow = _following(near, env, anchor)
         return ([follow] if follow is not None else []) + [near]
 
-    def _derived_ahead(self, env: dict[str, int], anchor: dict[str, int], res: TuneResult) -> int:
-        """The kernel :meth:`_derived` will most likely take at ``env`` compiled there (through its template) on the
-        background compiler: the first of its tries (1)-(3) that compiles, else of its nearest sizes (5), looked for
-        only then; 1 if submitted, 0 where a try has compiled code for ``env`` already. The derivation still decides
-        and checks: where it takes another kernel (a split), this compile was spent on the core the search leaves
-        idle. Measured need: llama-1b int8w-g32-bf16's first new prompt length under Dynamo's
-        default: 15 template compiles, 5.2 s of gcc one after another on the main thread, after 5.2 s of searches
-        that kept one core of two busy."""
-        tries = [(r, dict(r.params if p is None else p)) for r, p in self._derive_tries(env, anchor, res)]
-        tries = [(r, p) for r, p in tries if 0 <= r.sgraph < len(self.implementations)]
-        if not tries:
-            return 0
-        kernels: list[Kernel] = []
-        for row, params in tries:
-            try:
-                kernels.append(self._kernel(self.implementations[row.sgraph], params))
-            except PrismError:
-                continue
-        if any(k.covers(**env) for k in kernels):
-            return 0
-        win = self.implementations[res.best.sgraph] if 0 <= res.best.sgraph < len(self.implementations) else None
-
-        def compile_first() -> object:   # the first that compiles at env, in _derived's order
-            for k in kernels:
-                try:
-                    return k.specialize(**env)
-                except PrismError:
-                    continue
-            # no try is valid at env (a dim their grids must divide): the nearest sizes, whose instantiation at env
-            # is worth its time only now
-            for params in self._near_tries(env, anchor, res) if win is not None else []:
-                try:
-                    return self._kernel(win, params).specialize(**env)
-                except PrismError:
-                    continue
-            return None
-        new = ahead.submit_call(f"{id(self)}:{sorted(env.items())}", compile_first)
-        STATS.derived_ahead += new
-        return new
+    def _derive_early(self, env: dict[str, int]) -> Specialization | None:
+        """What the first ``specialize(**env)`` does where it derives (:meth:`_derive`: the compiles, a split's tail
+        templates, every check), done now on the background compiler (:func:`prism.tune.ahead.submit_call`) and
+        held for that call; nothing where the derivation does not hold (that call then tunes: nothing is measured
+        here). Measured need: llama-1b int8w-g32-bf16's first new prompt length under Dynamo's default: the
+        dynamic graph's 13 pieces derived at its first call, 6.1 s one after another on the main thread, after a
+        compile of 3.6 s (its searches transferred from the fixed-shape twins') that kept one core of two busy.
+        Before this, only the derivation's first compile was guessed ahead; the splits' tail templates and the
+        checks were not."""
+        key = tuple(sorted(env.items()))
+        with self._lock:
+            if key in self._specs:
+                return None
+            path, material = self._cache_path(env)
+            if store.load(path, "tuning").payload is not None:
+                return None   # (that call serves the disk's tuning)
+            from prism.verify.numeric import shared_draws
+            with shared_draws():
+                spec = self._derive(env, material)
+            if spec is not None:
+                self._specs[key] = spec
+                self._planned.pop(key, None)
+            return spec
 
     def _top_k(self, now: float) -> int:
         """Candidates a tuning measures: the option's, or BUDGET_TOP_K for the first shape once the superoptimize

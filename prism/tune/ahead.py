@@ -16,9 +16,10 @@ VM): 7.8 s of its ~42 s were the main thread waiting for the tunings' compiles, 
 (9.1 s) kept one core of two busy.
 
 A piece whose first call will derive its kernel from a tuning (a dynamic graph's pieces after their fixed-shape
-twins: Dynamo's recompile at a model's first new prompt length) submits its guess of the derivation's compile
-(``SuperKernel._derived_ahead``, :func:`submit_call`): the kernel's variant lands in the kernel object, which the
-derivation then finds compiled, and still checks.
+twins: Dynamo's recompile at a model's first new prompt length) submits that derivation itself
+(``SuperKernel._derive_early``, :func:`submit_call`): its compiles and checks, the result held in the kernel object
+for the first call. A derivation measures nothing, so it may run beside the searches; :func:`drain` runs the queued
+ones on two threads.
 """
 
 from __future__ import annotations
@@ -80,11 +81,11 @@ def submit(graphs: Sequence[Graph]) -> int:
     return new
 
 
-def submit_call(key: str, fn: Callable[[], object]) -> int:
-    """Queue ``fn`` (a compile whose result lands where its caller will look: a kernel's variant) on the background
-    thread under ``key``; 1 if it was new. Such jobs are guesses: not taken (:func:`forget` drops them once done), and
-    :func:`drain` drops those not started."""
-    return _queue([(key, fn)], needed=False)
+def submit_call(key: str, fn: Callable[[], object], needed: bool = True) -> int:
+    """Queue ``fn`` (work whose result lands where its caller will look: a kernel's derivation) on the background
+    thread under ``key``; 1 if it was new. Such jobs are not taken (:func:`forget` drops them once done). ``needed``
+    False: a guess, which :func:`drain` drops where it has not started."""
+    return _queue([(key, fn)], needed=needed)
 
 
 def _queue(jobs: Sequence[tuple[str, Callable[[], object]]], needed: bool) -> int:

@@ -28,7 +28,7 @@ class TuneStats:
     compile_failures: int = 0
     compiled_ahead: int = 0      # candidates submitted to the background compiler (tune.ahead) after their search
     ahead_taken: int = 0         # ... of them, taken compiled (or compiling) by their tuning
-    derived_ahead: int = 0       # a derivation's first kernel compiled at its shape ahead (SuperKernel._derived_ahead)
+    derived_ahead: int = 0       # derivations submitted to the background compiler (SuperKernel._derive_early)
     measured: int = 0            # candidate kernels timed
     wrong_results: int = 0       # candidates whose output did not match the reference
     final_checks: int = 0        # numeric checks of a winner's compiled kernel

@@ -51,10 +51,10 @@ def test_submitted_compiles_are_taken_once_and_queued_ones_are_the_callers(monke
     ahead.drain()   # nothing left
 
 
-def test_guesses_run_in_the_background_and_drain_drops_those_not_started(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_calls_run_in_the_background_and_drain_drops_guesses_not_started(monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[str] = []
-    assert ahead.submit_call("guess-a", lambda: ran.append("a")) == 1
-    assert ahead.submit_call("guess-a", lambda: ran.append("again")) == 0   # one job per key
+    assert ahead.submit_call("guess-a", lambda: ran.append("a"), needed=False) == 1
+    assert ahead.submit_call("guess-a", lambda: ran.append("again"), needed=False) == 0   # one job per key
     for _ in range(1000):   # the background thread runs it
         if ran:
             break
@@ -64,10 +64,11 @@ def test_guesses_run_in_the_background_and_drain_drops_those_not_started(monkeyp
     ahead.forget()
     monkeypatch.setattr(ahead, "_WORKER", [object()])   # no background thread starts: everything stays queued
     g = _small(6, 5)
-    ahead.submit_call("guess-b", lambda: ran.append("b"))
+    ahead.submit_call("guess-b", lambda: ran.append("b"), needed=False)
+    ahead.submit_call("call-c", lambda: ran.append("c"))   # needed (a derivation): drain runs it
     ahead.submit([g])
-    ahead.drain()   # the candidate is compiled by the caller; the guess not started is dropped
-    assert ran == ["a"] and ahead.pending() == 0
+    ahead.drain()   # the candidate and the call are run by the caller; the guess not started is dropped
+    assert ran == ["a", "c"] and ahead.pending() == 0
     f = ahead.take(g)
     assert f is not None and not isinstance(f.result(), BaseException)
     ahead.forget()
@@ -159,8 +160,14 @@ def test_the_frontend_compiles_the_first_tunings_ahead(monkeypatch: pytest.Monke
 
 def test_a_dynamic_graphs_derivations_are_compiled_ahead(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     # Dynamo's default: a fixed-shape graph first, a dynamic one at the first new size, whose pieces derive from
-    # their fixed-shape twins: each derivation's kernel is compiled ahead while the next pieces are searched
+    # their fixed-shape twins: each derivation runs ahead (compiles and checks) while the next pieces are searched,
+    # and the first call finds it done
+    import prism.api as A
     from prism.frontend import clear_reports
+    early: list[object] = []
+    derive_early = A.SuperKernel._derive_early
+    monkeypatch.setattr(A.SuperKernel, "_derive_early", lambda self, env: early.append(derive_early(self, env))
+                        or early[-1])
     monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
     torch._dynamo.reset()
     clear_reports()
@@ -175,6 +182,8 @@ def test_a_dynamic_graphs_derivations_are_compiled_ahead(monkeypatch: pytest.Mon
             err = float((y.double() - ref.double()).abs().max()) / float(ref.double().abs().max())
             assert err <= 1e-4, (n, err)
     assert STATS.derived_ahead >= 1 and STATS.tune_derived >= 1 and STATS.tunings == 0
+    # every derivation was done ahead: none at the first call
+    assert len([s for s in early if s is not None]) == STATS.tune_derived == STATS.derived_ahead
     assert ahead.pending() == 0
     torch._dynamo.reset()
 
