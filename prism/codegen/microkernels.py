@@ -23,6 +23,16 @@ import numpy as np
 from prism.codegen.isa import ISA, bf16_dot, i8_dot, l1d_bytes
 from prism.codegen.tiles import ctype, ld
 
+# How the tn and grouped micro-kernels (a Linear's products) are declared: not inlined. A template over a prompt's
+# length holds up to 8 of a product's kernels (the blocks' shapes and the last block's tails), each called from 2-4
+# places, and gcc inlined every call: llama-1b bf16's linear+add template took 1.51 s inlined, 0.64 s not (gcc 12
+# -O3, Zen 5 VM). Each call runs a whole K chunk: that template at 141 / 128 rows 4.21 / 3.42 ms inlined, 4.11 / 3.34
+# not (/tmp ctypes timing of the two builds of one source, alternating, 2 threads). The nn and nt kernels (attention:
+# K = a head's 64 per call) stay inlined: not inlining them too took the prefill attention's template from 1.15 to
+# 0.67 s of gcc but llama-1b bf16's 128-token prefill from 116.9-122.3 ms to 121.6-125.4 (warm caches, the same
+# tunings, processes alternating); with only these not inlined 116.0-122.6. PRISM_KERNEL_INLINE=1 inlines them too.
+LINKAGE = "PR_INLINE" if os.environ.get("PRISM_KERNEL_INLINE", "0").strip() == "1" else "PR_NOINLINE"
+
 # Software prefetch of B, PF_ROWS rows ahead, into L2 (prefetcht1). A weight tile is a column strip of a
 # row-major matrix: every row is a new 4 KiB page, which the hardware prefetchers do not cross. Measured
 # on the 2-core Zen 4 VM (W1 n=8 d=4096, one thread): 7.5 GB/s without, 20 GB/s with (distance 24-48
@@ -1033,7 +1043,7 @@ def tn_kernel_i8(rn: int, mv: int) -> str:
     tn kernels'. Per 4 k: mv row loads, rn broadcasts and rn * mv ``vpdpbusd`` of 64 products -- twice the
     products per instruction of ``vdpbf16ps`` -- where the nt kernels end every tile with a transpose-and-add."""
     cells = [(r, v) for r in range(rn) for v in range(mv)]
-    L = [f"PR_INLINE void {tn_name(rn, mv, 'i8_dp')}(long K, const int8_t* restrict Bt, long sb0, const char* pf, "
+    L = [f"{LINKAGE} void {tn_name(rn, mv, 'i8_dp')}(long K, const int8_t* restrict Bt, long sb0, const char* pf, "
          "long spf, const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta) {",
          "  " + " ".join(f"__m512i a{r}_{v} = _mm512_setzero_si512();" for r, v in cells),
          "  for (long k = 0; k < K; k += 4) {",
@@ -1123,10 +1133,8 @@ def _tn_text(name: str, bt: str, rn: int, mv: int, kstep: int, pf_bytes: int, xr
     inc = "k++" if kstep == 1 else f"k += {kstep}"
     chunk = ACC_CHUNK if scales is None else scales[1]
     extra = "" if scales is None else f", const {ctype(scales[2])}* restrict S, long ssr, long ssg"
-    # a grouped kernel is not inlined: a template over a prompt's length calls each of its 8 kernels (keys and
-    # tail keys, by the last block's vectors) from 2-3 places, and gcc took 1.41 s for such a source inlined, 0.86 s
-    # not (each call runs a whole K chunk: the call costs nothing measurable; docs/codegen.md)
-    L = [f"{'PR_INLINE' if scales is None else 'PR_NOINLINE'} void {name}(long K, const {bt}* restrict Bt, long sb0, "
+    # (a grouped kernel was the first not inlined: a template's 8 of them, gcc 1.41 -> 0.86 s; docs/codegen.md)
+    L = [f"{LINKAGE} void {name}(long K, const {bt}* restrict Bt, long sb0, "
          f"const char* pf, long spf, const float* restrict Xp, long ldm, float* restrict Ct, long sct, "
          f"int beta{extra}) {{",
          f"  __m512 g[{rn * mv}];",
@@ -1266,7 +1274,7 @@ def gdot_tile_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, .
             sums.append(f"    {{ {v.sum_lanes('c', f'acc{r}{j}')}\n      "
                         f"{_nt_levels(f's[{k}]', f't[{k}]', 'c', _scalar_add, gr, 'g0', 'g1', 'Gn')} }}")
     nl = "\n"
-    return f"""PR_INLINE void {name}{sig} {{
+    return f"""{LINKAGE} void {name}{sig} {{
   float s[{R * J}] = {{0}}, t[{R * J}] = {{0}};
   for (long g0 = 0; g0 < Gn; g0 += {gc}) {{
     const long g1 = pr_minl(Gn, g0 + {gc});
@@ -1320,7 +1328,7 @@ def gdot_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...], 
   return s;
 }}
 """
-        return f"""PR_INLINE void {name}{sig} {{
+        return f"""{LINKAGE} void {name}{sig} {{
   for (long r = 0; r < {R}; r++) {{
     float s = 0.0f;
     for (long g = 0; g < Gn; g++) {{
@@ -1387,7 +1395,7 @@ def gdot_kernel(isa: ISA, G: int, elems: tuple[str, str], fel: tuple[str, ...], 
     sums = "\n".join(f"    {{ {v.sum_lanes('c', total[r])}\n      "
                      f"{_nt_levels(f's[{r}]', f't[{r}]', 'c', _scalar_add, gr, 'g0', 'g1', 'Gn')} }}"
                      for r in range(R))
-    return f"""PR_INLINE void {name}{sig} {{
+    return f"""{LINKAGE} void {name}{sig} {{
   float s[{R}] = {{0}}, t[{R}] = {{0}};
   for (long g0 = 0; g0 < Gn; g0 += {gc}) {{
     const long g1 = pr_minl(Gn, g0 + {gc});
