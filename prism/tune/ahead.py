@@ -24,6 +24,7 @@ ones on two threads.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import deque
@@ -44,6 +45,7 @@ class _Job:
     started: bool = False
 
 
+LOG = logging.getLogger("prism")
 _LOCK = threading.Lock()
 _QUEUE: deque[_Job] = deque()
 _JOBS: dict[str, _Job] = {}    # candidate key -> its job, until a tuning takes it or drain() drops it
@@ -57,7 +59,9 @@ def enabled() -> bool:
 def _run(job: _Job) -> None:
     try:
         result: object = job.run()
-    except Exception as e:  # a failure is the job's: a candidate's is reported by the tuning that takes it
+    except Exception as e:  # a failure is the job's: a candidate's is reported by the tuning that takes it, a
+        # derivation's is met again by the first call, which derives itself
+        LOG.debug("prism: a job compiled ahead failed (its work is left to the first call): %r", e)
         result = e
     job.future.set_result(result)
 
