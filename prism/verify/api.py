@@ -29,7 +29,8 @@ def verify(candidate: Graph, reference: Graph, *, limits: Limits | None = None, 
            instantiations: Sequence[Mapping[str, int]] | None = None, n_instantiations: int = 3,
            kinds: Sequence[str] = KINDS,
            seeds: Sequence[int] = SEEDS, runners: Sequence[Runner] | None = None,
-           hostile_input: str | Sequence[str] | None = None, generalize: bool = False) -> VerifyResult:
+           hostile_input: str | Sequence[str] | None = None, generalize: bool = False,
+           formal: FormalResult | None = None) -> VerifyResult:
     """Check that ``candidate`` computes ``reference``: an e-graph proof for every value of the symbols
     (grid sizes, for-loop ranges, batch dims) and numeric testing at small instantiations.
 
@@ -39,14 +40,21 @@ def verify(candidate: Graph, reference: Graph, *, limits: Limits | None = None, 
     ``generalize=True``: the numeric check runs on both graphs with their big fixed sizes made symbols
     (:func:`~prism.verify.numeric.generalized`), at small values of them (the search's gate: a check at a
     [32000, 2048] weight's real size costs seconds per run); the proof stays at the real sizes. Ignored with
-    ``instantiations`` or ``runners`` given (they are of the real sizes).
+    ``instantiations`` or ``runners`` given (they are of the real sizes). ``formal``: the proof of this very pair
+    made already (``prove(candidate, reference)`` with the default limits; the search's gate proves first, to skip
+    the numeric check of a candidate that cannot pass), used instead of proving again (not with ``limits`` or
+    ``explain``).
     Raises :class:`~prism.errors.UnsupportedError` for constructs the formal verifier does not model yet.
     """
     for what, g in (("candidate", candidate), ("reference", reference)):
         if not isinstance(g, Graph):
             raise InputError(f"prism.verify: the {what} must be a prism.Graph, got {type(g).__name__} ({g!r:.60}); "
                              "build it with prism.Graph() or load it with prism.ir.serialize.graph_from_json")
-    formal = prove(candidate, reference, limits, explain=explain)
+    if formal is not None and (limits is not None or explain):
+        raise InputError("prism.verify: formal= is a proof made with the default limits and no explanation; "
+                         "leave it out to prove with limits= or explain=")
+    if formal is None:
+        formal = prove(candidate, reference, limits, explain=explain)
     gen = generalized(candidate, reference) if generalize and instantiations is None and runners is None else None
     if gen is not None:
         try:
