@@ -616,6 +616,12 @@ def _run_model(name: str, spec: ModelSpec, prompt: int, new_tokens: int, rounds:
         with torch.inference_mode():
             n = new_tokens + fresh_tokens
             for sysname, model in calls.items():
+                # untimed first, as in the rounds: the first call of a system's turn, after the others streamed
+                # their weights, is slow for a while (the rounds' note above); without it Prism's 34 new-KV-length
+                # steps read 78.3 tokens/s right after inductor's turn where its rounds read 108.7 (one bench run,
+                # llama-1b int8w-g32-bf16), and a script replaying the bench's order without the other systems
+                # measured 5 % between new and seen lengths
+                model.generate(ids, max_new_tokens=1, **kw)
                 # steps timed inside one generate() (the difference of two generate() calls came out <= 0
                 # under load)
                 clock, t = _step_clock()
