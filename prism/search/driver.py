@@ -293,8 +293,7 @@ def search(graph: Graph, limits: Limits | None = None, mode: str = "symbolic", *
     if transfer:
         (own, own_file, own_donors), (wide_fam, wide_file, wide_donors) = fams
         r = _transfer(own_file, own_donors, graph, own, env, progress)
-        if r is None and any(d == 1 for d in wide_fam[1] if isinstance(d, int)):
-            # a size of 1: a donor of more rows may serve it (transfer.narrows)
+        if r is None and 1 in wide_fam[1]:   # a size of 1: a donor of more rows may serve it (transfer.narrows)
             r = _transfer(wide_file, wide_donors, graph, wide_fam, env, progress, narrowing=True)
         if r is None and env:
             # a symbolic program: the same program at fixed sizes searched before (its fixed family; such donors

@@ -40,7 +40,6 @@ from prism.tune.stats import STATS
 @dataclass
 class _Job:
     run: Callable[[], object]
-    needed: bool = True   # a tuning's candidate; False: a guess (submit_call), dropped by drain() if queued
     future: Future = field(default_factory=Future)
     started: bool = False
 
@@ -80,25 +79,24 @@ def _work() -> None:
 def submit(graphs: Sequence[Graph]) -> int:
     """Queue the compiles of ``graphs`` (concrete candidate graphs) on the background thread; returns how many
     were new."""
-    new = _queue([(g.key, lambda g=g: compile_graph(g)) for g in graphs], needed=True)
+    new = _queue([(g.key, lambda g=g: compile_graph(g)) for g in graphs])
     STATS.compiled_ahead += new
     return new
 
 
-def submit_call(key: str, fn: Callable[[], object], needed: bool = True) -> int:
+def submit_call(key: str, fn: Callable[[], object]) -> int:
     """Queue ``fn`` (work whose result lands where its caller will look: a kernel's derivation) on the background
-    thread under ``key``; 1 if it was new. Such jobs are not taken (:func:`forget` drops them once done). ``needed``
-    False: a guess, which :func:`drain` drops where it has not started."""
-    return _queue([(key, fn)], needed=needed)
+    thread under ``key``; 1 if it was new. Such jobs are not taken (:func:`forget` drops them once done)."""
+    return _queue([(key, fn)])
 
 
-def _queue(jobs: Sequence[tuple[str, Callable[[], object]]], needed: bool) -> int:
+def _queue(jobs: Sequence[tuple[str, Callable[[], object]]]) -> int:
     new = 0
     with _LOCK:
         for key, fn in jobs:
             if key in _JOBS:
                 continue
-            job = _Job(fn, needed)
+            job = _Job(fn)
             _JOBS[key] = job
             _QUEUE.append(job)
             new += 1
@@ -131,14 +129,10 @@ def pending() -> int:
 
 def drain() -> None:
     """Finish every submitted compile: the caller's thread compiles queued ones beside the background thread,
-    then waits for the running ones; a guess (:func:`submit_call`) not started is dropped. The kernels stay for the
-    tunings to take (their shared objects are in the compile cache either way)."""
+    then waits for the running ones. The kernels stay for the tunings to take (their shared objects are in the
+    compile cache either way)."""
     while True:
         with _LOCK:
-            for j in [j for j in _QUEUE if not j.needed]:
-                _QUEUE.remove(j)
-                j.started = True
-                j.future.set_result(None)
             job = _QUEUE.popleft() if _QUEUE else None
             if job is not None:
                 job.started = True

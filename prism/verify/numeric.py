@@ -289,7 +289,6 @@ def _fits(names: Sequence[str], combos: Sequence[tuple[int, ...]], blocks: Seque
     arr = np.asarray(combos, np.int64).reshape(rows, len(names))
     cols = {n: arr[:, i] for i, n in enumerate(names)}
     work = np.zeros(rows, np.int64)
-    keep = np.ones(rows, bool)
     for bg in blocks:
         n = _columns(bg.forloop, cols, rows)
         if n is None:
@@ -303,7 +302,7 @@ def _fits(names: Sequence[str], combos: Sequence[tuple[int, ...]], blocks: Seque
         if not ok.all():   # (a grid size or loop that is not an integer: the scalar path raises there)
             return _fits_one_by_one(names, combos, blocks, max_work)
         work += w
-    keep &= work <= max_work
+    keep = work <= max_work
     for bg in blocks:
         for c in bg.constraints:
             if not isinstance(c, D.Divisible):

@@ -51,10 +51,10 @@ def test_submitted_compiles_are_taken_once_and_queued_ones_are_the_callers(monke
     ahead.drain()   # nothing left
 
 
-def test_calls_run_in_the_background_and_drain_drops_guesses_not_started(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_calls_run_in_the_background_and_drain_runs_those_queued(monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[str] = []
-    assert ahead.submit_call("guess-a", lambda: ran.append("a"), needed=False) == 1
-    assert ahead.submit_call("guess-a", lambda: ran.append("again"), needed=False) == 0   # one job per key
+    assert ahead.submit_call("call-a", lambda: ran.append("a")) == 1
+    assert ahead.submit_call("call-a", lambda: ran.append("again")) == 0   # one job per key
     for _ in range(1000):   # the background thread runs it
         if ran:
             break
@@ -64,10 +64,9 @@ def test_calls_run_in_the_background_and_drain_drops_guesses_not_started(monkeyp
     ahead.forget()
     monkeypatch.setattr(ahead, "_WORKER", [object()])   # no background thread starts: everything stays queued
     g = _small(6, 5)
-    ahead.submit_call("guess-b", lambda: ran.append("b"), needed=False)
-    ahead.submit_call("call-c", lambda: ran.append("c"))   # needed (a derivation): drain runs it
+    ahead.submit_call("call-c", lambda: ran.append("c"))   # a derivation: drain runs it
     ahead.submit([g])
-    ahead.drain()   # the candidate and the call are run by the caller; the guess not started is dropped
+    ahead.drain()   # the call and the candidate are run by the caller
     assert ran == ["a", "c"] and ahead.pending() == 0
     f = ahead.take(g)
     assert f is not None and not isinstance(f.result(), BaseException)
