@@ -94,6 +94,7 @@ class Options:
     time_limit: float | None = None     # the search's time limit: also the budget of the first shape's tuning
     deadline: float | None = None       # perf_counter time by which the superoptimize call's work should end
     derive: bool = False                # a new shape near a tuned one takes its winner (SuperKernel._derive)
+    prebuild: str = "now"               # "later": a tuning's pre-build is held for the next graph compile (_prebuild)
 
 
 DERIVE_WINDOW = 2.0   # a shape within this factor (each dim) of a tuned one is derived from it for good; a farther
@@ -270,7 +271,7 @@ def search_env(graph: Graph, search_dims: Mapping[str, int] | None = None) -> di
 def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None = None, top_k: int = TOP_K,
                   tune_budget_s: float | None = None, workers: int = 1, verbose: int = 0,
                   measure_machine: bool | None = None, search_dims: Mapping[str, int] | None = None,
-                  derive: bool = False) -> SuperKernel:
+                  derive: bool = False, prebuild: str = "now") -> SuperKernel:
     """Search, verify and (per shape, on first use) tune and compile ``graph``.
 
     ``limits``: a ``prism.search.Limits`` (the search space and its budget); ``time_limit``: shorthand for
@@ -284,6 +285,10 @@ def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None 
     instead of 16k (7 s). ``derive=True``: a new shape within a factor of 2 (each dim) of a tuned one takes
     that tuning's winner -- compiled at the new shape and numerically checked, not measured
     (:meth:`SuperKernel.specialize`; the frontend's choice, where a dynamic dim takes a new value per call).
+    ``prebuild``: where a shape is tuned, the shape one past it is derived right after (its template built and
+    checked: :meth:`SuperKernel._prebuild`) -- ``"now"``, in that call, or ``"later"``, held for the background
+    compiler until the next graph compile starts (:func:`prism.tune.ahead.release`; the frontend's choice: a graph's
+    first call then does only what it needs).
     Calls with the same program and options return the same kernel object (its tunings shared).
     Raises :class:`NoVerifiedKernelError` when nothing verifies.
     """
@@ -331,14 +336,16 @@ def superoptimize(graph: Graph, *, limits: Any = None, time_limit: float | None 
             _SEARCH_MEMO[key] = (result, impls)
     if not impls:
         raise NoVerifiedKernelError(_no_kernel_message(graph, result, limits))
-    kkey = (*key, top_k, tune_budget_s, verbose, measure_machine, derive)
+    if prebuild not in ("now", "later"):
+        raise InputError(f"superoptimize: prebuild must be 'now' or 'later', got {prebuild!r}")
+    kkey = (*key, top_k, tune_budget_s, verbose, measure_machine, derive, prebuild)
     with _MEMO_LOCK:
         k = _KERNEL_MEMO.get(kkey)
         if k is None:
             k = _KERNEL_MEMO[kkey] = SuperKernel(
                 graph, result, impls, Options(top_k, tune_budget_s, verbose, measure_machine,
                                               time_limit=limits.time_limit, deadline=t_start + limits.time_limit,
-                                              derive=derive))
+                                              derive=derive, prebuild=prebuild))
     return k
 
 
@@ -466,7 +473,7 @@ class SuperKernel:
                 self._specs[key] = spec
                 self._planned.pop(key, None)
                 if spec.derived_from is None and dims:
-                    self._prebuild(dict(dims), spec)
+                    self._prebuild_after(dict(dims), spec)
             return spec
 
     def compile_ahead(self, dims: Mapping[str, int]) -> int:
@@ -578,6 +585,22 @@ class SuperKernel:
             return False
         t = kernel.specialize(**dims).template
         return t is not None and len(t.checks) >= TEMPLATE_CHECKS
+
+    def _prebuild_after(self, env: dict[str, int], spec: Specialization) -> None:
+        """:meth:`_prebuild` now, or held for the next graph compile (``prebuild="later"``: :func:`ahead.defer`)."""
+        if self.options.prebuild == "later" and self._prebuilding():
+            key = tuple(sorted(env.items()))
+            if ahead.defer(f"prebuild:{id(self)}:{key}", lambda: self._prebuild_held(env, spec)):
+                STATS.prebuilt_later += 1
+                return
+        self._prebuild(env, spec)
+
+    def _prebuild_held(self, env: dict[str, int], spec: Specialization) -> None:
+        """A held pre-build, run by the background compiler: under the kernel's lock and shared draws, as
+        :meth:`specialize` runs it."""
+        from prism.verify.numeric import shared_draws
+        with self._lock, shared_draws():
+            self._prebuild(env, spec)
 
     def _prebuild(self, env: dict[str, int], spec: Specialization) -> None:
         """Derive the shape one past the tuned ``env`` in every symbolic dim now, while the caller is compiling

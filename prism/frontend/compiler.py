@@ -355,6 +355,9 @@ def compile_graph(gm: Any, example_inputs: list[Any] | None = None, *, source: s
         log.info("prism: graph %d assumes %s", report.index, a)
     report.layout = len(cap.layout_units)
     ahead.forget()   # compiled ahead for an earlier graph and not taken by its tunings
+    # an earlier graph's first call held work for later shapes (its pre-builds): it runs beside these searches, which
+    # measure nothing, and the drain below finishes it
+    ahead.release()
     try:
         _search_pieces(gm, cap, report, opts)
     finally:
@@ -736,7 +739,7 @@ def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = Tr
         try:
             k = superoptimize(graph, limits=limits, top_k=opts.top_k, tune_budget_s=opts.tune_budget_s,
                               verbose=opts.verbose, measure_machine=opts.measure_machine, derive=opts.derive,
-                              search_dims=sdims)
+                              search_dims=sdims, prebuild="later")
         except NoVerifiedKernelError:
             if opts.limits is not None or limits.max_kernel_ops != 1:
                 raise
@@ -744,7 +747,8 @@ def _superoptimize(graph: Graph, opts: Options, pr: PieceReport, last: bool = Tr
             # means, then their mean): search again with two kernels before leaving it to PyTorch
             k = superoptimize(graph, limits=dataclasses.replace(limits, max_kernel_ops=2), top_k=opts.top_k,
                               tune_budget_s=opts.tune_budget_s, verbose=opts.verbose,
-                              measure_machine=opts.measure_machine, derive=opts.derive, search_dims=sdims)
+                              measure_machine=opts.measure_machine, derive=opts.derive, search_dims=sdims,
+                              prebuild="later")
     except Exception as e:  # any failure leaves the piece to PyTorch, loudly
         msg = str(e).splitlines()[0] if str(e) else ""
         pr.status, pr.reason = "failed", f"prism.superoptimize raised {type(e).__name__}: {msg}"

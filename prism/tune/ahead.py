@@ -20,6 +20,15 @@ twins: Dynamo's recompile at a model's first new prompt length) submits that der
 (``SuperKernel._derive_early``, :func:`submit_call`): its compiles and checks, the result held in the kernel object
 for the first call. A derivation measures nothing, so it may run beside the searches; :func:`drain` runs the queued
 ones on two threads.
+
+Work for shapes not yet asked for that a graph's *first call* would do after a tuning (``SuperKernel._prebuild``:
+the next length's template and tails) is held (:func:`defer`) until the next graph compile starts
+(:func:`release`, at the start of ``compile_graph``): it then runs beside that compile's searches, and that compile's
+:func:`drain` finishes it. So it never runs while a first call's tunings measure, and never after a graph is
+returned. Measured need: llama-1b int8w-g32-bf16 under ``dynamic=True``, the first ``generate()`` from empty caches
+spent 7.6 s of its 29.7 s in the prefill graph's first call pre-building its 12 pieces' next length, one after
+another on the main thread, before the decode graph's compile (2026-12-01, Zen 5 VM). A job never released (no
+later compile) is simply not done: the first new value does that work itself, as with ``PRISM_PREBUILD=0``.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ _LOCK = threading.Lock()
 _QUEUE: deque[_Job] = deque()
 _JOBS: dict[str, _Job] = {}    # candidate key -> its job, until a tuning takes it or drain() drops it
 _WORKER: list[threading.Thread] = []
+_HELD: dict[str, Callable[[], object]] = {}   # key -> work held until the next graph compile (defer / release)
 
 
 def enabled() -> bool:
@@ -88,6 +98,31 @@ def submit_call(key: str, fn: Callable[[], object]) -> int:
     """Queue ``fn`` (work whose result lands where its caller will look: a kernel's derivation) on the background
     thread under ``key``; 1 if it was new. Such jobs are not taken (:func:`forget` drops them once done)."""
     return _queue([(key, fn)])
+
+
+def defer(key: str, fn: Callable[[], object]) -> bool:
+    """Hold ``fn`` (work for later shapes, measuring nothing) until the next :func:`release`; False where nothing is
+    held (``PRISM_AHEAD=0``: the caller runs it now)."""
+    if not enabled():
+        return False
+    with _LOCK:
+        _HELD.setdefault(key, fn)
+    return True
+
+
+def release() -> int:
+    """Queue the held work on the background thread (a graph compile starts: nothing is timed until its
+    :func:`drain`); returns how many jobs were new."""
+    with _LOCK:
+        jobs = list(_HELD.items())
+        _HELD.clear()
+    return _queue(jobs)
+
+
+def held() -> int:
+    """Jobs held for the next graph compile."""
+    with _LOCK:
+        return len(_HELD)
 
 
 def _queue(jobs: Sequence[tuple[str, Callable[[], object]]]) -> int:

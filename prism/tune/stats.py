@@ -28,6 +28,7 @@ class TuneStats:
     compile_failures: int = 0
     compiled_ahead: int = 0      # candidates submitted to the background compiler (tune.ahead) after their search
     ahead_taken: int = 0         # ... of them, taken compiled (or compiling) by their tuning
+    prebuilt_later: int = 0      # pre-builds held for the next graph compile (SuperKernel._prebuild, ahead.defer)
     derived_ahead: int = 0       # derivations submitted to the background compiler (SuperKernel._derive_early)
     measured: int = 0            # candidate kernels timed
     wrong_results: int = 0       # candidates whose output did not match the reference

@@ -206,3 +206,77 @@ def test_a_failure_to_compile_ahead_leaves_the_work_to_the_first_call(monkeypatc
     monkeypatch.setattr(A.SuperKernel, "compile_ahead", broken)
     stats = _run(monkeypatch, tmp_path, True)   # the graph compiles, tunes at its first call and matches eager
     assert stats["ahead"] == 0 and stats["tunings"] >= 1 and stats["compiles"] >= stats["tunings"]
+
+
+def _symbolic(seed: int) -> prism.Graph:
+    g = prism.Graph(f"held{seed}")
+    a, b = g.input("a", ("n", 16)), g.input("b", (16, 24))
+    g.output(g.add(g.matmul(a, b), g.input("c", ("n", 24))), "y")
+    return g
+
+
+@pytest.mark.parametrize("when", ["now", "later"])
+def test_a_pre_build_runs_in_the_tuning_call_or_at_the_next_release(monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+                                                                    when: str) -> None:
+    # SuperKernel._prebuild (the shape one past a tuned one) runs in the call that tuned ("now"), or is held until
+    # ahead.release() and then run by the background compiler ("later", the frontend's choice)
+    from prism.api import clear_memory_caches
+    from prism.search import Limits
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    clear_memory_caches()
+    reset_stats()
+    k = prism.superoptimize(_symbolic(1 if when == "now" else 2), limits=Limits(max_kernel_ops=1, time_limit=30),
+                            top_k=2, measure_machine=False, derive=True, prebuild=when)
+    k.specialize(n=16)
+    assert STATS.tunings == 1
+    if when == "now":
+        assert k.has_spec({"n": 17}) and STATS.template_prebuilt >= 1 and STATS.prebuilt_later == 0
+        assert ahead.held() == 0
+        return
+    assert not k.has_spec({"n": 17}) and STATS.template_prebuilt == 0
+    assert STATS.prebuilt_later == 1 and ahead.held() == 1 and ahead.pending() == 0   # held, not queued
+    assert ahead.release() == 1 and ahead.held() == 0
+    ahead.drain()
+    assert k.has_spec({"n": 17}) and STATS.template_prebuilt >= 1
+    s17 = k.specialize(n=17)
+    assert s17.derived_from == {"n": 16} and s17.check.passed
+    x = {"a": np.ones((17, 16), np.float32), "b": np.full((16, 24), 2, np.float32), "c": np.ones((17, 24), np.float32)}
+    np.testing.assert_array_equal(k(**x), np.full((17, 24), 33, np.float32))
+    ahead.forget()
+    with pytest.raises(prism.InputError, match="prebuild"):
+        prism.superoptimize(_symbolic(2), prebuild="soon")
+
+
+def test_a_dynamic_graphs_first_call_holds_its_pre_builds_for_the_next_compile(monkeypatch: pytest.MonkeyPatch,
+                                                                               tmp_path: Any) -> None:
+    # the frontend: a dynamic graph's first call tunes its pieces and holds their pre-builds (nothing runs in the
+    # background once a graph is returned); the next graph compile runs them beside its searches and drains them;
+    # the first new length then finds its kernels built (no tuning, no compile)
+    from prism.frontend import clear_reports
+    monkeypatch.setenv("PRISM_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    clear_reports()
+    net = _Net()
+    opts = {"top_k": 2, "time_limit": 60.0, "measure_machine": False}
+    c = torch.compile(net, backend="prism", dynamic=True, options=opts)
+    other = torch.compile(lambda x: torch.tanh(x) * 3.0 + x, backend="prism", dynamic=True, options=opts)
+    reset_stats()
+    with torch.no_grad():
+        x6 = torch.randn(6, 48, generator=torch.Generator().manual_seed(6))
+        y6 = c(x6)
+        assert STATS.tunings >= 1 and STATS.prebuilt_later >= 1 and STATS.template_prebuilt == 0
+        assert ahead.held() == STATS.prebuilt_later and ahead.pending() == 0
+        held = ahead.held()
+        other(x6)   # a graph compile: releases the held work and drains it before returning; then its own first
+        # call holds its own piece's pre-build
+        assert ahead.pending() == 0 and STATS.template_prebuilt >= held
+        assert ahead.held() == STATS.prebuilt_later - held
+        reset_stats()
+        x7 = torch.randn(7, 48, generator=torch.Generator().manual_seed(7))
+        y7 = c(x7)
+        assert STATS.tunings == 0 and STATS.compiles == 0 and STATS.template_prebuilt == 0   # (and plans 8.. ahead)
+    for y, x in ((y6, x6), (y7, x7)):
+        ref = net(x)
+        err = float((y.double() - ref.double()).abs().max()) / float(ref.double().abs().max())
+        assert err <= 1e-4, err
+    torch._dynamo.reset()
