@@ -188,6 +188,7 @@ def clear_memory_caches() -> None:
     with _MEMO_LOCK:
         _SEARCH_MEMO.clear()
         _KERNEL_MEMO.clear()
+    ahead.drop_held()   # pre-builds held for those kernels
 
 
 def _console(verbose: int) -> Any:

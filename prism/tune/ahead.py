@@ -119,6 +119,12 @@ def release() -> int:
     return _queue(jobs)
 
 
+def drop_held() -> None:
+    """Forget the held work (its kernels are forgotten: ``prism.api.clear_memory_caches``)."""
+    with _LOCK:
+        _HELD.clear()
+
+
 def held() -> int:
     """Jobs held for the next graph compile."""
     with _LOCK:

@@ -243,6 +243,11 @@ def test_a_pre_build_runs_in_the_tuning_call_or_at_the_next_release(monkeypatch:
     x = {"a": np.ones((17, 16), np.float32), "b": np.full((16, 24), 2, np.float32), "c": np.ones((17, 24), np.float32)}
     np.testing.assert_array_equal(k(**x), np.full((17, 24), 33, np.float32))
     ahead.forget()
+    monkeypatch.setenv("PRISM_DERIVE_FAR", "0")
+    k.specialize(n=40)   # a far shape, tuned: its pre-build is held, and forgotten with the kernels
+    assert ahead.held() == 1
+    clear_memory_caches()
+    assert ahead.held() == 0
     with pytest.raises(prism.InputError, match="prebuild"):
         prism.superoptimize(_symbolic(2), prebuild="soon")
 
