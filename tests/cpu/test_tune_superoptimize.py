@@ -734,7 +734,11 @@ def test_a_new_templates_checks_run_at_cheaper_values_of_its_region(tmp_path: Pa
     for n in (101, 77):
         run(k, n)
     assert STATS.final_checks == checks   # served by the checked template
-    assert check_points(t.trace, {"L": 120}, 3, [{"L": v} for v in at]) and not check_points(t.trace, {"L": 9}, 3, [])
+    # other values of the region once those are done; none below the region's smallest value (which values the
+    # region holds depends on the code the host's tuning chose: 2-8 are in it on the Intel host of 2026-12-01)
+    lo = min(v for v in range(1, 121) if t.trace.holds({"L": v}))
+    assert check_points(t.trace, {"L": 120}, 3, [{"L": v} for v in at]) and not check_points(t.trace, {"L": lo}, 3, [])
+    assert check_points(t.trace, {"L": lo + 1}, 3, []) == [{"L": lo}]
 
     # a template failing at the cheap values is not used: the shape is tuned (its own check at its own value)
     clear_memory_caches()
