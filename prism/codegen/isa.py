@@ -66,6 +66,12 @@ def l1d_bytes() -> int:
 
 
 @functools.cache
+def l2_bytes() -> int:
+    """This machine's L2 cache per core (1 MiB where sysfs does not say)."""
+    return cache_sizes()[2]
+
+
+@functools.cache
 def cpu_flags() -> frozenset[str]:
     """The CPU feature flags of this machine (empty when /proc/cpuinfo is unavailable)."""
     try:
@@ -138,3 +144,31 @@ def i8_dot(isa: ISA) -> bool:
     if isa.name != "avx512" or os.environ.get("PRISM_I8_DOT", "").strip() == "0":
         return False
     return "avx512_vnni" in cpu_flags()
+
+
+_ARCH_REQ_XCOMP_PERM = 0x1023   # arch_prctl: ask for an extended state component's permission (Linux 5.16+)
+_XFEATURE_XTILEDATA = 18        # the AMX tile data
+
+
+@functools.cache
+def _amx_permitted() -> bool:
+    """Whether this process may use the AMX tile registers: Linux grants them per process, on request
+    (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``); a tile instruction without it is SIGILL. Asked
+    once per process; the grant holds for every thread of the process, those started later included."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(158, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0   # 158: SYS_arch_prctl (x86-64)
+    except (OSError, AttributeError):
+        return False
+
+
+def tile_bf16(isa: ISA) -> bool:
+    """Whether the kernels of ``isa`` may use the AMX tiles for bfloat16 x bfloat16 contractions (``tdpbf16ps``:
+    a 16 x 32 by 32 x 16 product summed into 16 x 16 float32 per instruction, 16 times ``vdpbf16ps``'s products;
+    mk.tn_kernel_amx). Needs AMX_TILE and AMX_BF16 in the CPU flags, the AVX-512 path, the kernel's grant
+    (:func:`_amx_permitted`). ``PRISM_AMX=0`` turns it off (the tests run both paths on a machine that has it)."""
+    if isa.name != "avx512" or os.environ.get("PRISM_AMX", "").strip() == "0":
+        return False
+    flags = cpu_flags()
+    return {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags and _amx_permitted()

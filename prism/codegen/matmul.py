@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from prism.codegen import microkernels as mk
 from prism.codegen.cwriter import CWriter, Namer
-from prism.codegen.isa import ISA
+from prism.codegen.isa import ISA, detect, tile_bf16
 from prism.codegen.loops import PAR_MIN, Nest, assign, make_nest, offset, varying
 from prism.codegen.tiles import View, ctype, ld
 from prism.ir.traced import any_of, concrete, varies
@@ -57,12 +57,22 @@ TN_MIN_ROWS_I8 = NT_WHOLE_K_ROWS + 1
 # 0.51 / 1.30 ms, 32 1.04 / 1.38, 48 1.37 / 1.35, 64 1.90 / 1.42, 96 2.77 / 2.66, 128 3.73 / 2.69 (nt ~140 G int8
 # MAC/s, tn 190-200 at whole blocks; vpdpbusd's own peak measured beside it 235)
 TN_MIN_ROWS_I8_I8 = 48
+# bfloat16 rows against bfloat16 or int8 keys on the AMX tiles (mk.tn_kernel_amx): from 8 rows. Measured on the Intel
+# VM of 2026-12-01 (AMX; bfloat16 [m, 2048] @ [5632, 2048]^T, the weight in L3, 2 threads, tuned through
+# prism.superoptimize, oneDNN beside): m = 4 nt 0.47 ms, tiles 0.70; m = 8 0.89 against 0.74 (oneDNN 0.67); m = 16
+# 1.78 against 0.74 (0.77); m = 32 3.35 against 0.83 (0.84); m = 48 5.02 against 1.01 (1.05)
+TN_MIN_ROWS_AMX = 8
 
 
-def tn_min_rows(elems: tuple[str, str]) -> int:
-    """The rows from which a product of row and key storage ``elems`` takes the tn form (emit_tn)."""
+def tn_min_rows(elems: tuple[str, str], isa: ISA | None = None, tiles: bool | None = None) -> int:
+    """The rows from which a product of row and key storage ``elems`` takes the tn form (emit_tn) on ``isa`` (this
+    machine's path by default), or where ``tiles`` says whether the AMX tiles serve it (the cost model's machine)."""
     if elems == ("i8", "i8"):
         return TN_MIN_ROWS_I8_I8
+    if tiles is None:
+        tiles = tile_bf16(isa if isa is not None else detect())
+    if elems in (("bf16", "bf16"), ("bf16", "i8")) and tiles:
+        return TN_MIN_ROWS_AMX
     return TN_MIN_ROWS_I8 if elems == ("bf16", "i8") else TN_MIN_ROWS
 
 # K chunk = B rows per micro-kernel call (see emit_nn): 4 rows per C row, at least 8. Measured on W1
@@ -439,7 +449,7 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
         or (mk.nt_idot(sup.isa, elems) and sa0 % 4 == 0 and K % 4 == 0)
         or (set(elems) <= {"f32", "f16"} and sup.isa.name == "avx512"))
     tn = (allow_tn and tn_ok and scratch is not None and rowscale is None and (beta == "0" or outer is not None)
-          and par is None and not vars_ and K >= TN_MIN_K and N >= mk.TN_RN and M >= tn_min_rows(elems))
+          and par is None and not vars_ and K >= TN_MIN_K and N >= mk.TN_RN and M >= tn_min_rows(elems, sup.isa))
     if tn:
         assert scratch is not None
         emit_tn(w, nm, sup, M, N, K, ptr[1], sa0, ptr[2], sb1, ptr[0], sc0, scratch, beta, elems=elems)
@@ -657,10 +667,18 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     ``groups.size`` products per lane summed from zero and multiplied by its key's scale (mk.tn_kernel_grouped).
     Measured: docs/codegen.md, "tn"."""
     RN, MV = mk.tn_shape(elems[1], elems[0]) if groups is None else mk.TN_GROUPED_SHAPE
+    # bfloat16 rows against bfloat16 keys, or int8 keys converted into a bfloat16 panel: on the AMX tiles where the
+    # machine has them and every group of K is whole tile steps (mk.tn_kernel_amx: one call per block of keys and
+    # chunk of rows, the keys and rows past a whole block at run time)
+    amx = (elems[0] == "bf16" and elems[1] in ("bf16", "i8") and K % mk.TN_AMX_K == 0 and tile_bf16(sup.isa)
+           and (groups is None or (elems[1] == "i8" and groups.size % mk.TN_AMX_K == 0)))
+    if amx:
+        RN, MV = mk.TN_AMX_RN, 2
     # float32 rows and scales of at most 16 significant bits (float16, bfloat16): q * s is exact in float32, so the
     # panel holds the dequantized keys and the plain float32 kernel runs over them (no per-group sums: 1 FMA and a
     # setzero per accumulator and group fewer). The grouped sum reassociated, as every float32 product is.
-    scaled = (groups is not None and elems[0] == "f32" and groups.elem in ("f16", "bf16") and groups.size % 16 == 0
+    scaled = (not amx and groups is not None and elems[0] == "f32" and groups.elem in ("f16", "bf16")
+              and groups.size % 16 == 0
               and os.environ.get("PRISM_TN_SCALED_PANEL", "").strip() != "0")
     if groups is not None:
         assert elems in (("bf16", "i8"), ("f32", "i8")) and mk.ACC_ROWS % groups.size == 0
@@ -668,12 +686,14 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         assert not isinstance(K, int) or K % groups.size == 0
     mt = 16 * MV
     ldm = (M + mt - 1) // mt * mt
+    rows16 = (M + 15) // 16 * 16   # (amx: the rows a call runs, in vectors of 16)
+    mc_rows = mk.tn_amx_rows() if amx else mk.TN_MC
     G = mk.ACC_ROWS
     pairs = elems[0] == "bf16"
     quads = elems == ("i8", "i8")   # int8 x int8: A packed in k quads, vpdpbusd (mk.tn_kernel_i8)
     xp_n = (min(K, G) // 2 if pairs else min(K, G) // 4 if quads else min(K, G)) * ldm
     # the panel of a block's keys converted (float32 floats; bfloat16 pairs: half as many floats)
-    panel = (RN * min(K, G) // (2 if pairs else 1)) if elems[1] in ("f16", "i8") and not quads else 0
+    panel = (RN * min(K, G) // (2 if pairs else 1)) if elems[1] in ("f16", "i8") and not quads and not amx else 0
     base = scratch(xp_n + N * ldm + panel)
     xp, ct = nm("Xp"), nm("Ct")
     w.line(f"float* {xp} = {base};")
@@ -695,8 +715,15 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         return sup.need(mk.tn_name(rn, mv, form), mk.tn_kernel(rn, mv, esz) if pairs else
                         mk.tn_kernel_i8(rn, mv) if quads else mk.tn_kernel_f32(rn, mv, esz))
 
-    kern = kernel(RN)
-    tail = kernel(rn_tail) if rn_tail else ""
+    if amx:
+        sup.need("pr_tn_amx_head", mk.TN_AMX_HEAD)
+        kern = tail = sup.need(mk.tn_amx_name(esz), mk.tn_kernel_amx(esz))
+        if groups is not None:
+            kern = tail = sup.need(mk.tn_amx_grouped_name(groups.size, groups.elem),
+                                   mk.tn_kernel_amx_grouped(sup.isa, groups.size, groups.elem))
+    else:
+        kern = kernel(RN)
+        tail = kernel(rn_tail) if rn_tail else ""
     # a last block of rows that fills v < MV of its vectors of 16 takes the kernel of v vectors (chosen at run time
     # where the rows vary: a template over a prompt's length, every v in its text). Measured on the Zen 4 VM, one
     # thread, int8 [m, 2048] @ [2048, 2048]^T, two alternations, with the kernel of MV / 2 vectors for a block at most
@@ -706,7 +733,7 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     # ("tn"), "A last block of rows by its vectors"
     last_rows = None if varies(M) else M % mt   # the last block's rows where M is fixed
     lasts: list[int] = []   # the vectors of the last block's kernels below MV: every count where M varies
-    if MV > 1 and os.environ.get("PRISM_TN_LAST", "").strip() != "0":
+    if MV > 1 and not amx and os.environ.get("PRISM_TN_LAST", "").strip() != "0":
         if last_rows is None:
             lasts = list(range(1, MV))
         elif 0 < -(-last_rows // 16) < MV:
@@ -741,6 +768,10 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         def call(f: str, at: str) -> None:
             w.line(f"{f}({gn}, {src}, {sb}, {pf}, {sbt * esz}, {xp} + {at}, {ldm}, {ct} + {n0} * {ldm} + {at}, "
                    f"{ldm}, {beta}{scales});")
+        if amx:   # every row of the chunk in one call (the rows a multiple of 16: the last block's vectors past M)
+            w.line(f"{fn}({gn}, {src}, {sb}, {pf}, {sbt * esz}, {xp} + {mc}, {ldm}, {ct} + {n0} * {ldm} + {mc}, "
+                   f"{ldm}, {beta}, {rn}, pr_minl({rows16}, {mc} + {mc_rows}) - {mc}{scales});")
+            return
         if not fn_l:
             with w.block(f"for (long {m0} = {mc}; {m0} < pr_minl({ldm}, {mc} + {mk.TN_MC}); {m0} += {mt})"):
                 call(fn, m0)
@@ -772,7 +803,7 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         # packed rows in chunks of TN_MC, every block of keys against a chunk's row vectors: a key block is read
         # from memory once per chunk (the chunk's packed rows stay in L2), prefetched one block ahead
         n0, m0, mc = nm("n"), nm("m"), nm("mc")
-        with w.block(f"for (long {mc} = 0; {mc} < {ldm}; {mc} += {mk.TN_MC})"):
+        with w.block(f"for (long {mc} = 0; {mc} < {ldm}; {mc} += {mc_rows})"):
             with w.block(f"for (long {n0} = 0; {n0} < {n_full}; {n0} += {RN})"):
                 # the next block's keys, the last RN keys of B at most: a full block ahead of the tail keys (or of
                 # nothing) would prefetch past B's last key

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from prism.codegen.isa import ISA, bf16_dot, i8_dot, l1d_bytes
+from prism.codegen.isa import ISA, bf16_dot, i8_dot, l1d_bytes, l2_bytes
 from prism.codegen.tiles import ctype, ld
 
 # How the tn and grouped micro-kernels (a Linear's products) are declared: not inlined. A template over a prompt's
@@ -1087,6 +1087,190 @@ def tn_kernel_i8(rn: int, mv: int) -> str:
           "  }"]
     L.append("}")
     return "\n".join(L) + "\n"
+
+
+TN_AMX_RN = 32   # keys per call of the AMX tn kernel (two tiles of 16; fewer at run time for a last block)
+TN_AMX_K = 32    # k per tile step (a tile row is 64 bytes: 32 bfloat16)
+
+
+def tn_amx_rows() -> int:
+    """Packed rows per chunk of the AMX tn form (matmul.emit_tn): as many as fill half the L2 with the chunk's
+    packed rows (ACC_ROWS / 2 pairs of 4 bytes each: 1 KiB a row), 256 to 1024. Every block of keys is read once
+    per chunk. Measured on the Intel VM of 2026-12-01 (2 MiB L2; bfloat16 [m, 2048] x [5632, 2048]^T, 2 threads):
+    m = 1024 14.8 ms with 256 rows, 12.5 with 512, 11.8 with 1024; m = 128 unchanged (one chunk)."""
+    return max(256, min(1024, l2_bytes() // 2 // (ACC_ROWS * 2)))
+
+
+def tn_amx_name(key_bytes: int = 2) -> str:
+    return "pr_tn_amx_bf16" if key_bytes == 2 else "pr_tn_amx_bf16_i8"
+
+# the tile configuration of tn_kernel_amx (palette 1): C tiles 0-3 ([keys 0-15 | 16-31] x [rows 0-15 | 16-31]),
+# A tiles 4-5 (16 keys x 32 k each), B tiles 6-7 (16 k pairs x 16 rows each)
+TN_AMX_HEAD = """typedef struct {
+  uint8_t palette, start; uint8_t rsv[14]; uint16_t colsb[16]; uint8_t rows[16];
+} pr_tilecfg;
+static int pr_amx_granted = 0;
+extern long syscall(long number, ...);   /* <unistd.h>'s */
+PR_NOINLINE void pr_amx_grant(void) {
+  /* the process's permission for the tile data (Linux: arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); the
+     Python side asked for it before generating this code (codegen.isa.tile_bf16): this is for a process that loads
+     the library without generating it */
+  syscall(158, 0x1023, 18);
+  pr_amx_granted = 1;
+}
+"""
+
+TN_AMX_TEXT = """PR_INLINE void NAME_stage(const KT* restrict Bt, long sb0, long rn, long k, uint16_t* restrict P) {
+  for (long r = 0; r < rn; r++) {
+    const KT* s = Bt + r * sb0 + k;
+    uint16_t* d = P + k * 32 + r * 32;
+    STAGE;
+  }
+}
+PR_NOINLINE void NAME(long K, const KT* restrict Bt, long sb0, const char* pf, long spf,
+                                const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta, long rn,
+                                long rows) {
+  if (!pr_amx_granted) pr_amx_grant();
+  /* the block's keys staged as whole tiles, [K / 32][32 keys][32 k] (each A tile 1 KiB, contiguous): a step's
+     keys while the first rows' products of the step before run */
+  uint16_t P[32 * ACC] __attribute__((aligned(64)));
+  NAME_stage(Bt, sb0, rn, 0, P);
+  pr_tilecfg c;
+  memset(&c, 0, sizeof c);
+  c.palette = 1;
+  const int r0 = rn < 16 ? (int)rn : 16, r1 = (int)rn - r0;
+  for (int t = 0; t < 8; t++) { c.colsb[t] = 64; c.rows[t] = 16; }
+  c.rows[0] = c.rows[1] = c.rows[4] = (uint8_t)r0;
+  c.rows[2] = c.rows[3] = c.rows[5] = (uint8_t)(r1 ? r1 : 1);
+  _tile_loadconfig(&c);
+  for (long m = 0; m < rows; m += 32) {
+    const int two = rows - m >= 32;
+    float* c0 = Ct + m;
+    float* c1 = Ct + 16 * sct + m;
+    if (beta) {
+      _tile_loadd(0, c0, sct * 4);
+      if (two) _tile_loadd(1, c0 + 16, sct * 4);
+      if (r1) { _tile_loadd(2, c1, sct * 4); if (two) _tile_loadd(3, c1 + 16, sct * 4); }
+    } else {
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    }
+    for (long k = 0; k < K; k += 32) {
+      if (m == 0 && k + 32 < K) NAME_stage(Bt, sb0, rn, k + 32, P);
+      const float* xp = Xp + (k >> 1) * ldm + m;
+      const uint16_t* p = P + k * 32;
+      _tile_loadd(4, p, 64);
+      _tile_loadd(6, xp, ldm * 4);
+      if (two) _tile_loadd(7, xp + 16, ldm * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      if (two) _tile_dpbf16ps(1, 4, 7);
+      if (r1) {
+        _tile_loadd(5, p + 16 * 32, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        if (two) _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, c0, sct * 4);
+    if (two) _tile_stored(1, c0 + 16, sct * 4);
+    if (r1) { _tile_stored(2, c1, sct * 4); if (two) _tile_stored(3, c1 + 16, sct * 4); }
+  }
+}
+"""
+
+# a key's 32 values at k into the staged panel: bfloat16 as they are, int8 converted (exact)
+_TN_AMX_STAGE = {
+    2: "_mm512_store_si512((void*)d, _mm512_loadu_si512((const void*)s))",
+    1: "const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)s))); "
+       "const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(s + 16)))); "
+       "_mm512_store_si512((void*)d, (__m512i)_mm512_cvtne2ps_pbh(hi, lo))",
+}
+
+
+TN_AMX_GROUPED_TEXT = """PR_NOINLINE void NAME(long K, const int8_t* restrict Bt, long sb0, const char* pf, long spf,
+                                const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta, long rn,
+                                long rows, const FT* restrict S, long ssr, long ssg) {
+  if (!pr_amx_granted) pr_amx_grant();
+  uint16_t P[32 * ACC] __attribute__((aligned(64)));
+  float T[4 * 256] __attribute__((aligned(64)));   /* a group's four C tiles, scaled into Ct after it */
+  pr_tn_amx_bf16_i8_stage(Bt, sb0, rn, 0, P);
+  pr_tilecfg c;
+  memset(&c, 0, sizeof c);
+  c.palette = 1;
+  const int r0 = rn < 16 ? (int)rn : 16, r1 = (int)rn - r0;
+  for (int t = 0; t < 8; t++) { c.colsb[t] = 64; c.rows[t] = 16; }
+  c.rows[0] = c.rows[1] = c.rows[4] = (uint8_t)r0;
+  c.rows[2] = c.rows[3] = c.rows[5] = (uint8_t)(r1 ? r1 : 1);
+  _tile_loadconfig(&c);
+  for (long m = 0; m < rows; m += 32) {
+    const int two = rows - m >= 32;
+    for (long g0 = 0; g0 < K; g0 += GS) {
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (long k = g0; k < g0 + GS; k += 32) {
+        if (m == 0 && k + 32 < K) pr_tn_amx_bf16_i8_stage(Bt, sb0, rn, k + 32, P);
+        const float* xp = Xp + (k >> 1) * ldm + m;
+        const uint16_t* p = P + k * 32;
+        _tile_loadd(4, p, 64);
+        _tile_loadd(6, xp, ldm * 4);
+        if (two) _tile_loadd(7, xp + 16, ldm * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        if (two) _tile_dpbf16ps(1, 4, 7);
+        if (r1) {
+          _tile_loadd(5, p + 16 * 32, 64);
+          _tile_dpbf16ps(2, 5, 6);
+          if (two) _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, T, 64);
+      if (two) _tile_stored(1, T + 256, 64);
+      if (r1) { _tile_stored(2, T + 512, 64); if (two) _tile_stored(3, T + 768, 64); }
+      const long cg = g0 / GS;
+      const int first = !beta && g0 == 0;
+      for (long r = 0; r < rn; r++) {
+        const __m512 sv = _mm512_set1_ps(SCALE);
+        const float* t = T + (r >> 4) * 512 + (r & 15) * 16;
+        float* o = Ct + r * sct + m;
+        for (int v = 0; v <= two; v++) {
+          const __m512 x = _mm512_loadu_ps(t + 256 * v);
+          _mm512_storeu_ps(o + 16 * v,
+                           first ? _mm512_mul_ps(x, sv) : _mm512_fmadd_ps(x, sv, _mm512_loadu_ps(o + 16 * v)));
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def tn_amx_grouped_name(G: int, fel: str) -> str:
+    return f"pr_tn_amx_bf16_i8_g{G}_f{fel}"
+
+
+def tn_kernel_amx_grouped(isa: ISA, G: int, fel: str) -> str:
+    """The grouped tn kernel on the AMX tiles (:func:`tn_kernel_grouped`'s product: int8 keys with a scale per group
+    of ``G`` values of K, a multiple of TN_AMX_K, against bfloat16 rows; matmul.emit_tn): per 32 rows, each group's
+    ``tdpbf16ps`` steps summed from zero in four C tiles, stored (4 KiB on the stack) and added into Ct times each
+    key's scale of the group (one FMA per 16 outputs; the first group of a call without beta stores). The keys are
+    staged as :func:`tn_kernel_amx`'s (converted to bfloat16, exact); ``rn`` keys (at most 32) and ``rows`` (a
+    multiple of 16) at run time. The program's exact grouped sum: each group's products summed in float32 and
+    multiplied by its scale, as the AVX-512 form. (Needs pr_tn_amx_bf16_i8_stage: :func:`tn_kernel_amx` (1).)"""
+    return (TN_AMX_GROUPED_TEXT.replace("NAME", tn_amx_grouped_name(G, fel)).replace("FT", ctype(fel))
+            .replace("GS", str(G)).replace("ACC", str(ACC_ROWS))
+            .replace("SCALE", _gdot_factor(isa, (fel,), "r * ssr + cg * ssg", "S")))
+
+
+def tn_kernel_amx(key_bytes: int = 2) -> str:
+    """The tn kernel on the AMX tiles (codegen.isa.tile_bf16; matmul.emit_tn): Ct[r * sct + m] (beta) sum_k
+    Bt[r * sb0 + k] * A[m, k] for r < rn (at most TN_AMX_RN), m < rows (a multiple of 16), over K (a multiple of
+    TN_AMX_K), ``Xp`` A's k pairs as :func:`tn_kernel`'s -- the layout of a ``tdpbf16ps`` B tile: 16 k pairs by 16
+    rows, one 32-bit pair per row --, the keys as they are stored (an A tile: 16 keys by 32 k, at the key stride),
+    so C^T = Bt A^T tile by tile, as the other tn kernels. Per 32 k: two key tiles, two row tiles, four
+    ``tdpbf16ps`` into four C tiles (32 keys x 32 rows), loaded from Ct (beta) or zeroed, stored into Ct after the
+    call's K: the products exact, summed in float32 (K <= ACC_ROWS per call, as the other forms' groups). The
+    configuration (each tile's rows for ``rn``) is loaded at every call: one call runs every row of a chunk.
+    ``pf``/``spf``: the next block's keys, prefetched a line per key and step during the first rows. Measured
+    need: docs/codegen.md, "tn on the AMX tiles". (Its shared declarations: TN_AMX_HEAD, before it.)"""
+    return (TN_AMX_TEXT.replace("NAME", tn_amx_name(key_bytes)).replace("PFB", str(key_bytes))
+            .replace("KT", "uint16_t" if key_bytes == 2 else "int8_t").replace("STAGE", _TN_AMX_STAGE[key_bytes])
+            .replace("ACC", str(ACC_ROWS)))
 
 
 # keys x vectors of 16 rows of the grouped tn kernel. Measured on the Zen 5 VM (2 threads, bfloat16 [m, 2048] x int8

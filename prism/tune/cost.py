@@ -74,6 +74,10 @@ LAYOUT = ("reshape", "permute", "iter", "save", "split")
 # vdpbf16ps loop 1150; bf16 [1024, 2048] x [5632, 2048]^T tn 950-1030, nt 845-864 (docs/codegen.md, "tn").
 PAIR_TN = 1.8
 PAIR_NT = 1.55
+# the same tn products on the AMX tiles (``Machine.tile_dot``: mk.tn_kernel_amx). Measured on the Intel VM of
+# 2026-12-01, 2 threads: FMA peak 491 GFLOP/s; bf16 [m, 2048] x [5632, 2048]^T on the tiles 1640-1770 GFLOP/s at m =
+# 128, 2100-2340 at 1024, 1100-1230 at 77, 890 at 32 (the nt kernels: ~220 at every m)
+TILE_TN = 3.5
 # int8 x int8 products with vpdpbusd (W8A8), over the same FMA peak. Measured on the Zen 4 VM, one thread: the float32
 # tn kernel 110 GFLOP/s from L2; int8 [128, 2048] @ [1024, 2048]^T tn 187-198 G int8 MAC/s (2 "flops" each: 3.6x),
 # nt 76-80 (1.4x) (matmul.TN_MIN_ROWS_I8_I8)
@@ -104,7 +108,9 @@ def _pair_rate(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> float:
         # whole rows of every sequence. Otherwise a loop over the batch, each product in the nt kernels
         fold = len(b.shape) == 2 and (a.op != "iter" or tile[-2] == S(bg.inputs[a.arg[0]].shape)[-2])
         rows = numel(tile[:-1]) if fold else 0
-    tn = rows >= tn_min_rows((elem_of(a.dtype), elem_of(b.dtype))) and tile[-1] >= TN_MIN_K
+    tn = rows >= tn_min_rows((elem_of(a.dtype), elem_of(b.dtype)), tiles=m.tile_dot) and tile[-1] >= TN_MIN_K
+    if tn and not quad and m.tile_dot and tile[-1] % 32 == 0:
+        return TILE_TN
     return (QUAD_TN if quad else PAIR_TN) if tn and not (quad and tile[-1] % 4) else other
 
 

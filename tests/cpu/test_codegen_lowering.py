@@ -740,11 +740,13 @@ def test_a_weight_shared_by_the_batch_is_one_product_of_all_rows(dtype: str) -> 
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_only_the_first_row_group_of_a_key_block_prefetches_the_next_keys(dtype: str) -> None:
+def test_only_the_first_row_group_of_a_key_block_prefetches_the_next_keys(dtype: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """An nt product over K chunks with several row groups: the first group of each run prefetches the next
     keys, the others (which find this block's keys in L1) call the kernel without prefetches (matmul.emit_nt;
     bf16 [1024, 2048] x [5632, 2048]^T 687 -> 857 GFLOP/s). Every row count's runs -- groups of 4, then 2, then 1
     row, and the keys left over -- against float64, per value and through one template of the row count."""
+    monkeypatch.setenv("PRISM_AMX", "0")   # the AVX-512 kernels' text (the tiles: tests/cpu/test_amx.py)
     import torch
     isas = [i for i in ("avx512", None) if i is None or i in supported_isas()]
     gen = torch.Generator().manual_seed(3)
@@ -783,7 +785,8 @@ _TN_CASES = {"bfloat16": (-3e3, 1e4, 1e-2), "float32": (-3e3, 1e4, 1e-5), "float
 
 
 @pytest.mark.parametrize("dtype", sorted(_TN_CASES))
-def test_a_product_of_many_rows_against_stored_keys_runs_transposed_on_packed_rows(dtype: str) -> None:
+def test_a_product_of_many_rows_against_stored_keys_runs_transposed_on_packed_rows(
+        dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """X [m, K] @ W [N, K]^T from matmul.TN_MIN_ROWS rows and K >= TN_MIN_K: C^T = W @ X^T on X's rows packed in
     the thread's scratch (matmul.emit_tn): bfloat16 in k pairs with vdpbf16ps (a Linear's prefill 1.16 -> 0.99x
     oneDNN's time); float32 and float16 (and float32 rows against float16 keys: a fused MLP's normalized rows)
@@ -794,6 +797,7 @@ def test_a_product_of_many_rows_against_stored_keys_runs_transposed_on_packed_ro
     64 rows nor of its 256-row chunks, key counts not a multiple of its 6 keys, K with and without a partial group
     of 512, one scaled-up row and key; against float64, per value and through one template of m. Short K
     (attention's scores) and few rows keep the nt kernels; a for-loop over K adds each iteration's part into C."""
+    monkeypatch.setenv("PRISM_AMX", "0")   # the AVX-512 kernels' text (the tiles: tests/cpu/test_amx.py)
     import torch
 
     from prism.codegen.isa import bf16_dot, detect

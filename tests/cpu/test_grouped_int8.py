@@ -98,8 +98,10 @@ def test_grouped_products_on_every_isa_against_float64(M: int) -> None:
             assert_close(out, ref, f"grouped M={M} G={G} {isa}")
 
 
+@pytest.mark.parametrize("amx", ["0", "1"], ids=["avx512", "amx"])
 @pytest.mark.parametrize("M", [9, 40, 70])
-def test_bfloat16_rows_against_grouped_int8_keys_take_vdpbf16ps_groups(M: int) -> None:
+def test_bfloat16_rows_against_grouped_int8_keys_take_vdpbf16ps_groups(M: int, amx: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """More rows than GROUPED_DOT_ROWS, bfloat16 rows and scales (a bfloat16 model's grouped Linear): the tn form
     with each group's vdpbf16ps sum scaled by its key's scale (mk.tn_kernel_grouped) where the machine has
     AVX512_BF16, float32 FMAs on dequantized key blocks elsewhere -- both the exact grouped sum, against float64 of
@@ -107,7 +109,12 @@ def test_bfloat16_rows_against_grouped_int8_keys_take_vdpbf16ps_groups(M: int) -
     call shorter than a group of ACC_ROWS) and 1184 (two whole ACC_ROWS groups and a remainder); groups of 64 with
     float32 scales and of 32 with float16 ones (as stored, each read as a float per group); 70 keys (blocks
     of 6 and a tail of 4); rows 9 and 40 (one block of 64 rows, partly filled: the kernels of 1 and 3 vectors of
-    16) and 70 (a whole block and 6 rows)."""
+    16) and 70 (a whole block and 6 rows). With the AMX tiles (``amx``): each group's ``tdpbf16ps`` steps summed in
+    four C tiles from zero, then scaled into the sum (mk.tn_kernel_amx_grouped), on AVX-512 only."""
+    from prism.codegen.isa import tile_bf16
+    monkeypatch.setenv("PRISM_AMX", amx)
+    if amx == "1" and not tile_bf16(ISAS["avx512"]):
+        pytest.skip("this machine has no AMX tiles for bfloat16 (or no grant from the kernel)")
     rng = np.random.default_rng(M)
     for Gn, G, s_dtype in ((9, 32, "bfloat16"), (37, 32, "bfloat16"), (5, 64, "float32"), (9, 32, "float16")):
         N = 70
@@ -119,7 +126,9 @@ def test_bfloat16_rows_against_grouped_int8_keys_take_vdpbf16ps_groups(M: int) -
         for isa in supported_isas():
             src = compile_kernel(g, isa=isa).source
             paired = mk.nt_dot(ISAS[isa], ("bf16", "bf16"))
-            assert (f"_bf16_dp_g{G}_f{fel}" in src) == paired, (isa, Gn)
+            tiles = amx == "1" and isa == "avx512"
+            assert (f"pr_tn_amx_bf16_i8_g{G}_f{fel}" in src) == tiles, (isa, Gn)
+            assert (f"_bf16_dp_g{G}_f{fel}" in src) == (paired and not tiles), (isa, Gn)
             assert ("pr_gdot_" in src) == (M <= 8)
             out = prism.compile(g, isa=isa)(**v)
             # bfloat16 scales: stored in bfloat16, within one rounding of it (2^-8 of the value); others promote

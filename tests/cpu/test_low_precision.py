@@ -230,8 +230,10 @@ def test_bfloat16_dot_product_kernels(monkeypatch: pytest.MonkeyPatch, dot: str,
                                       shape: tuple[int, int, int]) -> None:
     """x @ W^T with both operands bfloat16: with AVX512_BF16 the nt kernels sum with ``vdpbf16ps`` (pairs of
     products into float32 lanes), ``PRISM_BF16_DOT=0`` keeps the widening loads; both against float64 on
-    ordinary, hostile and tiny inputs, K across chunk boundaries and with tails of every kind."""
+    ordinary, hostile and tiny inputs, K across chunk boundaries and with tails of every kind. (Not on the AMX
+    tiles, which take 9 rows in the tn form: tests/cpu/test_amx.py.)"""
     monkeypatch.setenv("PRISM_BF16_DOT", dot)
+    monkeypatch.setenv("PRISM_AMX", "0")
     M, K, N = shape
     g = prism.Graph(f"nt-bf16-{M}x{K}x{N}-dot{dot}")
     X, W = g.input("x", (M, K), "bfloat16"), g.input("w", (N, K), "bfloat16")
@@ -318,10 +320,12 @@ def test_rounding_allowance_follows_the_programs_roundings() -> None:
 
 
 @pytest.mark.skipif("avx512_bf16" not in cpu_flags(), reason="this machine has no AVX512_BF16 (vdpbf16ps)")
-def test_a_bfloat16_matmul_operand_computed_in_the_kernel_is_stored_as_bfloat16() -> None:
+def test_a_bfloat16_matmul_operand_computed_in_the_kernel_is_stored_as_bfloat16(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """With vdpbf16ps, h (computed in the block, read by two products) is stored as bfloat16 and both
     products take the bfloat16 pair instruction; the kernel passes the numeric check of the program (its
     error, ~0.015 at K = 256, is eager PyTorch's), and without the instruction h stays float32."""
+    monkeypatch.setenv("PRISM_AMX", "0")   # the AVX-512 kernels' text (the tiles: tests/cpu/test_amx.py)
     ref, cand = _llama_mlp()
     src = compile_graph(cand, isa="avx512").source
     assert "pr_nt_avx512_4x4_bf16_bf16_dp" in src and "_f32_bf16" not in src   # (_npf: keys back to back)

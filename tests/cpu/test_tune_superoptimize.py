@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import prism
-from prism.api import clear_memory_caches
+from prism.api import DERIVE_SLACK, clear_memory_caches
 from prism.errors import PrismError
 from prism.runtime import store
 from prism.search import Limits
@@ -289,7 +289,6 @@ def test_derive_serves_a_nearby_shape_with_the_tuned_winner_checked(monkeypatch:
     # the winner compiled at 32; or a candidate measured within DERIVE_SLACK of it that has compiled code at 32
     # (the pre-build's template at 17); or -- where neither has and the winner's sGraph is row-separable -- two
     # calls of the kernel tuned at 16 (api._derived: a split of at most SPLIT_FIRST_RUNS calls first)
-    from prism.api import DERIVE_SLACK
     from prism.ir.dims import resolve_params
     best = s32.tuning.best
     close = [resolve_params(r.params, {"n": 32}) for r in s32.tuning.rows
@@ -801,7 +800,13 @@ def test_a_symbolic_program_derives_from_its_fixed_shape_twins_tuning() -> None:
     _run_norm(sym, 48)
     s48 = sym.specialize(n=48)
     assert s48.derived_from == {"n": 48} and s48.check.passed and STATS.tunings == 2
-    assert s48.params == static.specialize().params
+    # the twin's winner, or a candidate of its tuning measured within DERIVE_SLACK of it whose template another value
+    # compiled already (api.SuperKernel._derived: 56 took one where the winner's grid does not divide it)
+    from prism.ir.dims import resolve_params
+    tuned = static.specialize().tuning
+    close = [resolve_params(r.params, {"n": 48}) for r in tuned.rows
+             if r.status == "ok" and r.measured_s <= tuned.best.measured_s * DERIVE_SLACK]
+    assert resolve_params(s48.params, {"n": 48}) in close, (s48.params, close)
 
 
 def test_a_shape_called_before_skips_binding_and_keeps_every_check(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,87 @@
+"""The tn form on the AMX tiles (microkernels.tn_kernel_amx, matmul.emit_tn): bfloat16 rows against bfloat16 or int8
+keys with ``tdpbf16ps``, against the float64 reference on ordinary, hostile and tiny inputs, and exact on integer
+values; ``PRISM_AMX=0`` takes the AVX-512 kernels on the same programs."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import prism
+from prism.codegen.isa import cpu_flags, detect, tile_bf16
+from prism.ir import BlockBuilder
+from prism.runtime.kernel import compile as compile_graph
+
+# (rows, K, keys, for-loop): rows in whole and half blocks of 32 and a last vector of 16 part full; K one group of
+# ACC_ROWS, a group and a last call of 32, four groups, and over a block for-loop (each iteration's calls added);
+# keys in whole blocks of 32, a tail of under 16, one of 16-31
+CASES = [(33, 1024, 40, 1), (64, 544, 50, 1), (100, 2048, 70, 1), (80, 288, 32, 1), (48, 1024, 45, 2)]
+
+
+def _product(m: int, k: int, n: int, keys: str, f: int = 1) -> prism.Graph:
+    """Y = X[m, k] @ W[n, k]^T, X bfloat16, W ``keys``, in one block (K over a for-loop of ``f``: the beta path)."""
+    g = prism.Graph(f"tn {keys} {m}x{k}x{n} f{f}")
+    X, W = g.input("X", (m, k), "bfloat16"), g.input("W", (n, k), keys)
+    bb = BlockBuilder(grid=(1,), forloop=f, inputs=[X, W])
+    fm = 1 if f > 1 else None
+    x, w = bb.iter(0, imap=(None,), fmap=fm), bb.iter(1, imap=(None,), fmap=fm)
+    p = bb.matmul(x, bb.transpose(w, -1, -2))
+    bb.save(bb.accumulate("sum", p) if f > 1 else p, omap=(None,))
+    (y,) = g.customized(bb.build(), [X, W])
+    g.output(y, "Y")
+    return g
+
+
+def _keys(rng: np.random.Generator, n: int, k: int, keys: str, low: int | None = None) -> np.ndarray:
+    if keys == "int8":
+        w = rng.integers(-128 if low is None else -low, 128 if low is None else low + 1, (n, k)).astype(np.int8)
+        if low is None:
+            w[0, :9], w[-1, 9:20] = -128, 127
+        return w
+    if low is not None:
+        return rng.integers(-low, low + 1, (n, k)).astype(ml_dtypes.bfloat16)
+    return rng.standard_normal((n, k)).astype(np.float32).astype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("amx", ["1", "0"], ids=["amx", "avx512"])
+@pytest.mark.parametrize("keys", ["bfloat16", "int8"])
+def test_bfloat16_products_on_the_amx_tiles(amx: str, keys: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRISM_AMX", amx)
+    if amx == "1" and not tile_bf16(detect()):
+        have = sorted({"amx_tile", "amx_bf16"} & cpu_flags())
+        pytest.skip(f"this machine has no AMX tiles for bfloat16 (flags: {have or 'none'}, or no grant from the "
+                    "kernel)")
+    if "avx512_bf16" not in cpu_flags():
+        pytest.skip("this machine has no AVX512_BF16: bfloat16 rows against keys take no tn form here")
+    rng = np.random.default_rng(7)
+    for m, k, n, f in CASES:
+        g = _product(m, k, n, keys, f)
+        kern = compile_graph(g)
+        src = kern.source_at({})
+        assert ("_tile_dpbf16ps" in src) == (amx == "1"), (m, k, n)
+        # exact: small integers, every product and partial sum an integer below 2^24 in float32
+        xi = rng.integers(-8, 9, (m, k)).astype(ml_dtypes.bfloat16)
+        wi = _keys(rng, n, k, keys, low=8)
+        ref = xi.astype(np.float64) @ wi.astype(np.float64).T
+        got = np.asarray(kern(X=xi, W=wi), np.float64)
+        assert np.array_equal(got, ref.astype(ml_dtypes.bfloat16).astype(np.float64)), (m, k, n, f)
+        # ordinary, hostile (large) and tiny rows against the float64 reference: bfloat16's output rounding and
+        # float32 sums (relative to the largest output of the row)
+        w = _keys(rng, n, k, keys)
+        for scale in (1.0, 30.0, 1e-3):
+            x = (rng.standard_normal((m, k)) * scale).astype(np.float32).astype(ml_dtypes.bfloat16)
+            ref = x.astype(np.float64) @ w.astype(np.float64).T
+            got = np.asarray(kern(X=x, W=w), np.float64)
+            err = np.abs(got - ref).max(axis=1) / np.abs(ref).max(axis=1)
+            assert float(err.max()) <= 2 ** -8 + 1e-5, (m, k, n, f, scale, float(err.max()))
+
+
+def test_without_the_grant_or_the_flags_no_tile_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PRISM_AMX=0`` and a path other than AVX-512 never take the tiles (a tile instruction without the kernel's
+    grant is SIGILL)."""
+    from prism.codegen.isa import AVX2
+    monkeypatch.setenv("PRISM_AMX", "0")
+    assert not tile_bf16(detect())
+    monkeypatch.delenv("PRISM_AMX")
+    assert not tile_bf16(AVX2)
