@@ -78,6 +78,13 @@ PAIR_NT = 1.55
 # 2026-12-01, 2 threads: FMA peak 491 GFLOP/s; bf16 [m, 2048] x [5632, 2048]^T on the tiles 1640-1770 GFLOP/s at m =
 # 128, 2100-2340 at 1024, 1100-1230 at 77, 890 at 32 (the nt kernels: ~220 at every m)
 TILE_TN = 3.5
+# ... at TILE_TN_ROWS rows per product; the tiles' rate grows with the rows that share each key tile (the keys' bytes
+# per product): rate = TILE_TN * sqrt(rows / TILE_TN_ROWS), at most TILE_TN_MAX. Measured beside (the same product,
+# the weight in L3): 32 rows 890 GFLOP/s (rate 1.8), 77 1120-1230 (2.3-2.5), 128 1640-1770 (3.3-3.6), 1024 2100-2340
+# (4.3-4.8). Measured need: llama-1b bf16's fused MLP piece at 128 rows was tuned to 4 blocks of 32 rows (7.0-8.1 ms,
+# every candidate measured split the rows); with the rate by rows, 16 blocks of keys over all 128 rows (6.3 ms)
+TILE_TN_ROWS = 128
+TILE_TN_MAX = 4.5
 # int8 x int8 products with vpdpbusd (W8A8), over the same FMA peak. Measured on the Zen 4 VM, one thread: the float32
 # tn kernel 110 GFLOP/s from L2; int8 [128, 2048] @ [1024, 2048]^T tn 187-198 G int8 MAC/s (2 "flops" each: 3.6x),
 # nt 76-80 (1.4x) (matmul.TN_MIN_ROWS_I8_I8)
@@ -110,7 +117,7 @@ def _pair_rate(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> float:
         rows = numel(tile[:-1]) if fold else 0
     tn = rows >= tn_min_rows((elem_of(a.dtype), elem_of(b.dtype)), tiles=m.tile_dot) and tile[-1] >= TN_MIN_K
     if tn and not quad and m.tile_dot and tile[-1] % 32 == 0:
-        return TILE_TN
+        return min(TILE_TN_MAX, TILE_TN * math.sqrt(rows / TILE_TN_ROWS))
     return (QUAD_TN if quad else PAIR_TN) if tn and not (quad and tile[-1] % 4) else other
 
 

@@ -16,7 +16,8 @@ from prism.runtime.kernel import compile as compile_graph
 # (rows, K, keys, for-loop): rows in whole and half blocks of 32 and a last vector of 16 part full; K one group of
 # ACC_ROWS, a group and a last call of 32, four groups, and over a block for-loop (each iteration's calls added);
 # keys in whole blocks of 32, a tail of under 16, one of 16-31
-CASES = [(33, 1024, 40, 1), (64, 544, 50, 1), (100, 2048, 70, 1), (80, 288, 32, 1), (48, 1024, 45, 2)]
+CASES = [(33, 1024, 40, 1), (64, 544, 50, 1), (100, 2048, 70, 1), (80, 288, 32, 1), (48, 1024, 45, 2),
+         (20, 544, 50, 1), (9, 1024, 33, 1)]   # (up to 32 rows: bfloat16 key tiles read in place, not staged)
 
 
 def _product(m: int, k: int, n: int, keys: str, f: int = 1) -> prism.Graph:
