@@ -1192,12 +1192,28 @@ _TN_AMX_STAGE = {
 }
 
 
-TN_AMX_GROUPED_TEXT = """PR_NOINLINE void NAME(long K, const int8_t* restrict Bt, long sb0, const char* pf, long spf,
+TN_AMX_GROUPED_TEXT = """PR_INLINE void NAME_add(const float* restrict T, float* restrict Ct, long sct, long m, long rn,
+                             int two, int first, const FT* restrict S, long ssr, long ssg, long cg) {
+  /* one group's four C tiles (stored in T) times each key's scale of the group, into Ct */
+  for (long r = 0; r < rn; r++) {
+    const __m512 sv = _mm512_set1_ps(SCALE);
+    const float* t = T + (r >> 4) * 512 + (r & 15) * 16;
+    float* o = Ct + r * sct + m;
+    for (int v = 0; v <= two; v++) {
+      const __m512 x = _mm512_loadu_ps(t + 256 * v);
+      _mm512_storeu_ps(o + 16 * v,
+                       first ? _mm512_mul_ps(x, sv) : _mm512_fmadd_ps(x, sv, _mm512_loadu_ps(o + 16 * v)));
+    }
+  }
+}
+PR_NOINLINE void NAME(long K, const int8_t* restrict Bt, long sb0, const char* pf, long spf,
                                 const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta, long rn,
                                 long rows, const FT* restrict S, long ssr, long ssg) {
   if (!pr_amx_granted) pr_amx_grant();
   uint16_t P[32 * ACC] __attribute__((aligned(64)));
-  float T[4 * 256] __attribute__((aligned(64)));   /* a group's four C tiles, scaled into Ct after it */
+  /* two groups' C tiles: a group's tiles are stored into one half while the group before is scaled from the other
+     (a tile store's data is read by vector loads only once it has left the store buffer) */
+  float T[2][4 * 256] __attribute__((aligned(64)));
   pr_tn_amx_bf16_i8_stage(Bt, sb0, rn, 0, P);
   pr_tilecfg c;
   memset(&c, 0, sizeof c);
@@ -1210,9 +1226,12 @@ TN_AMX_GROUPED_TEXT = """PR_NOINLINE void NAME(long K, const int8_t* restrict Bt
   for (long m = 0; m < rows; m += 32) {
     const int two = rows - m >= 32;
     for (long g0 = 0; g0 < K; g0 += GS) {
+      float* Tc = T[(g0 / GS) & 1];
       _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
       for (long k = g0; k < g0 + GS; k += 32) {
         if (m == 0 && k + 32 < K) pr_tn_amx_bf16_i8_stage(Bt, sb0, rn, k + 32, P);
+        { const long q = m >> 5, np = (rows + 31) >> 5;
+          for (long r = q * 32 / np; r < (q + 1) * 32 / np; r++) _mm_prefetch(pf + r * spf + k, _MM_HINT_T1); }
         const float* xp = Xp + (k >> 1) * ldm + m;
         const uint16_t* p = P + k * 32;
         _tile_loadd(4, p, 64);
@@ -1226,22 +1245,13 @@ TN_AMX_GROUPED_TEXT = """PR_NOINLINE void NAME(long K, const int8_t* restrict Bt
           if (two) _tile_dpbf16ps(3, 5, 7);
         }
       }
-      _tile_stored(0, T, 64);
-      if (two) _tile_stored(1, T + 256, 64);
-      if (r1) { _tile_stored(2, T + 512, 64); if (two) _tile_stored(3, T + 768, 64); }
-      const long cg = g0 / GS;
-      const int first = !beta && g0 == 0;
-      for (long r = 0; r < rn; r++) {
-        const __m512 sv = _mm512_set1_ps(SCALE);
-        const float* t = T + (r >> 4) * 512 + (r & 15) * 16;
-        float* o = Ct + r * sct + m;
-        for (int v = 0; v <= two; v++) {
-          const __m512 x = _mm512_loadu_ps(t + 256 * v);
-          _mm512_storeu_ps(o + 16 * v,
-                           first ? _mm512_mul_ps(x, sv) : _mm512_fmadd_ps(x, sv, _mm512_loadu_ps(o + 16 * v)));
-        }
-      }
+      _tile_stored(0, Tc, 64);
+      if (two) _tile_stored(1, Tc + 256, 64);
+      if (r1) { _tile_stored(2, Tc + 512, 64); if (two) _tile_stored(3, Tc + 768, 64); }
+      if (g0 > 0)
+        NAME_add(T[(g0 / GS - 1) & 1], Ct, sct, m, rn, two, !beta && g0 == GS, S, ssr, ssg, g0 / GS - 1);
     }
+    NAME_add(T[(K / GS - 1) & 1], Ct, sct, m, rn, two, !beta && K == GS, S, ssr, ssg, K / GS - 1);
   }
 }
 """
