@@ -92,22 +92,28 @@ QUAD_TN = 3.5
 QUAD_NT = 1.4
 
 
-def _pair_rate(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> float:
+def _product_form(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> tuple[float, bool]:
     """The rate of matmul ``n`` over the FMA peak: 1, or PAIR_TN / PAIR_NT for a bfloat16 product against a
     transposed operand on a machine with vdpbf16ps (the module docstring). Against int8 keys (int8 weight-only
     on a bfloat16 model) PAIR_TN where the tn form converts the keys to bfloat16 (from ``tn_min_rows``' rows),
     1 elsewhere (the nt kernels widen them and use FMA). int8 rows against int8 keys on a machine with vpdpbusd:
-    QUAD_TN in the tn form, QUAD_NT in the nt kernels."""
+    QUAD_TN in the tn form, QUAD_NT in the nt kernels. With it, whether the product runs on the AMX tiles (its output
+    then builds up in the tn form's Ct block by block of keys, each block's rows written per group of K and read once
+    at the end: a stream, not a tile kept resident, so the caller leaves it out of the block's working set. Measured
+    need (Intel VM, llama-1b bfloat16, 128 rows): the fused MLP piece's two products [128, 5632 / g0] counted 2.9 MB
+    at g0 = 2, over the 2 MiB L2: only 16+ blocks of keys passed the cache filter (each normalizing the 128 rows
+    again), 6.3 ms; with the filter relaxed 2 blocks measured 5.7 and the prefill went from 134 to 106 ms, eager's
+    108 beside it)."""
     a, b = n.src
     keys = str(b.dtype)
     quad = m.quad_dot and b.op == "permute" and str(a.dtype) == keys == "int8"
     if not quad and not (m.pair_dot and b.op == "permute" and str(a.dtype) == "bfloat16"
                          and keys in ("bfloat16", "int8")):
-        return 1.0
+        return 1.0, False
     other = QUAD_NT if quad else 1.0 if keys == "int8" else PAIR_NT
     tile = S(a.shape)
     if len(tile) < 2:
-        return other
+        return other, False
     rows = tile[-2]
     if len(tile) > 2 and numel(tile[:-2]) > 1:
         # one weight for the batch: the batch folds into the rows where they run on across it
@@ -117,8 +123,13 @@ def _pair_rate(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> float:
         rows = numel(tile[:-1]) if fold else 0
     tn = rows >= tn_min_rows((elem_of(a.dtype), elem_of(b.dtype)), tiles=m.tile_dot) and tile[-1] >= TN_MIN_K
     if tn and not quad and m.tile_dot and tile[-1] % 32 == 0:
-        return min(TILE_TN_MAX, TILE_TN * math.sqrt(rows / TILE_TN_ROWS))
-    return (QUAD_TN if quad else PAIR_TN) if tn and not (quad and tile[-1] % 4) else other
+        return _tile_rate(rows), True
+    return ((QUAD_TN if quad else PAIR_TN) if tn and not (quad and tile[-1] % 4) else other), False
+
+
+def _tile_rate(rows: int) -> float:
+    """The rate over the FMA peak of a product of ``rows`` rows on the AMX tiles (TILE_TN, above)."""
+    return min(TILE_TN_MAX, TILE_TN * math.sqrt(rows / TILE_TN_ROWS))
 
 
 def numel(shape: tuple) -> int:
@@ -377,12 +388,14 @@ def block_cost(bg: BlockGraph, m: Machine, S: Dims | None = None) -> OpCost:
         f = _node_flops(n, S) * trips
         flops += f
         inner = max([S.dim(x.shape[-1]) for x in (n, *n.src) if x.shape] or [1])
-        rate = PAIR_TN if n in paired else _pair_rate(n, bg, m, S) if n.op == "matmul" else 1.0
+        rate, tiles = (PAIR_TN, False) if n in paired else _product_form(n, bg, m, S) if n.op == "matmul" \
+            else (1.0, False)
         eff_flops += f / _simd_eff(inner, m.simd) / rate
         if trips > 1:
             loop_nodes += 1
-        # element-wise nodes with one consumer are fused into it by the code generator (no tile)
-        if n not in fused and (n.op == "acc" or (n.op not in LAYOUT and not (consumers.get(n, 0) == 1
+        # element-wise nodes with one consumer are fused into it by the code generator (no tile); a product on the
+        # AMX tiles streams its output through Ct (_product_form)
+        if n not in fused and not tiles and (n.op == "acc" or (n.op not in LAYOUT and not (consumers.get(n, 0) == 1
                                                                             and n.op not in ("matmul",)))):
             ws += numel(S(n.shape)) * BYTES
     ws = max(0, ws + grouped_ws)

@@ -56,7 +56,7 @@ class Machine:
     # bfloat16 x bfloat16 products with vdpbf16ps (codegen.isa.bf16_dot): two products per float32 lane and
     # instruction, so such a product's flops run at up to twice ``peak_flops`` (an FMA loop's; cost.block_cost)
     pair_dot: bool = False
-    # int8 x int8 products with vpdpbusd (codegen.isa.i8_dot): 64 int8 products per instruction (cost._pair_rate)
+    # int8 x int8 products with vpdpbusd (codegen.isa.i8_dot): 64 int8 products per instruction (cost._product_form)
     quad_dot: bool = False
     # bfloat16 tn products on the AMX tiles (codegen.isa.tile_bf16; cost.TILE_TN)
     tile_dot: bool = False

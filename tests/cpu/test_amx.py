@@ -86,3 +86,27 @@ def test_without_the_grant_or_the_flags_no_tile_code(monkeypatch: pytest.MonkeyP
     assert not tile_bf16(detect())
     monkeypatch.delenv("PRISM_AMX")
     assert not tile_bf16(AVX2)
+
+
+def test_the_cost_model_counts_products_on_the_tiles_by_their_rows_and_streams_their_outputs() -> None:
+    """On a machine with the tiles (``Machine.tile_dot``) a bfloat16 tn product's rate over the FMA peak grows with
+    its rows (cost.TILE_TN at TILE_TN_ROWS, at most TILE_TN_MAX) and its output, streamed through Ct, is not in the
+    block's working set (the cache filter); without the tiles the pair rate and the output counted, as before."""
+    import dataclasses
+
+    from prism.codegen.matmul import TN_MIN_ROWS
+    from prism.tune.cost import PAIR_NT, PAIR_TN, TILE_TN, TILE_TN_MAX, TILE_TN_ROWS, estimate
+    from prism.tune.machine import detect as machine
+    base = dataclasses.replace(machine(False), pair_dot=True)
+    tiles, no = dataclasses.replace(base, tile_dot=True), dataclasses.replace(base, tile_dot=False)
+
+    def est(m: int, mach: object) -> object:
+        return estimate(_product(m, 2048, 512, "bfloat16"), mach).ops[-1]
+
+    for rows in (32, TILE_TN_ROWS, 1024):
+        ratio = est(rows, no).compute_s / est(rows, tiles).compute_s
+        # (without the tiles 32 rows take the nt kernels: PAIR_NT)
+        want = min(TILE_TN_MAX, TILE_TN * (rows / TILE_TN_ROWS) ** 0.5) / (PAIR_TN if rows >= TN_MIN_ROWS else PAIR_NT)
+        assert ratio == pytest.approx(want, rel=0.05), (rows, ratio, want)
+    out = 1024 * 512 * 4   # the product's float32 output
+    assert est(1024, no).working_set - est(1024, tiles).working_set == out
