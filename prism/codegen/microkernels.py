@@ -1118,6 +1118,19 @@ PR_NOINLINE void pr_amx_grant(void) {
   syscall(158, 0x1023, 18);
   pr_amx_granted = 1;
 }
+/* the tn kernels' tiles for a block of rn keys (at most 32): C 0-3 ([keys 0-15 | 16-31] x [rows 0-15 | 16-31]), A 4-5
+   (16 keys x 32 k each, the second for keys 16-31), B 6-7 (16 k pairs x 16 rows); the keys past 16 (0: none) */
+PR_INLINE int pr_amx_configure(long rn) {
+  pr_tilecfg c;
+  memset(&c, 0, sizeof c);
+  c.palette = 1;
+  const int r0 = rn < 16 ? (int)rn : 16, r1 = (int)rn - r0;
+  for (int t = 0; t < 8; t++) { c.colsb[t] = 64; c.rows[t] = 16; }
+  c.rows[0] = c.rows[1] = c.rows[4] = (uint8_t)r0;
+  c.rows[2] = c.rows[3] = c.rows[5] = (uint8_t)(r1 ? r1 : 1);
+  _tile_loadconfig(&c);
+  return r1;
+}
 """
 
 TN_AMX_TEXT = """PR_INLINE void NAME_stage(const KT* restrict Bt, long sb0, long rn, long k, uint16_t* restrict P) {
@@ -1138,14 +1151,7 @@ PR_NOINLINE void NAME(long K, const KT* restrict Bt, long sb0, const char* pf, l
   const int direct = DIRECT && rows <= 32;
   const long sa = direct ? sb0 * 2 : 64, a1 = direct ? 16 * sb0 : 16 * 32;
   if (!direct) NAME_stage(Bt, sb0, rn, 0, P);
-  pr_tilecfg c;
-  memset(&c, 0, sizeof c);
-  c.palette = 1;
-  const int r0 = rn < 16 ? (int)rn : 16, r1 = (int)rn - r0;
-  for (int t = 0; t < 8; t++) { c.colsb[t] = 64; c.rows[t] = 16; }
-  c.rows[0] = c.rows[1] = c.rows[4] = (uint8_t)r0;
-  c.rows[2] = c.rows[3] = c.rows[5] = (uint8_t)(r1 ? r1 : 1);
-  _tile_loadconfig(&c);
+  const int r1 = pr_amx_configure(rn);
   for (long m = 0; m < rows; m += 32) {
     const int two = rows - m >= 32;
     float* c0 = Ct + m;
@@ -1215,14 +1221,7 @@ PR_NOINLINE void NAME(long K, const int8_t* restrict Bt, long sb0, const char* p
      (a tile store's data is read by vector loads only once it has left the store buffer) */
   float T[2][4 * 256] __attribute__((aligned(64)));
   pr_tn_amx_bf16_i8_stage(Bt, sb0, rn, 0, P);
-  pr_tilecfg c;
-  memset(&c, 0, sizeof c);
-  c.palette = 1;
-  const int r0 = rn < 16 ? (int)rn : 16, r1 = (int)rn - r0;
-  for (int t = 0; t < 8; t++) { c.colsb[t] = 64; c.rows[t] = 16; }
-  c.rows[0] = c.rows[1] = c.rows[4] = (uint8_t)r0;
-  c.rows[2] = c.rows[3] = c.rows[5] = (uint8_t)(r1 ? r1 : 1);
-  _tile_loadconfig(&c);
+  const int r1 = pr_amx_configure(rn);
   for (long m = 0; m < rows; m += 32) {
     const int two = rows - m >= 32;
     for (long g0 = 0; g0 < K; g0 += GS) {
