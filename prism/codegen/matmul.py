@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from prism.codegen import microkernels as mk
 from prism.codegen.cwriter import CWriter, Namer
-from prism.codegen.isa import ISA, detect, tile_bf16
+from prism.codegen.isa import ISA, tile_bf16
 from prism.codegen.loops import PAR_MIN, Nest, assign, make_nest, offset, varying
 from prism.codegen.tiles import View, ctype, ld
 from prism.ir.traced import any_of, concrete, varies
@@ -64,13 +64,11 @@ TN_MIN_ROWS_I8_I8 = 48
 TN_MIN_ROWS_AMX = 8
 
 
-def tn_min_rows(elems: tuple[str, str], isa: ISA | None = None, tiles: bool | None = None) -> int:
-    """The rows from which a product of row and key storage ``elems`` takes the tn form (emit_tn) on ``isa`` (this
-    machine's path by default), or where ``tiles`` says whether the AMX tiles serve it (the cost model's machine)."""
+def tn_min_rows(elems: tuple[str, str], tiles: bool) -> int:
+    """The rows from which a product of row and key storage ``elems`` takes the tn form (emit_tn), ``tiles``: on a
+    path with the AMX tiles (isa.tile_bf16; the cost model's ``Machine.tile_dot``)."""
     if elems == ("i8", "i8"):
         return TN_MIN_ROWS_I8_I8
-    if tiles is None:
-        tiles = tile_bf16(isa if isa is not None else detect())
     if elems in (("bf16", "bf16"), ("bf16", "i8")) and tiles:
         return TN_MIN_ROWS_AMX
     return TN_MIN_ROWS_I8 if elems == ("bf16", "i8") else TN_MIN_ROWS
@@ -449,7 +447,8 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
         or (mk.nt_idot(sup.isa, elems) and sa0 % 4 == 0 and K % 4 == 0)
         or (set(elems) <= {"f32", "f16"} and sup.isa.name == "avx512"))
     tn = (allow_tn and tn_ok and scratch is not None and rowscale is None and (beta == "0" or outer is not None)
-          and par is None and not vars_ and K >= TN_MIN_K and N >= mk.TN_RN and M >= tn_min_rows(elems, sup.isa))
+          and par is None and not vars_ and K >= TN_MIN_K and N >= mk.TN_RN
+          and M >= tn_min_rows(elems, tile_bf16(sup.isa)))
     if tn:
         assert scratch is not None
         emit_tn(w, nm, sup, M, N, K, ptr[1], sa0, ptr[2], sb1, ptr[0], sc0, scratch, beta, elems=elems)
@@ -717,10 +716,10 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
 
     if amx:
         sup.need("pr_tn_amx_head", mk.TN_AMX_HEAD)
-        kern = tail = sup.need(mk.tn_amx_name(esz), mk.tn_kernel_amx(esz))
-        if groups is not None:
-            kern = tail = sup.need(mk.tn_amx_grouped_name(groups.size, groups.elem),
-                                   mk.tn_kernel_amx_grouped(sup.isa, groups.size, groups.elem))
+        sup.need(mk.tn_amx_stage_name(esz), mk.tn_amx_stage(esz))
+        kern = tail = (sup.need(mk.tn_amx_name(esz), mk.tn_kernel_amx(esz)) if groups is None else
+                       sup.need(mk.tn_amx_grouped_name(groups.size, groups.elem),
+                                mk.tn_kernel_amx_grouped(sup.isa, groups.size, groups.elem)))
     else:
         kern = kernel(RN)
         tail = kernel(rn_tail) if rn_tail else ""

@@ -1101,11 +1101,8 @@ def tn_amx_rows() -> int:
     return max(256, min(1024, l2_bytes() // 2 // (ACC_ROWS * 2)))
 
 
-def tn_amx_name(key_bytes: int = 2) -> str:
-    return "pr_tn_amx_bf16" if key_bytes == 2 else "pr_tn_amx_bf16_i8"
-
-# the tile configuration of tn_kernel_amx (palette 1): C tiles 0-3 ([keys 0-15 | 16-31] x [rows 0-15 | 16-31]),
-# A tiles 4-5 (16 keys x 32 k each), B tiles 6-7 (16 k pairs x 16 rows each)
+# what every AMX tn kernel shares (matmul.emit_tn needs it before them): the tile configuration, the process's grant,
+# the next block's prefetch and one step of 32 k
 TN_AMX_HEAD = """typedef struct {
   uint8_t palette, start; uint8_t rsv[14]; uint16_t colsb[16]; uint8_t rows[16];
 } pr_tilecfg;
@@ -1131,26 +1128,70 @@ PR_INLINE int pr_amx_configure(long rn) {
   _tile_loadconfig(&c);
   return r1;
 }
-"""
-
-TN_AMX_TEXT = """PR_INLINE void NAME_stage(const KT* restrict Bt, long sb0, long rn, long k, uint16_t* restrict P) {
-  for (long r = 0; r < rn; r++) {
-    const KT* s = Bt + r * sb0 + k;
-    uint16_t* d = P + k * 32 + r * 32;
-    STAGE;
+/* the next block's keys into L2 (pf its first key, spf the key stride, kb this step's byte offset in a key): a line of
+   each key and step once over a call, the pass of 32 rows from m its share */
+PR_INLINE void pr_amx_prefetch(const char* pf, long spf, long kb, long m, long rows) {
+  const long q = m >> 5, np = (rows + 31) >> 5;
+  for (long r = q * 32 / np; r < (q + 1) * 32 / np; r++) _mm_prefetch(pf + r * spf + kb, _MM_HINT_T1);
+}
+/* one step of 32 k into C tiles 0-3: the key tile at p and, where r1, the one a1 elements on (row stride sa bytes),
+   against the packed rows at xp (the second row tile 16 rows on, where two) */
+PR_INLINE void pr_amx_step(const uint16_t* p, long sa, long a1, const float* xp, long ldm, int two, int r1) {
+  _tile_loadd(4, p, sa);
+  _tile_loadd(6, xp, ldm * 4);
+  if (two) _tile_loadd(7, xp + 16, ldm * 4);
+  _tile_dpbf16ps(0, 4, 6);
+  if (two) _tile_dpbf16ps(1, 4, 7);
+  if (r1) {
+    _tile_loadd(5, p + a1, sa);
+    _tile_dpbf16ps(2, 5, 6);
+    if (two) _tile_dpbf16ps(3, 5, 7);
   }
 }
-PR_NOINLINE void NAME(long K, const KT* restrict Bt, long sb0, const char* pf, long spf,
+"""
+
+
+def tn_amx_stage_name(key_bytes: int) -> str:
+    return "pr_tn_amx_stage_bf16" if key_bytes == 2 else "pr_tn_amx_stage_i8"
+
+
+# a key's 32 values at k into the staged panel: bfloat16 as they are, int8 converted (exact)
+_TN_AMX_STAGE = {
+    2: "_mm512_store_si512((void*)d, _mm512_loadu_si512((const void*)s))",
+    1: "const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)s))); "
+       "const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(s + 16)))); "
+       "_mm512_store_si512((void*)d, (__m512i)_mm512_cvtne2ps_pbh(hi, lo))",
+}
+
+
+def tn_amx_stage(key_bytes: int) -> str:
+    """The AMX tn kernels' staging of the step at ``k`` of a block's ``rn`` keys into the tile-ordered panel ``P``
+    (``[K / 32][32 keys][32 k]``, each A tile 1 KiB contiguous), from bfloat16 (``key_bytes`` 2) or int8 keys."""
+    kt = "uint16_t" if key_bytes == 2 else "int8_t"
+    return (f"PR_INLINE void {tn_amx_stage_name(key_bytes)}(const {kt}* restrict Bt, long sb0, long rn, long k, "
+            "uint16_t* restrict P) {\n"
+            "  for (long r = 0; r < rn; r++) {\n"
+            f"    const {kt}* s = Bt + r * sb0 + k;\n"
+            "    uint16_t* d = P + k * 32 + r * 32;\n"
+            f"    {_TN_AMX_STAGE[key_bytes]};\n"
+            "  }\n"
+            "}\n")
+
+
+def tn_amx_name(key_bytes: int = 2) -> str:
+    return "pr_tn_amx_bf16" if key_bytes == 2 else "pr_tn_amx_bf16_i8"
+
+
+TN_AMX_TEXT = """PR_NOINLINE void NAME(long K, const KT* restrict Bt, long sb0, const char* pf, long spf,
                                 const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta, long rn,
                                 long rows) {
   if (!pr_amx_granted) pr_amx_grant();
-  /* the block's keys staged as whole tiles, [K / 32][32 keys][32 k] (each A tile 1 KiB, contiguous): a step's
-     keys while the first rows' products of the step before run */
+  /* the block's keys staged as whole tiles: a step's keys while the first rows' products of the step before run */
   uint16_t P[32 * ACC] __attribute__((aligned(64)));
   /* one block of 32 rows reads each key tile once: the keys in place then (staging cost 60 % of such a call) */
   const int direct = DIRECT && rows <= 32;
   const long sa = direct ? sb0 * 2 : 64, a1 = direct ? 16 * sb0 : 16 * 32;
-  if (!direct) NAME_stage(Bt, sb0, rn, 0, P);
+  if (!direct) STAGE(Bt, sb0, rn, 0, P);
   const int r1 = pr_amx_configure(rn);
   for (long m = 0; m < rows; m += 32) {
     const int two = rows - m >= 32;
@@ -1164,23 +1205,9 @@ PR_NOINLINE void NAME(long K, const KT* restrict Bt, long sb0, const char* pf, l
       _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
     }
     for (long k = 0; k < K; k += 32) {
-      if (!direct && m == 0 && k + 32 < K) NAME_stage(Bt, sb0, rn, k + 32, P);
-      { /* the next block's keys into L2, a line of each key and step once over the call: this pass's share */
-        const long q = m >> 5, np = (rows + 31) >> 5;
-        for (long r = q * 32 / np; r < (q + 1) * 32 / np; r++) _mm_prefetch(pf + r * spf + k * PFB, _MM_HINT_T1);
-      }
-      const float* xp = Xp + (k >> 1) * ldm + m;
-      const uint16_t* p = direct ? (const uint16_t*)Bt + k : P + k * 32;
-      _tile_loadd(4, p, sa);
-      _tile_loadd(6, xp, ldm * 4);
-      if (two) _tile_loadd(7, xp + 16, ldm * 4);
-      _tile_dpbf16ps(0, 4, 6);
-      if (two) _tile_dpbf16ps(1, 4, 7);
-      if (r1) {
-        _tile_loadd(5, p + a1, sa);
-        _tile_dpbf16ps(2, 5, 6);
-        if (two) _tile_dpbf16ps(3, 5, 7);
-      }
+      if (!direct && m == 0 && k + 32 < K) STAGE(Bt, sb0, rn, k + 32, P);
+      pr_amx_prefetch(pf, spf, k * PFB, m, rows);
+      pr_amx_step(direct ? (const uint16_t*)Bt + k : P + k * 32, sa, a1, Xp + (k >> 1) * ldm + m, ldm, two, r1);
     }
     _tile_stored(0, c0, sct * 4);
     if (two) _tile_stored(1, c0 + 16, sct * 4);
@@ -1189,13 +1216,22 @@ PR_NOINLINE void NAME(long K, const KT* restrict Bt, long sb0, const char* pf, l
 }
 """
 
-# a key's 32 values at k into the staged panel: bfloat16 as they are, int8 converted (exact)
-_TN_AMX_STAGE = {
-    2: "_mm512_store_si512((void*)d, _mm512_loadu_si512((const void*)s))",
-    1: "const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)s))); "
-       "const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(s + 16)))); "
-       "_mm512_store_si512((void*)d, (__m512i)_mm512_cvtne2ps_pbh(hi, lo))",
-}
+
+def tn_kernel_amx(key_bytes: int = 2) -> str:
+    """The tn kernel on the AMX tiles (codegen.isa.tile_bf16; matmul.emit_tn): Ct[r * sct + m] (beta) sum_k
+    Bt[r * sb0 + k] * A[m, k] for r < rn (at most TN_AMX_RN), m < rows (a multiple of 16), over K (a multiple of
+    TN_AMX_K), ``Xp`` A's k pairs as :func:`tn_kernel`'s -- the layout of a ``tdpbf16ps`` B tile: 16 k pairs by 16
+    rows, one 32-bit pair per row --, the keys the A tiles (16 keys by 32 k), so C^T = Bt A^T tile by tile, as the
+    other tn kernels. The keys are staged a step ahead into a tile-ordered panel (:func:`tn_amx_stage`; int8 keys
+    converted, exact); bfloat16 keys of a call of at most 32 rows are read in place. Per 32 k: two key tiles, two row
+    tiles, four ``tdpbf16ps`` into four C tiles (32 keys x 32 rows), loaded from Ct (beta) or zeroed, stored into Ct
+    after the call's K: the products exact, summed in float32 (K <= ACC_ROWS per call, as the other forms' groups).
+    The configuration (each tile's rows for ``rn``) is loaded at every call: one call runs every row of a chunk.
+    ``pf``/``spf``: the next block's keys, prefetched a line per key and step over the call's passes of 32 rows.
+    Measured need: docs/codegen.md, "tn on the AMX tiles". (Needs TN_AMX_HEAD and :func:`tn_amx_stage` before it.)"""
+    return (TN_AMX_TEXT.replace("NAME", tn_amx_name(key_bytes)).replace("PFB", str(key_bytes))
+            .replace("KT", "uint16_t" if key_bytes == 2 else "int8_t").replace("STAGE", tn_amx_stage_name(key_bytes))
+            .replace("DIRECT", "1" if key_bytes == 2 else "0").replace("ACC", str(ACC_ROWS)))
 
 
 TN_AMX_GROUPED_TEXT = """PR_INLINE void NAME_add(const float* restrict T, float* restrict Ct, long sct, long m, long rn,
@@ -1220,7 +1256,7 @@ PR_NOINLINE void NAME(long K, const int8_t* restrict Bt, long sb0, const char* p
   /* two groups' C tiles: a group's tiles are stored into one half while the group before is scaled from the other
      (a tile store's data is read by vector loads only once it has left the store buffer) */
   float T[2][4 * 256] __attribute__((aligned(64)));
-  pr_tn_amx_bf16_i8_stage(Bt, sb0, rn, 0, P);
+  STAGE(Bt, sb0, rn, 0, P);
   const int r1 = pr_amx_configure(rn);
   for (long m = 0; m < rows; m += 32) {
     const int two = rows - m >= 32;
@@ -1228,21 +1264,9 @@ PR_NOINLINE void NAME(long K, const int8_t* restrict Bt, long sb0, const char* p
       float* Tc = T[(g0 / GS) & 1];
       _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
       for (long k = g0; k < g0 + GS; k += 32) {
-        if (m == 0 && k + 32 < K) pr_tn_amx_bf16_i8_stage(Bt, sb0, rn, k + 32, P);
-        { const long q = m >> 5, np = (rows + 31) >> 5;
-          for (long r = q * 32 / np; r < (q + 1) * 32 / np; r++) _mm_prefetch(pf + r * spf + k, _MM_HINT_T1); }
-        const float* xp = Xp + (k >> 1) * ldm + m;
-        const uint16_t* p = P + k * 32;
-        _tile_loadd(4, p, 64);
-        _tile_loadd(6, xp, ldm * 4);
-        if (two) _tile_loadd(7, xp + 16, ldm * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        if (two) _tile_dpbf16ps(1, 4, 7);
-        if (r1) {
-          _tile_loadd(5, p + 16 * 32, 64);
-          _tile_dpbf16ps(2, 5, 6);
-          if (two) _tile_dpbf16ps(3, 5, 7);
-        }
+        if (m == 0 && k + 32 < K) STAGE(Bt, sb0, rn, k + 32, P);
+        pr_amx_prefetch(pf, spf, k, m, rows);
+        pr_amx_step(P + k * 32, 64, 16 * 32, Xp + (k >> 1) * ldm + m, ldm, two, r1);
       }
       _tile_stored(0, Tc, 64);
       if (two) _tile_stored(1, Tc + 256, 64);
@@ -1267,27 +1291,10 @@ def tn_kernel_amx_grouped(isa: ISA, G: int, fel: str) -> str:
     key's scale of the group (one FMA per 16 outputs; the first group of a call without beta stores). The keys are
     staged as :func:`tn_kernel_amx`'s (converted to bfloat16, exact); ``rn`` keys (at most 32) and ``rows`` (a
     multiple of 16) at run time. The program's exact grouped sum: each group's products summed in float32 and
-    multiplied by its scale, as the AVX-512 form. (Needs pr_tn_amx_bf16_i8_stage: :func:`tn_kernel_amx` (1).)"""
+    multiplied by its scale, as the AVX-512 form. (Needs TN_AMX_HEAD and :func:`tn_amx_stage` (1) before it.)"""
     return (TN_AMX_GROUPED_TEXT.replace("NAME", tn_amx_grouped_name(G, fel)).replace("FT", ctype(fel))
-            .replace("GS", str(G)).replace("ACC", str(ACC_ROWS))
+            .replace("GS", str(G)).replace("ACC", str(ACC_ROWS)).replace("STAGE", tn_amx_stage_name(1))
             .replace("SCALE", _gdot_factor(isa, (fel,), "r * ssr + cg * ssg", "S")))
-
-
-def tn_kernel_amx(key_bytes: int = 2) -> str:
-    """The tn kernel on the AMX tiles (codegen.isa.tile_bf16; matmul.emit_tn): Ct[r * sct + m] (beta) sum_k
-    Bt[r * sb0 + k] * A[m, k] for r < rn (at most TN_AMX_RN), m < rows (a multiple of 16), over K (a multiple of
-    TN_AMX_K), ``Xp`` A's k pairs as :func:`tn_kernel`'s -- the layout of a ``tdpbf16ps`` B tile: 16 k pairs by 16
-    rows, one 32-bit pair per row --, the keys as they are stored (an A tile: 16 keys by 32 k, at the key stride),
-    so C^T = Bt A^T tile by tile, as the other tn kernels. Per 32 k: two key tiles, two row tiles, four
-    ``tdpbf16ps`` into four C tiles (32 keys x 32 rows), loaded from Ct (beta) or zeroed, stored into Ct after the
-    call's K: the products exact, summed in float32 (K <= ACC_ROWS per call, as the other forms' groups). The
-    configuration (each tile's rows for ``rn``) is loaded at every call: one call runs every row of a chunk.
-    ``pf``/``spf``: the next block's keys, prefetched a line per key and step during the first rows. Measured
-    need: docs/codegen.md, "tn on the AMX tiles". (Its shared declarations: TN_AMX_HEAD, before it.)"""
-    return (TN_AMX_TEXT.replace("NAME", tn_amx_name(key_bytes)).replace("PFB", str(key_bytes))
-            .replace("KT", "uint16_t" if key_bytes == 2 else "int8_t").replace("STAGE", _TN_AMX_STAGE[key_bytes])
-            .replace("DIRECT", "1" if key_bytes == 2 else "0")
-            .replace("ACC", str(ACC_ROWS)))
 
 
 # keys x vectors of 16 rows of the grouped tn kernel. Measured on the Zen 5 VM (2 threads, bfloat16 [m, 2048] x int8

@@ -121,7 +121,7 @@ def _product_form(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> tuple[float, 
         # whole rows of every sequence. Otherwise a loop over the batch, each product in the nt kernels
         fold = len(b.shape) == 2 and (a.op != "iter" or tile[-2] == S(bg.inputs[a.arg[0]].shape)[-2])
         rows = numel(tile[:-1]) if fold else 0
-    tn = rows >= tn_min_rows((elem_of(a.dtype), elem_of(b.dtype)), tiles=m.tile_dot) and tile[-1] >= TN_MIN_K
+    tn = rows >= tn_min_rows((elem_of(a.dtype), elem_of(b.dtype)), m.tile_dot) and tile[-1] >= TN_MIN_K
     if tn and not quad and m.tile_dot and tile[-1] % 32 == 0:
         return _tile_rate(rows), True
     return ((QUAD_TN if quad else PAIR_TN) if tn and not (quad and tile[-1] % 4) else other), False
