@@ -172,3 +172,13 @@ def tile_bf16(isa: ISA) -> bool:
         return False
     flags = cpu_flags()
     return {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags and _amx_permitted()
+
+
+def tile_int8(isa: ISA) -> bool:
+    """Whether the kernels of ``isa`` may use the AMX tiles for int8 x int8 contractions (``tdpbssd``: a 16 x 64 by
+    64 x 16 product of signed bytes summed into 16 x 16 int32 per instruction; mk.tn_kernel_amx_i8, the W8A8 form
+    over many rows). Needs AMX_TILE and AMX_INT8 in the CPU flags, AVX512_VNNI (the kernels of fewer rows), the
+    AVX-512 path and the kernel's grant; ``PRISM_AMX=0`` turns it off with the bfloat16 tiles."""
+    if isa.name != "avx512" or os.environ.get("PRISM_AMX", "").strip() == "0":
+        return False
+    return {"amx_tile", "amx_int8", "avx512_vnni"} <= cpu_flags() and _amx_permitted()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from prism.codegen import microkernels as mk
 from prism.codegen.cwriter import CWriter, Namer
-from prism.codegen.isa import ISA, tile_bf16
+from prism.codegen.isa import ISA, tile_bf16, tile_int8
 from prism.codegen.loops import PAR_MIN, Nest, assign, make_nest, offset, varying
 from prism.codegen.tiles import View, ctype, ld
 from prism.ir.traced import any_of, concrete, varies
@@ -62,13 +62,27 @@ TN_MIN_ROWS_I8_I8 = 48
 # prism.superoptimize, oneDNN beside): m = 4 nt 0.47 ms, tiles 0.70; m = 8 0.89 against 0.74 (oneDNN 0.67); m = 16
 # 1.78 against 0.74 (0.77); m = 32 3.35 against 0.83 (0.84); m = 48 5.02 against 1.01 (1.05)
 TN_MIN_ROWS_AMX = 8
+# int8 rows against int8 keys on the AMX tiles (mk.tn_kernel_amx_i8): from 8 rows. Measured on the Intel VM of
+# 2026-12-01 (int8 [m, 2048] @ [5632, 2048]^T through prism.optimize, 2 threads, the weight in L3, torch._int_mm
+# (oneDNN) beside; tiles / without them): m = 4 nt 0.25 ms; m = 8 0.32 / 0.64 (oneDNN 0.66); 16 0.39 / 0.62 (0.87);
+# 32 0.70 / 1.16 (1.13); 128 1.32 / 2.41 (1.54); 512 4.2 / 10.7 (4.8)
+TN_MIN_ROWS_I8_AMX = 8
+
+
+def on_tiles(isa: ISA, elems: tuple[str, str], K: int | str) -> bool:
+    """Whether emit_tn runs a product of row and key storage ``elems`` over ``K`` on the AMX tiles."""
+    if elems == ("i8", "i8"):
+        return isinstance(K, int) and K % mk.TN_AMX_I8_K == 0 and tile_int8(isa)
+    return elems in (("bf16", "bf16"), ("bf16", "i8")) and isinstance(K, int) and K % mk.TN_AMX_K == 0 \
+        and tile_bf16(isa)
 
 
 def tn_min_rows(elems: tuple[str, str], tiles: bool) -> int:
     """The rows from which a product of row and key storage ``elems`` takes the tn form (emit_tn), ``tiles``: on a
-    path with the AMX tiles (isa.tile_bf16; the cost model's ``Machine.tile_dot``)."""
+    path with the AMX tiles for that product (isa.tile_bf16 / isa.tile_int8; the cost model's ``Machine.tile_dot``
+    / ``tile_idot``)."""
     if elems == ("i8", "i8"):
-        return TN_MIN_ROWS_I8_I8
+        return TN_MIN_ROWS_I8_AMX if tiles else TN_MIN_ROWS_I8_I8
     if elems in (("bf16", "bf16"), ("bf16", "i8")) and tiles:
         return TN_MIN_ROWS_AMX
     return TN_MIN_ROWS_I8 if elems == ("bf16", "i8") else TN_MIN_ROWS
@@ -448,7 +462,7 @@ def emit_matmul(w: CWriter, nm: Namer, sup: Support, C: View, A: View, B: View, 
         or (set(elems) <= {"f32", "f16"} and sup.isa.name == "avx512"))
     tn = (allow_tn and tn_ok and scratch is not None and rowscale is None and (beta == "0" or outer is not None)
           and par is None and not vars_ and K >= TN_MIN_K and N >= mk.TN_RN
-          and M >= tn_min_rows(elems, tile_bf16(sup.isa)))
+          and M >= tn_min_rows(elems, on_tiles(sup.isa, elems, K)))
     if tn:
         assert scratch is not None
         emit_tn(w, nm, sup, M, N, K, ptr[1], sa0, ptr[2], sb1, ptr[0], sc0, scratch, beta, elems=elems)
@@ -669,9 +683,12 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     # bfloat16 rows against bfloat16 keys, or int8 keys converted into a bfloat16 panel: on the AMX tiles where the
     # machine has them and every group of K is whole tile steps (mk.tn_kernel_amx: one call per block of keys and
     # chunk of rows, the keys and rows past a whole block at run time)
-    amx = (elems[0] == "bf16" and elems[1] in ("bf16", "i8") and K % mk.TN_AMX_K == 0 and tile_bf16(sup.isa)
+    amx = (elems[0] == "bf16" and on_tiles(sup.isa, elems, K)
            and (groups is None or (elems[1] == "i8" and groups.size % mk.TN_AMX_K == 0)))
-    if amx:
+    # int8 rows against int8 keys (W8A8): on the AMX tiles where the machine has them and K is whole int8 tile steps
+    # (mk.tn_kernel_amx_i8: tdpbssd, the rows packed as they are, no sign flip)
+    amx_i8 = elems == ("i8", "i8") and groups is None and on_tiles(sup.isa, elems, K)
+    if amx or amx_i8:
         RN, MV = mk.TN_AMX_RN, 2
     # float32 rows and scales of at most 16 significant bits (float16, bfloat16): q * s is exact in float32, so the
     # panel holds the dequantized keys and the plain float32 kernel runs over them (no per-group sums: 1 FMA and a
@@ -686,8 +703,8 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     mt = 16 * MV
     ldm = (M + mt - 1) // mt * mt
     rows16 = (M + 15) // 16 * 16   # (amx: the rows a call runs, in vectors of 16)
-    mc_rows = mk.tn_amx_rows() if amx else mk.TN_MC
-    G = mk.ACC_ROWS
+    mc_rows = mk.tn_amx_rows() if amx or amx_i8 else mk.TN_MC
+    G = mk.TN_AMX_I8_KMAX if amx_i8 else mk.ACC_ROWS
     pairs = elems[0] == "bf16"
     quads = elems == ("i8", "i8")   # int8 x int8: A packed in k quads, vpdpbusd (mk.tn_kernel_i8)
     xp_n = (min(K, G) // 2 if pairs else min(K, G) // 4 if quads else min(K, G)) * ldm
@@ -714,7 +731,10 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         return sup.need(mk.tn_name(rn, mv, form), mk.tn_kernel(rn, mv, esz) if pairs else
                         mk.tn_kernel_i8(rn, mv) if quads else mk.tn_kernel_f32(rn, mv, esz))
 
-    if amx:
+    if amx_i8:
+        sup.need("pr_tn_amx_head", mk.TN_AMX_HEAD)
+        kern = tail = sup.need(mk.tn_amx_i8_name(G), mk.tn_kernel_amx_i8(G))
+    elif amx:
         sup.need("pr_tn_amx_head", mk.TN_AMX_HEAD)
         sup.need(mk.tn_amx_stage_name(esz), mk.tn_amx_stage(esz))
         kern = tail = (sup.need(mk.tn_amx_name(esz), mk.tn_kernel_amx(esz)) if groups is None else
@@ -732,7 +752,7 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     # ("tn"), "A last block of rows by its vectors"
     last_rows = None if varies(M) else M % mt   # the last block's rows where M is fixed
     lasts: list[int] = []   # the vectors of the last block's kernels below MV: every count where M varies
-    if MV > 1 and not amx and os.environ.get("PRISM_TN_LAST", "").strip() != "0":
+    if MV > 1 and not (amx or amx_i8) and os.environ.get("PRISM_TN_LAST", "").strip() != "0":
         if last_rows is None:
             lasts = list(range(1, MV))
         elif 0 < -(-last_rows // 16) < MV:
@@ -767,7 +787,7 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         def call(f: str, at: str) -> None:
             w.line(f"{f}({gn}, {src}, {sb}, {pf}, {sbt * esz}, {xp} + {at}, {ldm}, {ct} + {n0} * {ldm} + {at}, "
                    f"{ldm}, {beta}{scales});")
-        if amx:   # every row of the chunk in one call (the rows a multiple of 16: the last block's vectors past M)
+        if amx or amx_i8:   # every row of the chunk in one call (rows a multiple of 16: the last block's past M)
             w.line(f"{fn}({gn}, {src}, {sb}, {pf}, {sbt * esz}, {xp} + {mc}, {ldm}, {ct} + {n0} * {ldm} + {mc}, "
                    f"{ldm}, {beta}, {rn}, pr_minl({rows16}, {mc} + {mc_rows}) - {mc}{scales});")
             return
@@ -792,11 +812,12 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
     def group(g0: str, gn: int, beta: str) -> None:
         if pairs:
             _emit_transpose(w, nm, sup, f"((const float*)({a} + {g0}))", sa0 // 2, xp, ldm, M, gn // 2)
-        elif quads:   # 4 int8 of a row as one 32-bit element, then every byte's sign bit flipped (a + 128)
+        elif quads:   # 4 int8 of a row as one 32-bit element, then (vpdpbusd) every byte's sign bit flipped (a + 128)
             _emit_transpose(w, nm, sup, f"((const float*)({a} + {g0}))", sa0 // 4, xp, ldm, M, gn // 4)
-            q = nm("q")
-            with w.block(f"for (long {q} = 0; {q} < {gn // 4 * ldm}; {q}++)"):
-                w.line(f"((uint32_t*){xp})[{q}] ^= 0x80808080u;")
+            if not amx_i8:   # (tdpbssd: signed bytes on both sides)
+                q = nm("q")
+                with w.block(f"for (long {q} = 0; {q} < {gn // 4 * ldm}; {q}++)"):
+                    w.line(f"((uint32_t*){xp})[{q}] ^= 0x80808080u;")
         else:
             _emit_transpose(w, nm, sup, f"({a} + {g0})", sa0, xp, ldm, M, gn, elem=elems[0])
         # packed rows in chunks of TN_MC, every block of keys against a chunk's row vectors: a key block is read

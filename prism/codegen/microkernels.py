@@ -1297,6 +1297,92 @@ def tn_kernel_amx_grouped(isa: ISA, G: int, fel: str) -> str:
             .replace("SCALE", _gdot_factor(isa, (fel,), "r * ssr + cg * ssg", "S")))
 
 
+TN_AMX_I8_K = 64   # k per int8 tile step (a tile row is 64 bytes: 64 int8)
+# K per call of the int8 tile kernel (matmul.emit_tn's group of K for it): twice ACC_ROWS, so the packed quads of a
+# row fill 1 KiB, the bfloat16 form's pairs (tn_amx_rows), and each block of 32 rows converts its sums once per 1024 k
+TN_AMX_I8_KMAX = int(os.environ.get("PRISM_TN_AMX_I8_KMAX", "1024"))
+
+
+def tn_amx_i8_name(kmax: int) -> str:
+    return f"pr_tn_amx_i8_i8_k{kmax}"
+
+
+TN_AMX_I8_TEXT = """/* a key's 64 int8 at k into the staged panel ([K / 64][32 keys][64 k]: 1 KiB per A tile) */
+PR_INLINE void pr_tn_amx_stage_i8_i8(const int8_t* restrict Bt, long sb0, long rn, long k, int8_t* restrict P) {
+  for (long r = 0; r < rn; r++)
+    _mm512_store_si512((void*)(P + k * 32 + r * 64), _mm512_loadu_si512((const void*)(Bt + r * sb0 + k)));
+}
+/* one step of 64 k (pr_amx_step's, with tdpbssd: signed bytes on both sides, summed in int32) */
+PR_INLINE void pr_amx_step_i8(const int8_t* p, long sa, long a1, const float* xp, long ldm, int two, int r1) {
+  _tile_loadd(4, p, sa);
+  _tile_loadd(6, xp, ldm * 4);
+  if (two) _tile_loadd(7, xp + 16, ldm * 4);
+  _tile_dpbssd(0, 4, 6);
+  if (two) _tile_dpbssd(1, 4, 7);
+  if (r1) {
+    _tile_loadd(5, p + a1, sa);
+    _tile_dpbssd(2, 5, 6);
+    if (two) _tile_dpbssd(3, 5, 7);
+  }
+}
+/* a block of 32 rows' four C tiles (int32 sums, stored in T) into Ct as float: stored, or added where beta */
+PR_INLINE void pr_tn_amx_i8_out(const int32_t* restrict T, float* restrict Ct, long sct, long m, long rn, int two,
+                                int beta) {
+  for (long r = 0; r < rn; r++) {
+    const int32_t* t = T + (r >> 4) * 512 + (r & 15) * 16;
+    float* o = Ct + r * sct + m;
+    for (int v = 0; v <= two; v++) {
+      const __m512 x = _mm512_cvtepi32_ps(_mm512_load_si512((const void*)(t + 256 * v)));
+      _mm512_storeu_ps(o + 16 * v, beta ? _mm512_add_ps(_mm512_loadu_ps(o + 16 * v), x) : x);
+    }
+  }
+}
+PR_NOINLINE void NAME(long K, const int8_t* restrict Bt, long sb0, const char* pf, long spf,
+                      const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta, long rn,
+                      long rows) {
+  if (!pr_amx_granted) pr_amx_grant();
+  int8_t P[32 * KMAX] __attribute__((aligned(64)));
+  /* two blocks' C tiles: a block's tiles are stored into one half while the block before is converted from the other
+     (a tile store's data is read by vector loads only once it has left the store buffer) */
+  int32_t T[2][4 * 256] __attribute__((aligned(64)));
+  const int direct = rows <= 32;
+  const long sa = direct ? sb0 : 64, a1 = direct ? 16 * sb0 : 16 * 64;
+  if (!direct) pr_tn_amx_stage_i8_i8(Bt, sb0, rn, 0, P);
+  const int r1 = pr_amx_configure(rn);
+  for (long m = 0; m < rows; m += 32) {
+    const int two = rows - m >= 32;
+    int32_t* Tc = T[(m >> 5) & 1];
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (long k = 0; k < K; k += 64) {
+      if (!direct && m == 0 && k + 64 < K) pr_tn_amx_stage_i8_i8(Bt, sb0, rn, k + 64, P);
+      pr_amx_prefetch(pf, spf, k, m, rows);
+      pr_amx_step_i8(direct ? Bt + k : P + k * 32, sa, a1, Xp + (k >> 2) * ldm + m, ldm, two, r1);
+    }
+    _tile_stored(0, Tc, 64);
+    if (two) _tile_stored(1, Tc + 256, 64);
+    if (r1) { _tile_stored(2, Tc + 512, 64); if (two) _tile_stored(3, Tc + 768, 64); }
+    if (m > 0) pr_tn_amx_i8_out(T[((m >> 5) - 1) & 1], Ct, sct, m - 32, rn, 1, beta);
+  }
+  const long ml = (rows - 1) >> 5 << 5;
+  pr_tn_amx_i8_out(T[(ml >> 5) & 1], Ct, sct, ml, rn, rows - ml >= 32, beta);
+}
+"""
+
+
+def tn_kernel_amx_i8(kmax: int) -> str:
+    """The tn kernel of int8 rows against int8 keys on the AMX tiles (codegen.isa.tile_int8; matmul.emit_tn, the W8A8
+    form over many rows): Ct[r * sct + m] (beta) sum_k Bt[r * sb0 + k] * A[m, k] for r < rn (at most TN_AMX_RN),
+    m < rows (a multiple of 16), over K (a multiple of TN_AMX_I8_K, at most ``kmax``). ``Xp`` A's k quads as
+    :func:`tn_kernel_i8`'s but as they are (no sign flip) -- the layout of a ``tdpbssd`` B tile: 16 quads by 16 rows --,
+    the keys the A tiles (16 keys by 64 k, staged into a tile-ordered panel a step ahead, or read in place by a call of
+    at most 32 rows), so C^T = Bt A^T tile by tile. Per 64 k: two key tiles, two row tiles, four ``tdpbssd`` into four
+    int32 C tiles (32 keys x 32 rows), stored after the call's K and converted into Ct (one block of rows behind).
+    Exact for every int8 value incl. -128: |sum| <= 128 * 128 * kmax < 2^24 for kmax <= 1024, an integer float32
+    holds. (Needs TN_AMX_HEAD before it.)"""
+    assert kmax % TN_AMX_I8_K == 0 and 128 * 128 * kmax <= 2 ** 24
+    return TN_AMX_I8_TEXT.replace("NAME", tn_amx_i8_name(kmax)).replace("KMAX", str(kmax))
+
+
 # keys x vectors of 16 rows of the grouped tn kernel. Measured on the Zen 5 VM (2 threads, bfloat16 [m, 2048] x int8
 # [5632, 2048]^T through prism.optimize, groups of 32, three alternations of processes, load 1.3-1.7): m = 128 6 x 4
 # 3.62-3.79 ms against 12 x 1 (tn_shape's for int8 keys) 3.98-4.33; m = 1024 28.4-29.9 against 31.9-32.5. (The

@@ -85,6 +85,12 @@ TILE_TN = 3.5
 # every candidate measured split the rows); with the rate by rows, 16 blocks of keys over all 128 rows (6.3 ms)
 TILE_TN_ROWS = 128
 TILE_TN_MAX = 4.5
+# int8 x int8 (W8A8) tn products on the AMX tiles (``Machine.tile_idot``: mk.tn_kernel_amx_i8), over the bfloat16
+# tiles' rate at the same rows. Measured on the Intel VM of 2026-12-01 (2 threads, [m, 2048] x [5632, 2048]^T, the
+# weight in L3): int8 1050 G op/s at m = 32, 2240-2420 at 128, 2750-2810 at 512, against bfloat16's 890, 1640-1770
+# and 2100-2340 (at 1024): 1.2-1.35x, not the 2x of the instruction's products (both forms load a 1 KiB tile per
+# 16 x 16 block's step: the loads, not the products, bound them)
+TILE_I8 = 1.3
 # int8 x int8 products with vpdpbusd (W8A8), over the same FMA peak. Measured on the Zen 4 VM, one thread: the float32
 # tn kernel 110 GFLOP/s from L2; int8 [128, 2048] @ [1024, 2048]^T tn 187-198 G int8 MAC/s (2 "flops" each: 3.6x),
 # nt 76-80 (1.4x) (matmul.TN_MIN_ROWS_I8_I8)
@@ -121,9 +127,10 @@ def _product_form(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> tuple[float, 
         # whole rows of every sequence. Otherwise a loop over the batch, each product in the nt kernels
         fold = len(b.shape) == 2 and (a.op != "iter" or tile[-2] == S(bg.inputs[a.arg[0]].shape)[-2])
         rows = numel(tile[:-1]) if fold else 0
-    tn = rows >= tn_min_rows((elem_of(a.dtype), elem_of(b.dtype)), m.tile_dot) and tile[-1] >= TN_MIN_K
-    if tn and not quad and m.tile_dot and tile[-1] % 32 == 0:
-        return _tile_rate(rows), True
+    tiles = (m.tile_idot and tile[-1] % 64 == 0) if quad else (m.tile_dot and tile[-1] % 32 == 0)
+    tn = rows >= tn_min_rows((elem_of(a.dtype), elem_of(b.dtype)), tiles) and tile[-1] >= TN_MIN_K
+    if tn and tiles:
+        return _tile_rate(rows) * (TILE_I8 if quad else 1.0), True
     return ((QUAD_TN if quad else PAIR_TN) if tn and not (quad and tile[-1] % 4) else other), False
 
 

@@ -60,6 +60,8 @@ class Machine:
     quad_dot: bool = False
     # bfloat16 tn products on the AMX tiles (codegen.isa.tile_bf16; cost.TILE_TN)
     tile_dot: bool = False
+    # int8 x int8 tn products on the AMX tiles (codegen.isa.tile_int8; cost.TILE_TN_I8)
+    tile_idot: bool = False
 
     @property
     def core_flops(self) -> float:
@@ -133,7 +135,7 @@ def detect(measure: bool | None = None) -> Machine:
             return m
         base = dict(cores=cores, threads=threads, l1=caches[1], l2=caches[2], l3=caches[3], simd=isa.width,
                     isa=isa.name, fingerprint=fp, pair_dot=ISA.bf16_dot(isa), quad_dot=ISA.i8_dot(isa),
-                    tile_dot=ISA.tile_bf16(isa))
+                    tile_dot=ISA.tile_bf16(isa), tile_idot=ISA.tile_int8(isa))
         if not measure:
             m = Machine(**base, bandwidth=DEFAULT_BANDWIDTH, bandwidth_1=DEFAULT_BANDWIDTH_1,
                         cache_bandwidth=2 * DEFAULT_BANDWIDTH, peak_flops=DEFAULT_CORE_FLOPS * threads, measured=False)

@@ -536,12 +536,14 @@ def _i8_looped_product(m: int, k: int, f: int, n: int = 40) -> prism.Graph:
     return g
 
 
-def test_int8_by_int8_products_over_many_rows_take_the_tn_form_exactly() -> None:
+def test_int8_by_int8_products_over_many_rows_take_the_tn_form_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
     """matmul.emit_tn for int8 x int8 (mk.tn_kernel_i8): from TN_MIN_ROWS_I8_I8 rows the rows are packed in k quads
     with their sign bits flipped (a + 128) and the keys broadcast against them with ``vpdpbusd``, each key's sum
     subtracted once per call. Exact for every int8 value (-128 and 127 on both sides), at row counts below, at and
     past one block of 64 packed rows, K within one group, over groups (the later ones added into the sum) and with
-    a block for-loop over K (beta); a K that is not a multiple of 4 stays nt."""
+    a block for-loop over K (beta); a K that is not a multiple of 4 stays nt. (Without the AMX tiles, which take the
+    same products where they have them: tests/cpu/test_amx.py.)"""
+    monkeypatch.setenv("PRISM_AMX", "0")
     from prism.codegen.isa import get as get_isa
     from prism.codegen.isa import i8_dot
     from prism.codegen.matmul import TN_MIN_ROWS_I8_I8
