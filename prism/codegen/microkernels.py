@@ -1125,6 +1125,9 @@ PR_INLINE int pr_amx_configure(long rn) {
   for (int t = 0; t < 8; t++) { c.colsb[t] = 64; c.rows[t] = 16; }
   c.rows[0] = c.rows[1] = c.rows[4] = (uint8_t)r0;
   c.rows[2] = c.rows[3] = c.rows[5] = (uint8_t)(r1 ? r1 : 1);
+  /* the configuration's stores kept: a compiler that does not see ldtilecfg read its operand may drop them (then
+     every tile instruction faults; llama.cpp's AMX kernels did so under gcc 12, its PR 26954) */
+  __asm__ volatile("" : : "r"(&c) : "memory");
   _tile_loadconfig(&c);
   return r1;
 }
