@@ -5,6 +5,8 @@ capture's reading of the dequantized-weight form as one piece; the quantizer."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -136,6 +138,30 @@ def test_bfloat16_rows_against_grouped_int8_keys_take_vdpbf16ps_groups(M: int, a
             assert out.dtype == (bfloat16.np if low else np.float32)
             assert_close(np.asarray(out, dtype=np.float64), ref, f"bf16 grouped M={M} Gn={Gn} G={G} {s_dtype} {isa}",
                          **({"rtol": 2.0 ** -8} if low else {}))
+
+
+@pytest.mark.parametrize("M", [1, 5, 8])
+def test_bfloat16_decode_rows_are_widened_once_for_the_grouped_dot_kernels(M: int) -> None:
+    """Up to GROUPED_DOT_ROWS bfloat16 rows (decode) against grouped int8 keys: the rows are widened to float32 once
+    into scratch (matmul.emit_grouped, ``widened``) and the float32-row dot kernels run against every key, which is
+    exact (every bfloat16 is a float32): the result equals, bit for bit, the same block with the widened rows given
+    as float32 inputs, rounded to bfloat16 once. Every ISA path; hostile rows and scales (_values)."""
+    rng = np.random.default_rng(40 + M)
+    Gn, G, N = 37, 32, 70
+    v = _values(rng, M, N, Gn, G)
+    xb = v["x"].astype(bfloat16.np)
+    v16 = {"x": xb, "q": v["q"], "s": v["s"].astype(bfloat16.np)}
+    v32 = {"x": xb.astype(np.float32), "q": v["q"], "s": v16["s"].astype(np.float32)}
+    g16 = _grouped(M, N, Gn, G, s_dtype="bfloat16", x_dtype="bfloat16")
+    g32 = _grouped(M, N, Gn, G, s_dtype="float32", x_dtype="float32")
+    for isa in supported_isas():
+        src = compile_kernel(g16, isa=isa).source
+        names = set(re.findall(r"pr_gdot_\w+", src))
+        assert names and all("_f32_i8_" in n for n in names), (isa, names)
+        got = np.asarray(prism.compile(g16, isa=isa)(**v16), np.float64)
+        want = np.asarray(np.asarray(prism.compile(g32, isa=isa)(**v32)).astype(bfloat16.np), np.float64)
+        assert np.array_equal(got, want), (isa, float(np.abs(got - want).max()))
+        assert_close(got, _reference(v32, Gn, G), f"bf16 grouped decode M={M} {isa}", rtol=2.0 ** -8)
 
 
 def test_the_grouped_tn_kernel_scales_each_group_once_per_key() -> None:
