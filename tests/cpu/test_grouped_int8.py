@@ -164,6 +164,37 @@ def test_bfloat16_decode_rows_are_widened_once_for_the_grouped_dot_kernels(M: in
         assert_close(got, _reference(v32, Gn, G), f"bf16 grouped decode M={M} {isa}", rtol=2.0 ** -8)
 
 
+@pytest.mark.parametrize("s_dtype", ["bfloat16", "float16"])
+def test_half_scales_of_a_decode_row_are_widened_per_chunk_in_either_layout(s_dtype: str) -> None:
+    """One row against grouped int8 keys with bfloat16 / float16 scales: the dot kernel widens each chunk's scales
+    into a float32 array (16 at a time where the groups' scales are adjacent, one by one where they are not: the
+    scales stored [Gn, N], each key's a column), exact. Gn = 37 (a chunk of 32 groups and one of 5: a masked load);
+    against float64 of the same inputs, and the two layouts agree bit for bit."""
+    rng = np.random.default_rng(7)
+    M, N, Gn, G = 1, 70, 37, 32
+    v = _values(rng, M, N, Gn, G)
+    v["x"], v["s"] = v["x"].astype(bfloat16.np), (v["s"] / 1e2 if s_dtype == "float16" else v["s"]).astype(s_dtype)
+    ref = _reference(v, Gn, G)
+    g = prism.Graph()
+    x, q, st = g.input("x", (M, Gn * G), "bfloat16"), g.input("q", (N, Gn * G), "int8"), g.input("s", (Gn, N), s_dtype)
+    x3, q3, s3 = g.reshape(x, (M, Gn, G)), g.reshape(q, (N, Gn, G)), g.reshape(st, (Gn, 1, N))
+    bb = BlockBuilder(grid=(2,), forloop=1, inputs=[x3, q3, s3])
+    p = bb.matmul(bb.permute(bb.iter(0, imap=(None,)), (1, 0, 2)), bb.permute(bb.iter(1, imap=(0,)), (1, 2, 0)))
+    bb.save(bb.sum(bb.mul(p, bb.iter(2, imap=(2,))), 0), omap=(2,))
+    (y,) = g.customized(bb.build(), [x3, q3, s3])
+    g.output(y, "y")
+    for isa in supported_isas():
+        src = compile_kernel(g, isa=isa).source
+        assert "pr_gdot_" in src and (("fw[" in src) == (isa == "avx512")), isa
+        by_column = np.asarray(prism.compile(g, isa=isa)(x=v["x"], q=v["q"], s=np.ascontiguousarray(v["s"].T)),
+                               np.float64)
+        by_row = np.asarray(prism.compile(_grouped(M, N, Gn, G, s_dtype=s_dtype, x_dtype="bfloat16"), isa=isa)(**v),
+                            np.float64)
+        assert np.array_equal(by_column, by_row), isa
+        assert_close(by_row, ref, f"half scales {s_dtype} {isa}", **({"rtol": 2.0 ** -8} if s_dtype == "bfloat16"
+                                                                      else {}))
+
+
 def test_the_grouped_tn_kernel_scales_each_group_once_per_key() -> None:
     """Per group of 32 k: 16 vdpbf16ps steps per accumulator from zero, then one FMA (the first group: a product)
     by the key's broadcast scale into the call's sum -- the scale is never folded into the bfloat16 keys."""
