@@ -1300,6 +1300,90 @@ def tn_kernel_amx_grouped(isa: ISA, G: int, fel: str) -> str:
             .replace("SCALE", _gdot_factor(isa, (fel,), "r * ssr + cg * ssg", "S")))
 
 
+TN_AMX_SPLIT_TEXT = """/* a key's 32 int8 at k times its group's bfloat16 scale as two bfloat16 panels: hi = q * s
+   cut to its top 8 significant bits (the float32's low 16 bits cleared), lo = the rest. q * s has at most 16
+   significant bits (8 and 8): exact in float32; lo has at most 8 (exact in bfloat16); both convert exactly, and
+   hi + lo = q * s */
+PR_INLINE void NAME_stage(const int8_t* restrict Bt, long sb0, long rn, long k, uint16_t* restrict Ph,
+                          uint16_t* restrict Pl, const uint16_t* restrict S, long ssr, long ssg) {
+  const __m512 top = _mm512_castsi512_ps(_mm512_set1_epi32((int)0xFFFF0000u));
+  for (long r = 0; r < rn; r++) {
+    const int8_t* q = Bt + r * sb0 + k;
+    const __m512 s = _mm512_set1_ps(pr_ld_bf16(S[r * ssr + k / GS * ssg]));
+    const __m512 f0 = _mm512_mul_ps(pr_v16_i8(q), s), f1 = _mm512_mul_ps(pr_v16_i8(q + 16), s);
+    const __m512 h0 = _mm512_and_ps(f0, top), h1 = _mm512_and_ps(f1, top);
+    _mm512_store_si512((void*)(Ph + k * 32 + r * 32), (__m512i)_mm512_cvtne2ps_pbh(h1, h0));
+    _mm512_store_si512((void*)(Pl + k * 32 + r * 32),
+                       (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(f1, h1), _mm512_sub_ps(f0, h0)));
+  }
+}
+PR_NOINLINE void NAME(long K, const int8_t* restrict Bt, long sb0, const char* pf, long spf,
+                      const float* restrict Xp, long ldm, float* restrict Ct, long sct, int beta, long rn,
+                      long rows, const uint16_t* restrict S, long ssr, long ssg) {
+  if (!pr_amx_granted) pr_amx_grant();
+  uint16_t Ph[32 * ACC] __attribute__((aligned(64))), Pl[32 * ACC] __attribute__((aligned(64)));
+  NAME_stage(Bt, sb0, rn, 0, Ph, Pl, S, ssr, ssg);
+  const int r1 = pr_amx_configure(rn);
+  for (long m = 0; m < rows; m += 32) {
+    const int two = rows - m >= 32;
+    float* c0 = Ct + m;
+    float* c1 = Ct + 16 * sct + m;
+    if (beta) {
+      _tile_loadd(0, c0, sct * 4);
+      if (two) _tile_loadd(1, c0 + 16, sct * 4);
+      if (r1) { _tile_loadd(2, c1, sct * 4); if (two) _tile_loadd(3, c1 + 16, sct * 4); }
+    } else {
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    }
+    for (long k = 0; k < K; k += 32) {
+      if (m == 0 && k + 32 < K) NAME_stage(Bt, sb0, rn, k + 32, Ph, Pl, S, ssr, ssg);
+      pr_amx_prefetch(pf, spf, k, m, rows);
+      const float* xp = Xp + (k >> 1) * ldm + m;
+      _tile_loadd(6, xp, ldm * 4);
+      if (two) _tile_loadd(7, xp + 16, ldm * 4);
+      _tile_loadd(4, Ph + k * 32, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      if (two) _tile_dpbf16ps(1, 4, 7);
+      if (r1) {
+        _tile_loadd(5, Ph + k * 32 + 16 * 32, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        if (two) _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_loadd(4, Pl + k * 32, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      if (two) _tile_dpbf16ps(1, 4, 7);
+      if (r1) {
+        _tile_loadd(5, Pl + k * 32 + 16 * 32, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        if (two) _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, c0, sct * 4);
+    if (two) _tile_stored(1, c0 + 16, sct * 4);
+    if (r1) { _tile_stored(2, c1, sct * 4); if (two) _tile_stored(3, c1 + 16, sct * 4); }
+  }
+}
+"""
+
+
+def tn_amx_split_name(G: int) -> str:
+    return f"pr_tn_amx_bf16_i8_g{G}_split"
+
+
+def tn_kernel_amx_split(G: int) -> str:
+    """The grouped tn kernel on the AMX tiles for bfloat16 scales (matmul.emit_tn; the arguments of
+    :func:`tn_kernel_amx_grouped`): each key's int8 values times its group's scale, ``q * s`` -- exact in float32: 8
+    and 8 significant bits -- staged as two bfloat16 panels, ``hi`` (q * s cut to 8 significant bits) and ``lo`` (the
+    rest: at most 8 significant bits), both exact in bfloat16, so ``hi + lo = q * s`` exactly; both run through the
+    tiles into the same C tiles over the whole call's K, as the plain kernel's (:func:`tn_kernel_amx`). The grouped
+    sum reassociated (each product x * q * s exact as x * hi + x * lo, summed in float32), where the grouped kernel
+    stored the four C tiles and scaled them into Ct at every group. Twice the tile products and 1.5x the tile loads
+    of the plain kernel; no stores per group. (Needs TN_AMX_HEAD before it.)"""
+    assert G % TN_AMX_K == 0
+    return (TN_AMX_SPLIT_TEXT.replace("NAME", tn_amx_split_name(G)).replace("GS", str(G))
+            .replace("ACC", str(ACC_ROWS)))
+
+
 TN_AMX_I8_K = 64   # k per int8 tile step (a tile row is 64 bytes: 64 int8)
 # K per call of the int8 tile kernel (matmul.emit_tn's group of K for it): twice ACC_ROWS, so the packed quads of a
 # row fill 1 KiB, the bfloat16 form's pairs (tn_amx_rows), and each block of 32 rows converts its sums once per 1024 k

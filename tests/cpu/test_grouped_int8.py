@@ -129,7 +129,9 @@ def test_bfloat16_rows_against_grouped_int8_keys_take_vdpbf16ps_groups(M: int, a
             src = compile_kernel(g, isa=isa).source
             paired = mk.nt_dot(ISAS[isa], ("bf16", "bf16"))
             tiles = amx == "1" and isa == "avx512"
-            assert (f"pr_tn_amx_bf16_i8_g{G}_f{fel}" in src) == tiles, (isa, Gn)
+            split = tiles and s_dtype == "bfloat16"   # q * s as two bfloat16 panels (mk.tn_kernel_amx_split)
+            assert (f"pr_tn_amx_bf16_i8_g{G}_f{fel}" in src) == (tiles and not split), (isa, Gn)
+            assert (f"pr_tn_amx_bf16_i8_g{G}_split" in src) == split, (isa, Gn)
             assert (f"_bf16_dp_g{G}_f{fel}" in src) == (paired and not tiles), (isa, Gn)
             assert ("pr_gdot_" in src) == (M <= 8)
             out = prism.compile(g, isa=isa)(**v)
@@ -193,6 +195,33 @@ def test_half_scales_of_a_decode_row_are_widened_per_chunk_in_either_layout(s_dt
         assert np.array_equal(by_column, by_row), isa
         assert_close(by_row, ref, f"half scales {s_dtype} {isa}", **({"rtol": 2.0 ** -8} if s_dtype == "bfloat16"
                                                                       else {}))
+
+
+def test_the_split_amx_kernel_is_the_exact_grouped_sum_on_exact_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mk.tn_kernel_amx_split: q * s staged as two bfloat16 panels whose sum is q * s exactly. On values whose every
+    partial sum is exact in float32 (rows in {-1, 0, 1}, K = 256, scales of 8 significant bits times 2^-7..2^0, q
+    over all of int8) the result is the float64 grouped sum rounded once to bfloat16, bit for bit -- a kernel that
+    kept only the rounded q * s (one bfloat16 panel) is not (checked: the same values with the lo part dropped
+    differ). Rows 9-70 over one block of 64 and whole / part blocks of 32 keys."""
+    from prism.codegen.isa import tile_bf16
+    monkeypatch.setenv("PRISM_AMX", "1")
+    if not tile_bf16(ISAS["avx512"]):
+        pytest.skip("this machine has no AMX tiles for bfloat16 (or no grant from the kernel)")
+    rng = np.random.default_rng(11)
+    G, Gn, N = 32, 8, 70
+    for M in (9, 40, 70):
+        g = _grouped(M, N, Gn, G, s_dtype="bfloat16", x_dtype="bfloat16")
+        assert f"pr_tn_amx_bf16_i8_g{G}_split" in compile_kernel(g, isa="avx512").source
+        x = rng.integers(-1, 2, (M, Gn * G)).astype(bfloat16.np)
+        q = rng.integers(-128, 128, (N, Gn * G)).astype(np.int8)
+        s = (rng.integers(129, 256, (N, Gn)) * 2.0 ** rng.integers(-14, -7, (N, Gn))).astype(bfloat16.np)
+        v = {"x": x, "q": q, "s": s}
+        ref = _reference(v, Gn, G)
+        got = np.asarray(prism.compile(g, isa="avx512")(**v), np.float64)
+        assert np.array_equal(got, ref.astype(bfloat16.np).astype(np.float64)), M
+        hi = (q.astype(np.float32).reshape(N, Gn, G) * s.astype(np.float32)[..., None]).astype(bfloat16.np)
+        hi_only = np.einsum("mk,nk->mn", x.astype(np.float64), hi.reshape(N, Gn * G).astype(np.float64))[None]
+        assert not np.array_equal(hi_only.astype(bfloat16.np).astype(np.float64), got), M
 
 
 def test_the_grouped_tn_kernel_scales_each_group_once_per_key() -> None:
