@@ -1101,6 +1101,24 @@ def tn_amx_rows() -> int:
     return max(256, min(1024, l2_bytes() // 2 // (ACC_ROWS * 2)))
 
 
+def _amx_keys(name: str, ptype: str, dp: str) -> str:
+    """The C function ``name`` that runs a step's key tiles (elements ``ptype``, tile product ``dp``) against the row
+    tiles already loaded."""
+    return f"""/* the key tile at p and, where r1, the one a1 elements on (row stride sa bytes),
+   against the row tiles 6 (and 7 where two) into C tiles 0-3 */
+PR_INLINE void {name}(const {ptype}* p, long sa, long a1, int two, int r1) {{
+  _tile_loadd(4, p, sa);
+  {dp}(0, 4, 6);
+  if (two) {dp}(1, 4, 7);
+  if (r1) {{
+    _tile_loadd(5, p + a1, sa);
+    {dp}(2, 5, 6);
+    if (two) {dp}(3, 5, 7);
+  }}
+}}
+"""
+
+
 # what every AMX tn kernel shares (matmul.emit_tn needs it before them): the tile configuration, the process's grant,
 # the next block's prefetch and one step of 32 k
 TN_AMX_HEAD = """typedef struct {
@@ -1137,19 +1155,32 @@ PR_INLINE void pr_amx_prefetch(const char* pf, long spf, long kb, long m, long r
   const long q = m >> 5, np = (rows + 31) >> 5;
   for (long r = q * 32 / np; r < (q + 1) * 32 / np; r++) _mm_prefetch(pf + r * spf + kb, _MM_HINT_T1);
 }
-/* one step of 32 k into C tiles 0-3: the key tile at p and, where r1, the one a1 elements on (row stride sa bytes),
-   against the packed rows at xp (the second row tile 16 rows on, where two) */
-PR_INLINE void pr_amx_step(const uint16_t* p, long sa, long a1, const float* xp, long ldm, int two, int r1) {
-  _tile_loadd(4, p, sa);
+""" + _amx_keys("pr_amx_keys", "uint16_t", "_tile_dpbf16ps") + """
+/* the row tiles of a step: the packed rows at xp (the second tile 16 rows on, where two) */
+PR_INLINE void pr_amx_rows(const float* xp, long ldm, int two) {
   _tile_loadd(6, xp, ldm * 4);
   if (two) _tile_loadd(7, xp + 16, ldm * 4);
-  _tile_dpbf16ps(0, 4, 6);
-  if (two) _tile_dpbf16ps(1, 4, 7);
-  if (r1) {
-    _tile_loadd(5, p + a1, sa);
-    _tile_dpbf16ps(2, 5, 6);
-    if (two) _tile_dpbf16ps(3, 5, 7);
+}
+/* one step of 32 k into C tiles 0-3 */
+PR_INLINE void pr_amx_step(const uint16_t* p, long sa, long a1, const float* xp, long ldm, int two, int r1) {
+  pr_amx_rows(xp, ldm, two);
+  pr_amx_keys(p, sa, a1, two, r1);
+}
+/* C tiles 0-3 of the block of 32 rows from m (keys 16-31 where r1, rows 16-31 where two): loaded from Ct (beta) or
+   zeroed; stored into Ct */
+PR_INLINE void pr_amx_c_load(const float* Ct, long sct, long m, int two, int r1, int beta) {
+  if (beta) {
+    _tile_loadd(0, Ct + m, sct * 4);
+    if (two) _tile_loadd(1, Ct + m + 16, sct * 4);
+    if (r1) { _tile_loadd(2, Ct + 16 * sct + m, sct * 4); if (two) _tile_loadd(3, Ct + 16 * sct + m + 16, sct * 4); }
+  } else {
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
   }
+}
+PR_INLINE void pr_amx_c_store(float* Ct, long sct, long m, int two, int r1) {
+  _tile_stored(0, Ct + m, sct * 4);
+  if (two) _tile_stored(1, Ct + m + 16, sct * 4);
+  if (r1) { _tile_stored(2, Ct + 16 * sct + m, sct * 4); if (two) _tile_stored(3, Ct + 16 * sct + m + 16, sct * 4); }
 }
 """
 
@@ -1198,23 +1229,13 @@ TN_AMX_TEXT = """PR_NOINLINE void NAME(long K, const KT* restrict Bt, long sb0, 
   const int r1 = pr_amx_configure(rn);
   for (long m = 0; m < rows; m += 32) {
     const int two = rows - m >= 32;
-    float* c0 = Ct + m;
-    float* c1 = Ct + 16 * sct + m;
-    if (beta) {
-      _tile_loadd(0, c0, sct * 4);
-      if (two) _tile_loadd(1, c0 + 16, sct * 4);
-      if (r1) { _tile_loadd(2, c1, sct * 4); if (two) _tile_loadd(3, c1 + 16, sct * 4); }
-    } else {
-      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    }
+    pr_amx_c_load(Ct, sct, m, two, r1, beta);
     for (long k = 0; k < K; k += 32) {
       if (!direct && m == 0 && k + 32 < K) STAGE(Bt, sb0, rn, k + 32, P);
       pr_amx_prefetch(pf, spf, k * PFB, m, rows);
       pr_amx_step(direct ? (const uint16_t*)Bt + k : P + k * 32, sa, a1, Xp + (k >> 1) * ldm + m, ldm, two, r1);
     }
-    _tile_stored(0, c0, sct * 4);
-    if (two) _tile_stored(1, c0 + 16, sct * 4);
-    if (r1) { _tile_stored(2, c1, sct * 4); if (two) _tile_stored(3, c1 + 16, sct * 4); }
+    pr_amx_c_store(Ct, sct, m, two, r1);
   }
 }
 """
@@ -1326,41 +1347,15 @@ PR_NOINLINE void NAME(long K, const int8_t* restrict Bt, long sb0, const char* p
   const int r1 = pr_amx_configure(rn);
   for (long m = 0; m < rows; m += 32) {
     const int two = rows - m >= 32;
-    float* c0 = Ct + m;
-    float* c1 = Ct + 16 * sct + m;
-    if (beta) {
-      _tile_loadd(0, c0, sct * 4);
-      if (two) _tile_loadd(1, c0 + 16, sct * 4);
-      if (r1) { _tile_loadd(2, c1, sct * 4); if (two) _tile_loadd(3, c1 + 16, sct * 4); }
-    } else {
-      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    }
+    pr_amx_c_load(Ct, sct, m, two, r1, beta);
     for (long k = 0; k < K; k += 32) {
       if (m == 0 && k + 32 < K) NAME_stage(Bt, sb0, rn, k + 32, Ph, Pl, S, ssr, ssg);
       pr_amx_prefetch(pf, spf, k, m, rows);
-      const float* xp = Xp + (k >> 1) * ldm + m;
-      _tile_loadd(6, xp, ldm * 4);
-      if (two) _tile_loadd(7, xp + 16, ldm * 4);
-      _tile_loadd(4, Ph + k * 32, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      if (two) _tile_dpbf16ps(1, 4, 7);
-      if (r1) {
-        _tile_loadd(5, Ph + k * 32 + 16 * 32, 64);
-        _tile_dpbf16ps(2, 5, 6);
-        if (two) _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_loadd(4, Pl + k * 32, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      if (two) _tile_dpbf16ps(1, 4, 7);
-      if (r1) {
-        _tile_loadd(5, Pl + k * 32 + 16 * 32, 64);
-        _tile_dpbf16ps(2, 5, 6);
-        if (two) _tile_dpbf16ps(3, 5, 7);
-      }
+      pr_amx_rows(Xp + (k >> 1) * ldm + m, ldm, two);
+      pr_amx_keys(Ph + k * 32, 64, 16 * 32, two, r1);
+      pr_amx_keys(Pl + k * 32, 64, 16 * 32, two, r1);
     }
-    _tile_stored(0, c0, sct * 4);
-    if (two) _tile_stored(1, c0 + 16, sct * 4);
-    if (r1) { _tile_stored(2, c1, sct * 4); if (two) _tile_stored(3, c1 + 16, sct * 4); }
+    pr_amx_c_store(Ct, sct, m, two, r1);
   }
 }
 """
@@ -1399,19 +1394,8 @@ PR_INLINE void pr_tn_amx_stage_i8_i8(const int8_t* restrict Bt, long sb0, long r
   for (long r = 0; r < rn; r++)
     _mm512_store_si512((void*)(P + k * 32 + r * 64), _mm512_loadu_si512((const void*)(Bt + r * sb0 + k)));
 }
-/* one step of 64 k (pr_amx_step's, with tdpbssd: signed bytes on both sides, summed in int32) */
-PR_INLINE void pr_amx_step_i8(const int8_t* p, long sa, long a1, const float* xp, long ldm, int two, int r1) {
-  _tile_loadd(4, p, sa);
-  _tile_loadd(6, xp, ldm * 4);
-  if (two) _tile_loadd(7, xp + 16, ldm * 4);
-  _tile_dpbssd(0, 4, 6);
-  if (two) _tile_dpbssd(1, 4, 7);
-  if (r1) {
-    _tile_loadd(5, p + a1, sa);
-    _tile_dpbssd(2, 5, 6);
-    if (two) _tile_dpbssd(3, 5, 7);
-  }
-}
+/* (a step of 64 k: tdpbssd, signed bytes on both sides, summed in int32) */
+""" + _amx_keys("pr_amx_keys_i8", "int8_t", "_tile_dpbssd") + """
 /* a block of 32 rows' four C tiles (int32 sums, stored in T) into Ct as float: stored, or added where beta */
 PR_INLINE void pr_tn_amx_i8_out(const int32_t* restrict T, float* restrict Ct, long sct, long m, long rn, int two,
                                 int beta) {
@@ -1443,7 +1427,8 @@ PR_NOINLINE void NAME(long K, const int8_t* restrict Bt, long sb0, const char* p
     for (long k = 0; k < K; k += 64) {
       if (!direct && m == 0 && k + 64 < K) pr_tn_amx_stage_i8_i8(Bt, sb0, rn, k + 64, P);
       pr_amx_prefetch(pf, spf, k, m, rows);
-      pr_amx_step_i8(direct ? Bt + k : P + k * 32, sa, a1, Xp + (k >> 2) * ldm + m, ldm, two, r1);
+      pr_amx_rows(Xp + (k >> 2) * ldm + m, ldm, two);
+      pr_amx_keys_i8(direct ? Bt + k : P + k * 32, sa, a1, two, r1);
     }
     _tile_stored(0, Tc, 64);
     if (two) _tile_stored(1, Tc + 256, 64);
