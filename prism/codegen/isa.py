@@ -168,10 +168,7 @@ def tile_bf16(isa: ISA) -> bool:
     a 16 x 32 by 32 x 16 product summed into 16 x 16 float32 per instruction, 16 times ``vdpbf16ps``'s products;
     mk.tn_kernel_amx). Needs AMX_TILE and AMX_BF16 in the CPU flags, the AVX-512 path, the kernel's grant
     (:func:`_amx_permitted`). ``PRISM_AMX=0`` turns it off (the tests run both paths on a machine that has it)."""
-    if isa.name != "avx512" or os.environ.get("PRISM_AMX", "").strip() == "0":
-        return False
-    flags = cpu_flags()
-    return {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags and _amx_permitted()
+    return _tiles(isa, {"amx_tile", "amx_bf16", "avx512_bf16"})
 
 
 def tile_int8(isa: ISA) -> bool:
@@ -179,6 +176,11 @@ def tile_int8(isa: ISA) -> bool:
     64 x 16 product of signed bytes summed into 16 x 16 int32 per instruction; mk.tn_kernel_amx_i8, the W8A8 form
     over many rows). Needs AMX_TILE and AMX_INT8 in the CPU flags, AVX512_VNNI (the kernels of fewer rows), the
     AVX-512 path and the kernel's grant; ``PRISM_AMX=0`` turns it off with the bfloat16 tiles."""
+    return _tiles(isa, {"amx_tile", "amx_int8", "avx512_vnni"})
+
+
+def _tiles(isa: ISA, flags: set[str]) -> bool:
+    """The AVX-512 path, not turned off by ``PRISM_AMX=0``, these CPU flags and the kernel's grant."""
     if isa.name != "avx512" or os.environ.get("PRISM_AMX", "").strip() == "0":
         return False
-    return {"amx_tile", "amx_int8", "avx512_vnni"} <= cpu_flags() and _amx_permitted()
+    return flags <= cpu_flags() and _amx_permitted()

@@ -736,11 +736,12 @@ def emit_tn(w: CWriter, nm: Namer, sup: Support, M: int, N: int, K: int, a: str,
         kern = tail = sup.need(mk.tn_amx_i8_name(G), mk.tn_kernel_amx_i8(G))
     elif amx:
         sup.need("pr_tn_amx_head", mk.TN_AMX_HEAD)
-        sup.need(mk.tn_amx_stage_name(esz), mk.tn_amx_stage(esz))
-        # bfloat16 scales: q * s split exactly into two bfloat16 panels (mk.tn_kernel_amx_split), no per-group
-        # scaling of the tiles
+        # bfloat16 scales: q * s split exactly into two bfloat16 panels (mk.tn_kernel_amx_split, its own staging), no
+        # per-group scaling of the tiles
         split = (groups is not None and groups.elem == "bf16"
                  and os.environ.get("PRISM_AMX_SPLIT", "").strip() != "0")
+        if not split:
+            sup.need(mk.tn_amx_stage_name(esz), mk.tn_amx_stage(esz))
         kern = tail = (sup.need(mk.tn_amx_name(esz), mk.tn_kernel_amx(esz)) if groups is None else
                        sup.need(mk.tn_amx_split_name(groups.size), mk.tn_kernel_amx_split(groups.size)) if split else
                        sup.need(mk.tn_amx_grouped_name(groups.size, groups.elem),

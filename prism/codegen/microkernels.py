@@ -1177,6 +1177,12 @@ PR_INLINE void pr_amx_c_load(const float* Ct, long sct, long m, int two, int r1,
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
   }
 }
+/* C tiles 0-3 into a dense buffer of four 16 x 16 tiles (4 KiB: float32 or int32 sums) */
+PR_INLINE void pr_amx_c_stash(void* T, int two, int r1) {
+  _tile_stored(0, T, 64);
+  if (two) _tile_stored(1, (char*)T + 1024, 64);
+  if (r1) { _tile_stored(2, (char*)T + 2048, 64); if (two) _tile_stored(3, (char*)T + 3072, 64); }
+}
 PR_INLINE void pr_amx_c_store(float* Ct, long sct, long m, int two, int r1) {
   _tile_stored(0, Ct + m, sct * 4);
   if (two) _tile_stored(1, Ct + m + 16, sct * 4);
@@ -1292,9 +1298,7 @@ PR_NOINLINE void NAME(long K, const int8_t* restrict Bt, long sb0, const char* p
         pr_amx_prefetch(pf, spf, k, m, rows);
         pr_amx_step(P + k * 32, 64, 16 * 32, Xp + (k >> 1) * ldm + m, ldm, two, r1);
       }
-      _tile_stored(0, Tc, 64);
-      if (two) _tile_stored(1, Tc + 256, 64);
-      if (r1) { _tile_stored(2, Tc + 512, 64); if (two) _tile_stored(3, Tc + 768, 64); }
+      pr_amx_c_stash(Tc, two, r1);
       if (g0 > 0)
         NAME_add(T[(g0 / GS - 1) & 1], Ct, sct, m, rn, two, !beta && g0 == GS, S, ssr, ssg, g0 / GS - 1);
     }
@@ -1430,9 +1434,7 @@ PR_NOINLINE void NAME(long K, const int8_t* restrict Bt, long sb0, const char* p
       pr_amx_rows(Xp + (k >> 2) * ldm + m, ldm, two);
       pr_amx_keys_i8(direct ? Bt + k : P + k * 32, sa, a1, two, r1);
     }
-    _tile_stored(0, Tc, 64);
-    if (two) _tile_stored(1, Tc + 256, 64);
-    if (r1) { _tile_stored(2, Tc + 512, 64); if (two) _tile_stored(3, Tc + 768, 64); }
+    pr_amx_c_stash(Tc, two, r1);
     if (m > 0) pr_tn_amx_i8_out(T[((m >> 5) - 1) & 1], Ct, sct, m - 32, rn, 1, beta);
   }
   const long ml = (rows - 1) >> 5 << 5;

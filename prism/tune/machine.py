@@ -60,7 +60,7 @@ class Machine:
     quad_dot: bool = False
     # bfloat16 tn products on the AMX tiles (codegen.isa.tile_bf16; cost.TILE_TN)
     tile_dot: bool = False
-    # int8 x int8 tn products on the AMX tiles (codegen.isa.tile_int8; cost.TILE_TN_I8)
+    # int8 x int8 tn products on the AMX tiles (codegen.isa.tile_int8; cost.TILE_I8)
     tile_idot: bool = False
 
     @property
