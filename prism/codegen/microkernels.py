@@ -1386,7 +1386,7 @@ def tn_kernel_amx_split(G: int) -> str:
 TN_AMX_I8_K = 64   # k per int8 tile step (a tile row is 64 bytes: 64 int8)
 # K per call of the int8 tile kernel (matmul.emit_tn's group of K for it): twice ACC_ROWS, so the packed quads of a
 # row fill 1 KiB, the bfloat16 form's pairs (tn_amx_rows), and each block of 32 rows converts its sums once per 1024 k
-TN_AMX_I8_KMAX = int(os.environ.get("PRISM_TN_AMX_I8_KMAX", "1024"))
+TN_AMX_I8_KMAX = 1024
 
 
 def tn_amx_i8_name(kmax: int) -> str:
