@@ -249,7 +249,7 @@ def test_a_transpose_with_one_user_is_folded_into_its_operand(name: str) -> None
 
 def test_transposes_that_would_become_one_operand_stay_layout_units() -> None:
     def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return (x @ w.T) * torch.tanh(x @ w.T)
+        return (x @ w.T) * torch.tanh(x @ w.t())   # .T and .t(): two calls merge_common does not merge
     cap = _check(fn, _r(4, 3), _r(2, 3, seed=1))
     assert len(cap.layout_units) == 2
 
@@ -502,3 +502,47 @@ def test_a_units_new_operators_include_an_interned_node_built_by_an_earlier_unit
     y = b.g.relu(b.g.mul_scalar(s, 2.0))       # nothing of the earlier units is reached
     assert sorted(n.op for n in _new_ops(b, y, [s])) == ["mul_scalar", "relu"]
     assert _new_ops(b, (s, y), [s, y]) == []
+
+
+def test_repeated_calls_on_the_same_arguments_are_computed_once() -> None:
+    # three Linears quantizing one row each (W8A8's q/k/v): the row scale is computed once; the int8 casts stay
+    # one per product, so each product's piece reads the int8 row
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for k in range(3):
+            s = x.abs().amax(-1, keepdim=True).clamp(min=1e-5) * (1 / 127)
+            q = torch.round(x / s).clamp(-127, 127).to(torch.int8)
+            outs.append(q.float() * s * (k + 1))
+        return outs[0] + outs[1] + outs[2] + torch.exp(y) * torch.exp(y)
+    cap = _check(fn, X, Y, tol=1e-6)
+    ops = [u.op for u in cap.units]
+    assert ops.count("amax") == 1 and ops.count("exp") == 1 and ops.count("round") == 1
+    casts = [n for n in cap.gm.graph.nodes if n.op == "call_method" and n.target == "float"]
+    assert len(casts) == 3 and len({n.args[0] for n in casts}) == 1   # three casts of one int8 value
+
+
+def test_nothing_is_merged_in_a_graph_that_mutates_a_tensor() -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        a = torch.exp(x)
+        x.mul_(2)         # the second exp reads the changed x: merged, it would return the first one's value
+        return a + torch.exp(x) + y
+    x = X.clone()
+    cap = _capture(fn, (x, Y))
+    assert [u.op for u in cap.units].count("exp") == 2
+
+
+def test_calls_differing_only_in_a_constant_are_not_merged() -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * 2 + x * 2.0 + x.sum(0) + x.sum(1, keepdim=True) + y[0:2].sum() + y[1:3].sum()
+    cap = _check(fn, X, Y)
+    ops = [u.op for u in cap.units]
+    assert ops.count("mul") == 2 and ops.count("sum") == 4
+
+
+def test_two_returned_values_are_not_merged_into_one_tensor() -> None:
+    # merged, the caller would get one tensor twice: changing one output in place would change the other
+    def fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.exp(x), torch.exp(x).view(-1), torch.sin(y) + torch.sin(y)
+    cap = _check(fn, X, Y)
+    ops = [u.op for u in cap.units]
+    assert ops.count("exp") == 2 and ops.count("sin") == 1
