@@ -7,6 +7,7 @@ are shared automatically. ``arg`` holds the operator's attributes as a hashable 
 
 from __future__ import annotations
 
+import contextvars
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,18 +19,23 @@ from prism.ir.dtypes import DType
 _INTERN: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 # Part of every interning key: None, or the trace whose Traced sizes (prism/ir/traced.py) are being built. A
 # traced node must never be found as an untraced one of the same value (that would drop the trace) nor the
-# other way round, so nodes built inside a trace scope are interned apart.
-_SCOPE: list[object] = [None]
+# other way round, so nodes built inside a trace scope are interned apart. Per thread (a context variable): the
+# background compiler (prism/tune/ahead.py) traces templates while the caller builds and checks graphs, and a
+# process-wide scope interned the caller's nodes in the other thread's trace. Measured: llama-1b bf16, a new
+# prompt length's pieces failed "block graph does not re-derive to itself" when their derived kernels were
+# compiled (the rebuilt block graph's nodes were interned in the other scope), so they were tuned again instead
+# (3 pieces, 0.6-2.9 s each, at every new length).
+_SCOPE: contextvars.ContextVar[object] = contextvars.ContextVar("prism_interning_scope", default=None)
 
 
 @contextmanager
 def interning_scope(scope: object) -> Iterator[None]:
-    """Nodes built inside are interned apart from every other scope's (see ``_SCOPE``)."""
-    prev, _SCOPE[0] = _SCOPE[0], scope
+    """Nodes built inside (in this thread) are interned apart from every other scope's (see ``_SCOPE``)."""
+    token = _SCOPE.set(scope)
     try:
         yield
     finally:
-        _SCOPE[0] = prev
+        _SCOPE.reset(token)
 
 
 class Node:
@@ -42,7 +48,7 @@ class Node:
 
     def __new__(cls, op: str, src: tuple[Node, ...], arg: Any, shape: tuple[DimLike, ...],
                 dtype: DType | None) -> Node:
-        key = (op, src, arg, shape, dtype, _SCOPE[0])
+        key = (op, src, arg, shape, dtype, _SCOPE.get())
         n = _INTERN.get(key)
         if n is None:
             n = object.__new__(cls)

@@ -220,6 +220,35 @@ def test_same_expression_twice_is_the_same_node() -> None:
     assert a.node is b.node
 
 
+def test_an_interning_scope_holds_only_in_its_own_thread() -> None:
+    """A template's trace interns its nodes apart (``interning_scope``) in the background compiler's thread; the
+    caller's graphs built meanwhile are interned as ever. A process-wide scope put them in the trace's scope: a
+    block graph rebuilt by the checker was then another object, and derived kernels failed their check."""
+    import threading
+
+    from prism.ir.node import interning_scope
+
+    g = Graph()
+    x = g.input("x", ("n", 4))
+    before = g.exp(x).node
+    entered, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with interning_scope(object()):
+            entered.set()
+            done.wait(10)
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert entered.wait(10)
+        assert g.exp(x).node is before
+        with interning_scope(object()):   # this thread's own scope does intern apart
+            assert g.exp(x).node is not before
+    finally:
+        done.set()
+        t.join()
+
+
 def test_identical_programs_share_nodes_across_graphs() -> None:
     w = WORKLOADS["W3"]
     g1, g2 = w.program(w.shapes[0]), w.program(w.shapes[0])
