@@ -71,10 +71,18 @@ TN_MIN_ROWS_I8_AMX = 8
 
 def on_tiles(isa: ISA, elems: tuple[str, str], K: int | str) -> bool:
     """Whether emit_tn runs a product of row and key storage ``elems`` over ``K`` on the AMX tiles."""
+    return tiles_take(elems, K, tile_bf16(isa), tile_int8(isa))
+
+
+def tiles_take(elems: tuple[str, str], K: int | str, bf16_tiles: bool, int8_tiles: bool) -> bool:
+    """:func:`on_tiles`' rule given whether the machine's tiles multiply bfloat16 and int8 (the code generator asks
+    its ISA, the cost model its ``Machine``): bfloat16 rows against bfloat16 or int8 keys, or int8 against int8, over
+    a K of whole tile steps."""
+    if not isinstance(K, int):
+        return False
     if elems == ("i8", "i8"):
-        return isinstance(K, int) and K % mk.TN_AMX_I8_K == 0 and tile_int8(isa)
-    return elems in (("bf16", "bf16"), ("bf16", "i8")) and isinstance(K, int) and K % mk.TN_AMX_K == 0 \
-        and tile_bf16(isa)
+        return int8_tiles and K % mk.TN_AMX_I8_K == 0
+    return bf16_tiles and elems in (("bf16", "bf16"), ("bf16", "i8")) and K % mk.TN_AMX_K == 0
 
 
 def tn_min_rows(elems: tuple[str, str], tiles: bool) -> int:

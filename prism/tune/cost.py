@@ -41,9 +41,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prism.codegen import microkernels as mk
 from prism.codegen.block import grouped_products
-from prism.codegen.matmul import GROUPED_BLOCK_BYTES, GROUPED_DOT_ROWS, TN_MIN_K, grouped_tn_sizes, tn_min_rows
+from prism.codegen.matmul import (
+    GROUPED_BLOCK_BYTES,
+    GROUPED_DOT_ROWS,
+    TN_MIN_K,
+    grouped_tn_sizes,
+    tiles_take,
+    tn_min_rows,
+)
 from prism.codegen.tiles import elem_of
 from prism.ir import dims as D
 from prism.ir.block import BlockGraph
@@ -128,10 +134,9 @@ def _product_form(n: Node, bg: BlockGraph, m: Machine, S: Dims) -> tuple[float, 
         # whole rows of every sequence. Otherwise a loop over the batch, each product in the nt kernels
         fold = len(b.shape) == 2 and (a.op != "iter" or tile[-2] == S(bg.inputs[a.arg[0]].shape)[-2])
         rows = numel(tile[:-1]) if fold else 0
-    # (matmul.on_tiles' rule, with the machine's flags: K whole tile steps)
-    tiles = ((m.tile_idot and tile[-1] % mk.TN_AMX_I8_K == 0) if quad
-             else (m.tile_dot and tile[-1] % mk.TN_AMX_K == 0))
-    tn = rows >= tn_min_rows((elem_of(a.dtype), elem_of(b.dtype)), tiles) and tile[-1] >= TN_MIN_K
+    elems = (elem_of(a.dtype), elem_of(b.dtype))
+    tiles = tiles_take(elems, tile[-1], m.tile_dot, m.tile_idot)   # (matmul.on_tiles' rule, the machine's flags)
+    tn = rows >= tn_min_rows(elems, tiles) and tile[-1] >= TN_MIN_K
     if tn and tiles:
         return _tile_rate(rows) * (TILE_I8 if quad else 1.0), True
     return ((QUAD_TN if quad else PAIR_TN) if tn and not (quad and tile[-1] % 4) else other), False
