@@ -327,12 +327,12 @@ def drop_metadata_asserts(gm: Any) -> None:
 _NOT_MERGED = frozenset({"dropout", "scaled_dot_product_attention"})   # random in training (dropout_p)
 
 
-def _int8_cast(node: Any) -> bool:
+def _int8_cast(node: Any, name: str) -> bool:
     """A cast of an int8 value (a W8A8 quantizer's ``xq.float()``): not merged. Inside each product's piece it is
     free and the piece reads the int8 row; merged, it would be one unit with several users, which joins none of
     their pieces, so the products would read its float32 copy instead of the int8 row (an int8 x int8 product no
     more)."""
-    if O.canonical_name(node) not in O.CASTS or not node.args or type(node.args[0]).__name__ != "Node":
+    if name not in O.CASTS or not node.args or type(node.args[0]).__name__ != "Node":
         return False
     v = meta_value(node.args[0])
     return is_tensor_meta(v) and str(v.dtype) == "torch.int8"
@@ -376,14 +376,13 @@ def merge_common(gm: Any) -> None:
     Only the operators Prism knows (``ops.CONVERTERS``: pure functions of their arguments) are merged, never a
     random one (dropout) or a cast of an int8 value (``_int8_cast``); not two values the graph may both return
     (the caller would get one tensor twice, and changing one in place would change the other); and nothing at
-    all in a graph that changes a tensor in place (a value read before and after the change would be merged
-    across it). Measured need: a W8A8 Linear quantizes its input rows itself,
-    so a decoder layer's q, k and v projections quantized the same row three times, each quantizer a piece of
-    its own (llama-1b w8a8 decode: 181 pieces per step)."""
-    import operator
-
+    all in a graph that changes a tensor in place (``ops.mutates``: a value read before and after the change would
+    be merged across it). Measured need: a W8A8 Linear quantizes its input rows itself, so a decoder layer's q, k
+    and v projections quantized the same row three times, each quantizer a piece of its own (llama-1b w8a8 decode:
+    181 pieces per step). The rewritten graph's layout calls left in PyTorch are shared again, per call, also in a
+    graph that changes tensors (``compiler._share_repeated_views``: views see the change either way)."""
     g = gm.graph
-    if any(O.mutates(n) or (n.op == "call_function" and n.target is operator.setitem) for n in g.nodes):
+    if any(O.mutates(n) for n in g.nodes):
         return
     returned = _returned(g)
     seen: dict[Any, Any] = {}
@@ -392,7 +391,7 @@ def merge_common(gm: Any) -> None:
         if node.op not in ("call_function", "call_method"):
             continue
         name = O.canonical_name(node)
-        if not name or name not in O.CONVERTERS or name in _NOT_MERGED or _int8_cast(node):
+        if not name or name not in O.CONVERTERS or name in _NOT_MERGED or _int8_cast(node, name):
             continue
         try:
             key = (node.op, node.target, _merge_key(node.args), _merge_key(dict(node.kwargs)))

@@ -536,9 +536,10 @@ def _hashable(v: Any) -> bool:
 
 
 def _mutated(node: Any, returned: bool = True) -> bool:
-    """Whether a user of ``node`` may change it or expose it: an in-place call (``add_``, ``operator.iadd``,
-    ``out=``), or (``returned``) the graph's output (a caller could mutate what it gets)."""
-    return any((returned and u.op == "output") or O.mutates(u) or "out" in u.kwargs for u in node.users)
+    """Whether a user of ``node`` may change it or expose it: an in-place call (``ops.mutates``: ``add_``,
+    ``operator.iadd``, ``x[i] = v``, ``out=``), or (``returned``) the graph's output (a caller could mutate what it
+    gets)."""
+    return any((returned and u.op == "output") or O.mutates(u) for u in node.users)
 
 
 def _share_repeated_views(g: Any) -> None:

@@ -273,15 +273,17 @@ def _in_place(name: str) -> bool:
 
 
 def mutates(node: Any) -> bool:
-    """Whether the FX call ``node`` changes an operand in place (``Tensor.add_``, ``operator.iadd``,
-    ``aten.add_``)."""
+    """Whether the FX call ``node`` changes a tensor in place: an operand (``Tensor.add_``, ``operator.iadd``,
+    ``aten.add_``, ``x[i] = v``: ``operator.setitem``) or its ``out=`` tensor."""
     import torch
 
     t = node.target
+    if node.op not in ("call_method", "call_function"):
+        return False
+    if "out" in node.kwargs or t is operator.setitem:
+        return True
     if node.op == "call_method":
         return _in_place(str(t))
-    if node.op != "call_function":
-        return False
     return _in_place(t.overloadpacket.__name__ if isinstance(t, torch._ops.OpOverload) else getattr(t, "__name__", ""))
 
 

@@ -521,13 +521,36 @@ def test_repeated_calls_on_the_same_arguments_are_computed_once() -> None:
     assert len(casts) == 3 and len({n.args[0] for n in casts}) == 1   # three casts of one int8 value
 
 
-def test_nothing_is_merged_in_a_graph_that_mutates_a_tensor() -> None:
+def _mul_in_place(x: torch.Tensor, y: torch.Tensor) -> None:
+    x.mul_(2)
+
+
+def _mul_out(x: torch.Tensor, y: torch.Tensor) -> None:
+    torch.mul(y, 2, out=x)
+
+
+@pytest.mark.parametrize("change", [_mul_in_place, _mul_out])
+def test_nothing_is_merged_in_a_graph_that_mutates_a_tensor(change: Callable[..., None]) -> None:
     def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         a = torch.exp(x)
-        x.mul_(2)         # the second exp reads the changed x: merged, it would return the first one's value
+        change(x, y)      # the second exp reads the changed x: merged, it would return the first one's value
         return a + torch.exp(x) + y
     x = X.clone()
     cap = _capture(fn, (x, Y))
+    assert [u.op for u in cap.units].count("exp") == 2
+
+
+def test_nothing_is_merged_across_an_item_assignment() -> None:
+    # ``x[0] = 1.0`` is ``operator.setitem`` in a graph (symbolic_trace cannot record it: built by hand)
+    import operator
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    a = g.call_function(torch.exp, (x,))
+    g.call_function(operator.setitem, (x, 0, 1.0))
+    b = g.call_function(torch.exp, (x,))
+    g.output(g.call_function(operator.add, (a, b)))
+    cap = capture(torch.fx.GraphModule(torch.nn.Module(), g), [X.clone()])
     assert [u.op for u in cap.units].count("exp") == 2
 
 
